@@ -1,0 +1,30 @@
+#pragma once
+// Read-only memory map of a whole file. Weights are views into these mappings and are
+// never copied or converted.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dsa {
+
+class MmapFile {
+public:
+  MmapFile() = default;
+  explicit MmapFile(const std::string& path);  // throws dsa::Error naming the path
+  ~MmapFile();
+  MmapFile(const MmapFile&) = delete;
+  MmapFile& operator=(const MmapFile&) = delete;
+  MmapFile(MmapFile&& o) noexcept;
+  MmapFile& operator=(MmapFile&& o) noexcept;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace dsa

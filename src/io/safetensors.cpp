@@ -1,0 +1,197 @@
+#include "io/safetensors.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace dsa {
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorInfo::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+const TensorInfo* SafeTensors::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+const TensorInfo& SafeTensors::get(const std::string& name) const {
+  const TensorInfo* t = find(name);
+  if (!t) throw Error("missing tensor '" + name + "' in checkpoint");
+  return *t;
+}
+
+void SafeTensors::add_file(const std::string& path) {
+  auto file = std::make_unique<MmapFile>(path);
+  const size_t size = file->size();
+  if (size < 8) throw Error("'" + path + "': truncated safetensors file (" + std::to_string(size) + " bytes, need at least 8)");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, file->data(), 8);
+  if (header_len > size - 8)
+    throw Error("'" + path + "': header length " + std::to_string(header_len) + " exceeds file size " + std::to_string(size));
+  json header;
+  try {
+    header = json::parse(file->data() + 8, file->data() + 8 + header_len);
+  } catch (const json::exception& e) {
+    throw Error("'" + path + "': malformed safetensors header: " + e.what());
+  }
+  if (!header.is_object()) throw Error("'" + path + "': safetensors header is not a JSON object");
+  const uint8_t* base = file->data() + 8 + header_len;
+  const size_t data_size = size - 8 - header_len;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = "'" + path + "': tensor '" + name + "'";
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      throw Error(where + ": header entry needs dtype, shape and data_offsets");
+    TensorInfo t;
+    t.name = name;
+    t.file = path;
+    try {
+      const std::string dt = v.at("dtype").get<std::string>();
+      if (!dtype_from_name(dt, &t.dtype)) throw Error(where + ": unsupported dtype '" + dt + "'");
+      for (const auto& d : v.at("shape")) {
+        const int64_t x = d.get<int64_t>();
+        if (x < 0) throw Error(where + ": negative dimension");
+        t.shape.push_back(x);
+      }
+      const auto& off = v.at("data_offsets");
+      if (!off.is_array() || off.size() != 2) throw Error(where + ": data_offsets must be [begin, end]");
+      const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+      if (b > e || e > data_size)
+        throw Error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                    "] outside the data region of " + std::to_string(data_size) + " bytes (truncated file?)");
+      t.data = base + b;
+      t.nbytes = size_t(e - b);
+    } catch (const json::exception& e) {
+      throw Error(where + ": malformed header entry: " + e.what());
+    }
+    const size_t want = size_t(t.numel()) * dtype_size(t.dtype);
+    if (want != t.nbytes)
+      throw Error(where + ": " + std::to_string(t.nbytes) + " bytes stored, but " + dtype_name(t.dtype) + " " +
+                  t.shape_str() + " needs " + std::to_string(want));
+    if (tensors_.count(name)) throw Error(where + ": tensor appears in more than one file");
+    tensors_.emplace(name, std::move(t));
+  }
+  files_.push_back(std::move(file));
+}
+
+SafeTensors SafeTensors::open(const std::string& path) {
+  SafeTensors st;
+  if (!fs::exists(path)) throw Error("'" + path + "' does not exist");
+  if (!fs::is_directory(path)) {
+    st.add_file(path);
+    return st;
+  }
+  const fs::path dir(path);
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    json j;
+    try {
+      std::ifstream in(index);
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      throw Error("'" + index.string() + "': malformed JSON: " + e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw Error("'" + index.string() + "': expected an object 'weight_map'");
+    std::set<std::string> shards;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) throw Error("'" + index.string() + "': weight_map['" + name + "'] is not a file name");
+      shards.insert(file.get<std::string>());
+    }
+    for (const auto& s : shards) {
+      if (s.find('/') != std::string::npos) throw Error("'" + index.string() + "': shard name '" + s + "' must be a plain file name");
+      st.add_file((dir / s).string());
+    }
+    for (auto& [name, file] : j["weight_map"].items()) {
+      const TensorInfo* t = st.find(name);
+      if (!t) throw Error("tensor '" + name + "' listed in '" + index.string() + "' is missing from shard '" + file.get<std::string>() + "'");
+    }
+    return st;
+  }
+  if (fs::exists(dir / "model.safetensors")) {
+    st.add_file((dir / "model.safetensors").string());
+    return st;
+  }
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") found.push_back(e.path());
+  if (found.size() != 1)
+    throw Error("'" + path + "': expected model.safetensors.index.json or model.safetensors (found " +
+                std::to_string(found.size()) + " .safetensors files)");
+  st.add_file(found[0].string());
+  return st;
+}
+
+TensorBlob make_blob_f32(const std::string& name, std::vector<int64_t> shape, const float* data) {
+  TensorBlob b{name, DType::F32, std::move(shape), {}};
+  int64_t n = 1;
+  for (auto d : b.shape) n *= d;
+  b.bytes.resize(size_t(n) * 4);
+  if (n) std::memcpy(b.bytes.data(), data, b.bytes.size());
+  return b;
+}
+
+TensorBlob make_blob_i32(const std::string& name, std::vector<int64_t> shape, const int32_t* data) {
+  TensorBlob b{name, DType::I32, std::move(shape), {}};
+  int64_t n = 1;
+  for (auto d : b.shape) n *= d;
+  b.bytes.resize(size_t(n) * 4);
+  if (n) std::memcpy(b.bytes.data(), data, b.bytes.size());
+  return b;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorBlob>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t off = 0;
+  for (const auto& t : tensors) {
+    size_t want = dtype_size(t.dtype);
+    for (auto d : t.shape) want *= size_t(d);
+    DSA_CHECK(want == t.bytes.size(), "tensor '" + t.name + "' byte size does not match its shape");
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8) h.push_back(' ');  // keep the data region 8-byte aligned
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error("cannot write '" + tmp + "'");
+    const uint64_t n = h.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out.write(h.data(), std::streamsize(h.size()));
+    for (const auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+    out.flush();
+    if (!out) {
+      out.close();
+      std::remove(tmp.c_str());
+      throw Error("write to '" + tmp + "' failed");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw Error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  }
+}
+
+}  // namespace dsa

@@ -1,0 +1,63 @@
+#pragma once
+// safetensors: 8-byte little-endian header length, a JSON header
+// {name: {dtype, shape, data_offsets: [begin, end]}}, then the raw data region.
+// A checkpoint is one file or several shards listed in model.safetensors.index.json.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/mmap_file.h"
+
+namespace dsa {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // points into the mapping
+  size_t nbytes = 0;
+  std::string file;               // shard it lives in, for error messages
+
+  int64_t numel() const;
+  std::string shape_str() const;  // "[576, 7168]"
+};
+
+// All tensors of one checkpoint folder (or one .safetensors file), memory-mapped.
+class SafeTensors {
+public:
+  // `path` is a directory (model.safetensors.index.json, else model.safetensors, else the
+  // only *.safetensors file) or a single .safetensors file. Throws dsa::Error.
+  static SafeTensors open(const std::string& path);
+
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const TensorInfo* find(const std::string& name) const;
+  const TensorInfo& get(const std::string& name) const;  // throws naming the missing tensor
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  size_t num_files() const { return files_.size(); }
+
+private:
+  void add_file(const std::string& path);
+  std::vector<std::unique_ptr<MmapFile>> files_;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+// A tensor to be written: name, dtype, shape and raw little-endian bytes.
+struct TensorBlob {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+TensorBlob make_blob_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
+TensorBlob make_blob_i32(const std::string& name, std::vector<int64_t> shape, const int32_t* data);
+
+// Writes a .safetensors file atomically (temp file + rename), so a failure never leaves
+// a half-written output behind. Throws dsa::Error.
+void write_safetensors(const std::string& path, const std::vector<TensorBlob>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace dsa

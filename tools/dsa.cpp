@@ -1,0 +1,40 @@
+// The one binary: `dsa <command> ...`. Commands register themselves (see command.h).
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "command.h"
+#include "core/error.h"
+
+namespace dsa::cli {
+
+std::vector<Entry>& registry() {
+  static std::vector<Entry> r;
+  return r;
+}
+
+Registrar::Registrar(int order, Setup setup) { registry().push_back({order, setup}); }
+
+}  // namespace dsa::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsa: inference engine, server and deployment planner for DeepSeek Sparse Attention models\n"
+               "(DeepSeek-V3.2 and GLM-5 families, Hugging Face checkpoints with fp8 block weights)"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every command");
+  auto& reg = dsa::cli::registry();
+  std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
+  for (const auto& e : reg) e.setup(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const dsa::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
