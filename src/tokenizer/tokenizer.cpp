@@ -1,0 +1,515 @@
+#include "tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "tokenizer/pretokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace dsa {
+namespace {
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 bytes to
+// U+0100.. in byte order. Returns the inverse map, code point -> byte (-1: not a byte char).
+std::array<int16_t, 324> unicode_to_byte() {
+  std::array<int16_t, 324> m;
+  m.fill(-1);
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    if (printable) m[static_cast<size_t>(b)] = static_cast<int16_t>(b);
+    else m[static_cast<size_t>(256 + extra++)] = static_cast<int16_t>(b);
+  }
+  return m;
+}
+
+// Byte-level token string -> raw bytes; nullopt if a character is outside the byte alphabet.
+std::optional<std::string> byte_level_to_bytes(std::string_view s) {
+  static const auto map = unicode_to_byte();
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const uint32_t cp = utf8::next_cp(s, i);
+    if (cp >= map.size() || map[cp] < 0) return std::nullopt;
+    out += static_cast<char>(map[cp]);
+  }
+  return out;
+}
+
+// Rust char::is_whitespace (Unicode White_Space), for added-token lstrip/rstrip.
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool lstrip, rstrip, single_word;
+};
+
+// Byte trie over added-token contents for leftmost-longest literal matching (the
+// aho-corasick MatchKind::LeftmostLongest of tokenizers' AddedVocabulary).
+class Trie {
+public:
+  void insert(std::string_view s, int32_t token) {
+    if (s.empty()) return;
+    if (nodes_.empty()) nodes_.emplace_back();
+    first_[static_cast<unsigned char>(s[0])] = true;
+    int32_t n = 0;
+    for (char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      int32_t child = -1;
+      for (const auto& [b, k] : nodes_[static_cast<size_t>(n)].next)
+        if (b == c) { child = k; break; }
+      if (child < 0) {
+        child = static_cast<int32_t>(nodes_.size());
+        nodes_[static_cast<size_t>(n)].next.emplace_back(c, child);
+        nodes_.emplace_back();
+      }
+      n = child;
+    }
+    if (nodes_[static_cast<size_t>(n)].token < 0) nodes_[static_cast<size_t>(n)].token = token;
+  }
+  bool empty() const { return nodes_.empty(); }
+  // Longest token starting exactly at s[i]: (length, token index) or length 0.
+  std::pair<size_t, int32_t> longest_at(std::string_view s, size_t i) const {
+    std::pair<size_t, int32_t> best{0, -1};
+    if (!first_[static_cast<unsigned char>(s[i])]) return best;
+    int32_t n = 0;
+    for (size_t k = i; k < s.size(); ++k) {
+      const auto c = static_cast<unsigned char>(s[k]);
+      int32_t child = -1;
+      for (const auto& [b, x] : nodes_[static_cast<size_t>(n)].next)
+        if (b == c) { child = x; break; }
+      if (child < 0) break;
+      n = child;
+      if (nodes_[static_cast<size_t>(n)].token >= 0) best = {k + 1 - i, nodes_[static_cast<size_t>(n)].token};
+    }
+    return best;
+  }
+
+private:
+  struct Node {
+    std::vector<std::pair<unsigned char, int32_t>> next;
+    int32_t token = -1;
+  };
+  std::vector<Node> nodes_;
+  std::array<bool, 256> first_{};
+};
+
+struct Segment {
+  std::string_view text;  // valid when id < 0
+  int32_t id = -1;
+};
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("cannot open " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("cannot parse " + path + ": " + e.what());
+  }
+}
+
+// tokenizer_config.json writes special tokens either as a string or as an AddedToken object.
+std::string config_token(const nlohmann::json& cfg, const char* key) {
+  if (!cfg.is_object() || !cfg.contains(key)) return "";
+  const auto& v = cfg[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  tok::PreTokenizer pre;
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> bytes_to_id;  // vocab
+  std::array<int32_t, 256> byte_id{};                                                   // single-byte tokens
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged)
+  std::vector<std::string> token_bytes;
+  std::vector<uint8_t> valid, special;
+  std::vector<AddedToken> added;
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> added_by_content;
+  Trie trie_raw, trie_norm;  // "normalized": false entries first, then the rest
+  int32_t unk_id = -1;
+  bool ignore_merges = false;
+  int32_t bos = -1, eos = -1;
+  bool add_bos_default = false;
+
+  // Word cache: pre-token bytes -> ids. BPE of a word is pure, so sharing it is safe.
+  mutable std::mutex cache_mu;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
+  static constexpr size_t kCacheMax = 1 << 17;
+  static constexpr size_t kCacheWordMax = 128;
+
+  void split_added(std::string_view text, std::vector<Segment>& out) const;
+  void split_with(const Trie& trie, std::string_view text, std::vector<Segment>& out) const;
+  void bpe(std::string_view word, std::vector<int32_t>& out) const;
+  void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
+};
+
+void Tokenizer::Impl::split_with(const Trie& trie, std::string_view text, std::vector<Segment>& out) const {
+  if (trie.empty()) {
+    out.push_back({text, -1});
+    return;
+  }
+  size_t seg_start = 0, i = 0;
+  while (i < text.size()) {
+    auto [len, t] = trie.longest_at(text, i);
+    if (len == 0) { ++i; continue; }
+    const AddedToken& at = added[static_cast<size_t>(t)];
+    size_t s = i, e = i + len;
+    if (at.single_word) {
+      // Approximation of tokenizers' word-boundary test: ASCII alphanumerics only.
+      auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+      if ((s > 0 && word(text[s - 1])) || (e < text.size() && word(text[e]))) { ++i; continue; }
+    }
+    if (at.lstrip) {
+      while (s > seg_start) {
+        size_t p = s - 1;
+        while (p > seg_start && (static_cast<unsigned char>(text[p]) & 0xC0) == 0x80) --p;
+        size_t q = p;
+        if (!is_white_space(utf8::next_cp(text, q))) break;
+        s = p;
+      }
+    }
+    if (at.rstrip) {
+      while (e < text.size()) {
+        size_t q = e;
+        if (!is_white_space(utf8::next_cp(text, q))) break;
+        e = q;
+      }
+    }
+    if (s > seg_start) out.push_back({text.substr(seg_start, s - seg_start), -1});
+    out.push_back({{}, at.id});
+    seg_start = i = e;
+  }
+  if (seg_start < text.size()) out.push_back({text.substr(seg_start), -1});
+}
+
+void Tokenizer::Impl::split_added(std::string_view text, std::vector<Segment>& out) const {
+  std::vector<Segment> first;
+  split_with(trie_raw, text, first);
+  for (const Segment& s : first) {
+    if (s.id >= 0) out.push_back(s);
+    else split_with(trie_norm, s.text, out);  // the normalizer is the identity here
+  }
+}
+
+void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<int32_t>& out) const {
+  if (ignore_merges) {
+    auto it = bytes_to_id.find(word);
+    if (it != bytes_to_id.end()) { out.push_back(it->second); return; }
+  }
+  // Symbols in a doubly linked list; a min-heap of candidate merges ordered by (rank,
+  // position), as tokenizers' Word::merge_all does. Stale heap entries are skipped.
+  struct Sym { int32_t id, prev, next, len; };
+  std::vector<Sym> sym;
+  sym.reserve(word.size());
+  for (size_t i = 0; i < word.size(); ++i) {
+    const int32_t id = byte_id[static_cast<unsigned char>(word[i])];
+    if (id < 0) {
+      if (unk_id >= 0) out.push_back(unk_id);  // no unk_token: the byte is dropped, as upstream
+      continue;
+    }
+    const auto n = static_cast<int32_t>(sym.size());
+    sym.push_back({id, n - 1, n + 1, 1});
+  }
+  if (sym.empty()) return;
+  sym.back().next = -1;
+  struct Cand { int32_t rank, pos, new_id; };
+  auto worse = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
+  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
+  auto key = [](int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); };
+  auto push_pair = [&](int32_t pos) {
+    const int32_t nx = sym[static_cast<size_t>(pos)].next;
+    if (nx < 0) return;
+    auto it = merges.find(key(sym[static_cast<size_t>(pos)].id, sym[static_cast<size_t>(nx)].id));
+    if (it != merges.end()) heap.push({it->second.first, pos, it->second.second});
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) push_pair(i);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    Sym& a = sym[static_cast<size_t>(c.pos)];
+    if (a.len == 0 || a.next < 0) continue;
+    Sym& b = sym[static_cast<size_t>(a.next)];
+    auto it = merges.find(key(a.id, b.id));
+    if (it == merges.end() || it->second.second != c.new_id) continue;  // pair changed since push
+    a.id = c.new_id;
+    a.len += b.len;
+    b.len = 0;
+    a.next = b.next;
+    if (a.next >= 0) sym[static_cast<size_t>(a.next)].prev = c.pos;
+    if (a.prev >= 0) push_pair(a.prev);
+    push_pair(c.pos);
+  }
+  for (int32_t i = 0; i >= 0 && i < static_cast<int32_t>(sym.size()); i = sym[static_cast<size_t>(i)].next)
+    out.push_back(sym[static_cast<size_t>(i)].id);
+}
+
+void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.size() == 1 && byte_id[static_cast<unsigned char>(word[0])] >= 0) {
+    out.push_back(byte_id[static_cast<unsigned char>(word[0])]);
+    return;
+  }
+  const bool cacheable = word.size() <= kCacheWordMax;
+  if (cacheable) {
+    std::lock_guard<std::mutex> lk(cache_mu);
+    auto it = cache.find(word);
+    if (it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t before = out.size();
+  bpe_uncached(word, out);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lk(cache_mu);
+    if (cache.size() >= kCacheMax) cache.clear();
+    cache.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+  }
+}
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_dir(const std::string& dir) {
+  const std::filesystem::path d(dir);
+  if (!std::filesystem::exists(d / "tokenizer.json"))
+    throw Error("no tokenizer.json in '" + dir + "'");
+  const auto cfg = d / "tokenizer_config.json";
+  return from_file((d / "tokenizer.json").string(), std::filesystem::exists(cfg) ? cfg.string() : "");
+}
+
+Tokenizer Tokenizer::from_file(const std::string& tokenizer_json, const std::string& config_json) {
+  const nlohmann::json tok = read_json_file(tokenizer_json);
+  const nlohmann::json cfg = config_json.empty() ? nlohmann::json(nullptr) : read_json_file(config_json);
+  try {
+    return from_json(tok, cfg);
+  } catch (const Error& e) {
+    throw Error(tokenizer_json + ": " + e.what());
+  }
+}
+
+Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cfg) {
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  try {
+    const auto& model = j.at("model");
+    if (model.value("type", "BPE") != "BPE")
+      throw Error("model.type is '" + model.value("type", "") + "', only BPE is supported");
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty())
+        throw Error(std::string("model.") + k + " is not supported");
+    m.ignore_merges = model.value("ignore_merges", false);
+
+    // Normalizer: only the identity (null / empty Sequence). NFC is accepted as the identity:
+    // byte-level vocabularies are trained on NFC text and inputs are expected to be NFC.
+    const auto& norm = j.contains("normalizer") ? j["normalizer"] : nlohmann::json(nullptr);
+    if (!norm.is_null()) {
+      const std::string t = norm.value("type", "");
+      const bool ok = t == "NFC" || (t == "Sequence" && norm.value("normalizers", nlohmann::json::array()).empty());
+      if (!ok) throw Error("unsupported normalizer '" + t + "'");
+    }
+    m.pre = tok::PreTokenizer::from_json(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json(nullptr));
+    if (!m.pre.has_byte_level()) throw Error("not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer)");
+
+    // Vocabulary: token strings are in the byte-level alphabet; keep them as raw bytes.
+    const auto& vocab = model.at("vocab");
+    int32_t max_id = -1;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, it.value().get<int32_t>());
+    std::vector<const std::string*> vocab_str;
+    if (j.contains("added_tokens"))
+      for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a.at("id").get<int32_t>());
+    const auto n = static_cast<size_t>(max_id + 1);
+    m.token_bytes.assign(n, std::string());
+    m.valid.assign(n, 0);
+    m.special.assign(n, 0);
+    m.byte_id.fill(-1);
+    std::unordered_map<std::string_view, int32_t> str_to_id;
+    str_to_id.reserve(vocab.size());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      const int32_t id = it.value().get<int32_t>();
+      if (id < 0) throw Error("negative id in model.vocab");
+      str_to_id.emplace(it.key(), id);
+      m.valid[static_cast<size_t>(id)] = 1;
+      if (auto b = byte_level_to_bytes(it.key())) {
+        if (b->size() == 1) m.byte_id[static_cast<unsigned char>((*b)[0])] = id;
+        m.bytes_to_id.emplace(*b, id);
+        m.token_bytes[static_cast<size_t>(id)] = std::move(*b);
+      } else {
+        // Not in the byte alphabet (e.g. a special token string also listed in the vocab):
+        // the ByteLevel decoder passes such a token through as its UTF-8 text.
+        m.token_bytes[static_cast<size_t>(id)] = it.key();
+      }
+    }
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      auto it = str_to_id.find(model["unk_token"].get_ref<const std::string&>());
+      if (it != str_to_id.end()) m.unk_id = it->second;
+    }
+
+    // Merges: "a b" strings (older files) or ["a", "b"] pairs (tokenizers >= 0.20).
+    const auto& merges = model.at("merges");
+    m.merges.reserve(merges.size() * 2);
+    std::string joined;
+    int32_t rank = 0;
+    for (const auto& mg : merges) {
+      std::string a, b;
+      if (mg.is_string()) {
+        const auto& s = mg.get_ref<const std::string&>();
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          throw Error("merge '" + s + "' is not of the form 'a b'");
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else if (mg.is_array() && mg.size() == 2) {
+        a = mg[0].get<std::string>();
+        b = mg[1].get<std::string>();
+      } else {
+        throw Error("merge #" + std::to_string(rank) + " is neither 'a b' nor [a, b]");
+      }
+      joined = a + b;
+      auto ia = str_to_id.find(a), ib = str_to_id.find(b), ij = str_to_id.find(joined);
+      if (ia == str_to_id.end() || ib == str_to_id.end() || ij == str_to_id.end())
+        throw Error("merge '" + a + " " + b + "' uses a token that is not in the vocabulary");
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
+      m.merges.emplace(key, std::make_pair(rank, ij->second));  // first (lowest) rank wins
+      ++rank;
+    }
+
+    // Added tokens. They decode through the ByteLevel decoder like any token: if every
+    // character is in the byte alphabet they map back to bytes, otherwise to their UTF-8 text.
+    if (j.contains("added_tokens")) {
+      for (const auto& a : j["added_tokens"]) {
+        AddedToken at;
+        at.content = a.at("content").get<std::string>();
+        at.id = a.at("id").get<int32_t>();
+        at.lstrip = a.value("lstrip", false);
+        at.rstrip = a.value("rstrip", false);
+        at.single_word = a.value("single_word", false);
+        const auto idx = static_cast<int32_t>(m.added.size());
+        const auto id = static_cast<size_t>(at.id);
+        m.valid[id] = 1;
+        m.special[id] = a.value("special", false) ? 1 : 0;
+        auto b = byte_level_to_bytes(at.content);
+        m.token_bytes[id] = b ? *b : at.content;
+        m.added_by_content.emplace(at.content, at.id);
+        (a.value("normalized", true) ? m.trie_norm : m.trie_raw).insert(at.content, idx);
+        m.added.push_back(std::move(at));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("malformed tokenizer.json: ") + e.what());
+  }
+
+  // tokenizer_config.json: BOS/EOS strings and the add_bos_token default.
+  for (auto [key, dst] : {std::pair{"bos_token", &m.bos}, std::pair{"eos_token", &m.eos}}) {
+    const std::string s = config_token(cfg, key);
+    if (s.empty()) continue;
+    auto it = m.added_by_content.find(s);
+    if (it != m.added_by_content.end()) *dst = it->second;
+  }
+  if (cfg.is_object() && cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
+    m.add_bos_default = cfg["add_bos_token"].get<bool>();
+  return Tokenizer(std::move(impl));
+}
+
+void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) const {
+  if (!utf8::valid(text)) throw Error("tokenizer input is not valid UTF-8");
+  const Impl& m = *impl_;
+  std::vector<Segment> segs;
+  m.split_added(text, segs);
+  std::vector<std::string_view> pieces;
+  std::deque<std::string> arena;
+  for (const Segment& s : segs) {
+    if (s.id >= 0) { out.push_back(s.id); continue; }
+    m.pre.split(s.text, pieces, arena);
+    for (std::string_view p : pieces) m.bpe(p, out);
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  if (add_bos) {
+    if (impl_->bos < 0) throw Error("add_bos requested but the tokenizer has no known BOS token");
+    out.push_back(impl_->bos);
+  }
+  encode_append(text, out);
+  return out;
+}
+
+const std::string& Tokenizer::token_bytes(int32_t id) const {
+  if (!is_valid_id(id)) throw Error("unknown token id " + std::to_string(id));
+  return impl_->token_bytes[static_cast<size_t>(id)];
+}
+
+std::string Tokenizer::decode_bytes(std::span<const int32_t> ids) const {
+  std::string out;
+  for (int32_t id : ids) out += token_bytes(id);
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const { return utf8::sanitize(decode_bytes(ids)); }
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view text) const {
+  if (auto it = impl_->added_by_content.find(text); it != impl_->added_by_content.end()) return it->second;
+  if (auto it = impl_->bytes_to_id.find(text); it != impl_->bytes_to_id.end()) return it->second;
+  return std::nullopt;
+}
+
+bool Tokenizer::is_valid_id(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->valid.size() && impl_->valid[static_cast<size_t>(id)];
+}
+bool Tokenizer::is_special(int32_t id) const { return is_valid_id(id) && impl_->special[static_cast<size_t>(id)]; }
+int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->valid.size()); }
+int32_t Tokenizer::bos_id() const { return impl_->bos; }
+int32_t Tokenizer::eos_id() const { return impl_->eos; }
+bool Tokenizer::default_add_bos() const { return impl_->add_bos_default; }
+
+std::string StreamDecoder::push(int32_t id) {
+  pending_ += tok_->token_bytes(id);
+  std::string out;
+  size_t i = 0;
+  while (i < pending_.size()) {
+    const utf8::SeqInfo q = utf8::scan(pending_, i);
+    if (q.status == utf8::Seq::Truncated) break;  // may still complete with the next token
+    if (q.status == utf8::Seq::Ok) out.append(pending_, i, q.len);
+    else out += "\xEF\xBF\xBD";
+    i += q.len;
+  }
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out = utf8::sanitize(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace dsa
