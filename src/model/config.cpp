@@ -233,6 +233,7 @@ void ModelConfig::validate() const {
   if (n_routed_experts > 0) {
     pos("moe_intermediate_size", moe_intermediate_size);
     pos("num_experts_per_tok", num_experts_per_tok);
+    if (n_routed_experts > 1024) bad("n_routed_experts", "at most 1024 supported, got " + std::to_string(n_routed_experts));
     if (num_experts_per_tok > n_routed_experts) bad("num_experts_per_tok", "larger than n_routed_experts");
     if (n_group <= 0 || n_routed_experts % n_group) bad("n_group", "must divide n_routed_experts (" + std::to_string(n_routed_experts) + "), got " + std::to_string(n_group));
     if (topk_group <= 0 || topk_group > n_group) bad("topk_group", "must be in [1, n_group], got " + std::to_string(topk_group));

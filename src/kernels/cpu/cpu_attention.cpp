@@ -1,0 +1,205 @@
+// Lightning-indexer scan, top-k selection and sparse MLA attention on the CPU.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
+
+namespace dsa::kernels::cpu {
+namespace {
+
+// e4m3 codes -> f32 through the half-precision bit trick (see cpu_linear.cpp), times 2^8.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 fp8x8_to_f32_scaled(const uint8_t* p) {
+  const __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7));
+  return _mm256_cvtph_ps(h);
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 s) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
+// One key against all heads. q holds the heads' fp8 values already converted to f32
+// (scaled by 2^-8 like the key): products of two e4m3 values are exact in f32, so only
+// the summation order differs from the reference.
+__attribute__((target("avx2,fma,f16c"))) void indexer_scores_avx2(const float* qf, const float* w, int n_heads,
+                                                                  const uint8_t* k8, const float* k_scale, int t0,
+                                                                  int t1, float* out) {
+  for (int t = t0; t < t1; ++t) {
+    __m256 k[16];
+    for (int j = 0; j < 16; ++j) k[j] = fp8x8_to_f32_scaled(k8 + size_t(t) * 128 + size_t(j) * 8);
+    float s = 0;
+    for (int h = 0; h < n_heads; ++h) {
+      const float* q = qf + size_t(h) * 128;
+      __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(q), k[0]);
+      __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(q + 8), k[1]);
+      for (int j = 2; j < 16; j += 2) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * j), k[j], a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * j + 8), k[j + 1], a1);
+      }
+      const float dot = hsum(_mm256_add_ps(a0, a1)) * 65536.0f;  // undo the two 2^-8
+      s += w[h] * std::max(dot, 0.0f);
+    }
+    out[t] = s * k_scale[t];
+  }
+}
+
+}  // namespace
+
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
+                    int n_keys, float* out) {
+  if (!has_avx2_fma() || n_heads > 64) {
+    ref::indexer_scores(q8, w, n_heads, k8, k_scale, n_keys, out);
+    return;
+  }
+  alignas(32) float qf[64 * 128];
+  for (int i = 0; i < n_heads * 128; ++i) qf[i] = fp8_e4m3_to_f32(q8[i]) / 256.0f;
+  // Memory-bound scan over every cached key (132 bytes each): split keys across threads.
+  const int chunk = 256;
+  const int n_chunks = (n_keys + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n_chunks > 1)
+  for (int c = 0; c < n_chunks; ++c)
+    indexer_scores_avx2(qf, w, n_heads, k8, k_scale, c * chunk, std::min(n_keys, (c + 1) * chunk), out);
+}
+
+void topk(const float* scores, int n, int k, int32_t* out) {
+  // Partial selection, not a full sort: one pass keeps a threshold-based candidate set.
+  // Ordering (score desc, index asc) makes ties go to the lower position.
+  DSA_CHECK(k <= n, "topk: k > n");
+  if (k == 0) return;
+  auto better = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  if (k == n) {
+    for (int i = 0; i < n; ++i) out[i] = i;
+    std::sort(out, out + n, better);
+    return;
+  }
+  // Min-heap of the best k seen so far (root = worst kept).
+  for (int i = 0; i < k; ++i) out[i] = i;
+  std::make_heap(out, out + k, better);
+  for (int i = k; i < n; ++i) {
+    if (better(i, out[0])) {
+      std::pop_heap(out, out + k, better);
+      out[k - 1] = i;
+      std::push_heap(out, out + k, better);
+    }
+  }
+  std::sort_heap(out, out + k, better);
+}
+
+namespace {
+__attribute__((target("avx2,fma"))) inline float dot8(const float* a, const float* b, int n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  float r = hsum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+__attribute__((target("avx2,fma"))) inline void axpy8(float a, const float* x, float* y, int n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+}  // namespace
+
+void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
+                       const int32_t* idx, int n_idx, float scale, float* o_lat) {
+  if (!has_avx2_fma()) {
+    ref::mla_sparse_decode(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
+    return;
+  }
+  const int L = c.kv_lora, R = c.rope;
+  // Online softmax over the selected tokens, one token dequantized at a time and shared
+  // by all heads (MQA: one latent serves every head). Threads split the heads.
+  const int nt = std::min(n_heads, omp_get_max_threads());
+#pragma omp parallel num_threads(nt)
+  {
+    const int tid = omp_get_thread_num();
+    const int h0 = n_heads * tid / nt, h1 = n_heads * (tid + 1) / nt;
+    alignas(32) float lat[1024], kr[256], m[128], l[128];
+    DSA_CHECK(L <= 1024 && R <= 256 && h1 - h0 <= 128, "mla_sparse_decode: dims too large");
+    for (int h = h0; h < h1; ++h) {
+      m[h - h0] = -INFINITY;
+      l[h - h0] = 0;
+      std::fill(o_lat + size_t(h) * size_t(L), o_lat + size_t(h + 1) * size_t(L), 0.0f);
+    }
+    for (int j = 0; j < n_idx; ++j) {
+      const float* lp;
+      const float* rp;
+      if (c.type == CacheType::F32) {
+        lp = reinterpret_cast<const float*>(c.data + size_t(idx[j]) * c.token_bytes());
+        rp = lp + L;
+      } else {
+        ref::mla_cache_read(c, idx[j], lat, kr);
+        lp = lat;
+        rp = kr;
+      }
+      for (int h = h0; h < h1; ++h) {
+        const float s = (dot8(q_lat + size_t(h) * size_t(L), lp, L) + dot8(q_rope + size_t(h) * size_t(R), rp, R)) * scale;
+        float* o = o_lat + size_t(h) * size_t(L);
+        float& mh = m[h - h0];
+        float& lh = l[h - h0];
+        if (s > mh) {
+          const float corr = std::exp(mh - s);
+          for (int d = 0; d < L; ++d) o[d] *= corr;
+          lh *= corr;
+          mh = s;
+        }
+        const float p = std::exp(s - mh);
+        lh += p;
+        axpy8(p, lp, o, L);
+      }
+    }
+    for (int h = h0; h < h1; ++h) {
+      const float inv = 1.0f / l[h - h0];
+      float* o = o_lat + size_t(h) * size_t(L);
+      for (int d = 0; d < L; ++d) o[d] *= inv;
+    }
+  }
+}
+
+void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
+                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
+  if (!has_avx2_fma()) {
+    ref::mha_sparse_prefill(q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
+    return;
+  }
+  // Called once per query from an outer parallel loop: single-threaded inside.
+  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim);
+  for (int h = 0; h < n_heads; ++h) {
+    const float* qh = q + size_t(h) * size_t(nope + rope);
+    float* o = out + size_t(h) * size_t(v_dim);
+    std::fill(o, o + v_dim, 0.0f);
+    float mh = -INFINITY, lh = 0;
+    for (int j = 0; j < n_idx; ++j) {
+      const float* k = kv + size_t(idx[j]) * kv_stride + size_t(h) * size_t(nope + v_dim);
+      const float s = (dot8(qh, k, nope) + dot8(qh + nope, k_rope + size_t(idx[j]) * size_t(rope), rope)) * scale;
+      if (s > mh) {
+        const float corr = std::exp(mh - s);
+        for (int d = 0; d < v_dim; ++d) o[d] *= corr;
+        lh *= corr;
+        mh = s;
+      }
+      const float p = std::exp(s - mh);
+      lh += p;
+      axpy8(p, k + nope, o, v_dim);
+    }
+    const float inv = 1.0f / lh;
+    for (int d = 0; d < v_dim; ++d) o[d] *= inv;
+  }
+}
+
+}  // namespace dsa::kernels::cpu

@@ -1,0 +1,60 @@
+// Backend dispatch: the optimized CPU kernels by default, the naive references on request
+// (tests, and `DSA_KERNELS=ref` in the environment for debugging).
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/kernels.h"
+#include "kernels/ref/ref.h"
+
+namespace dsa::kernels {
+namespace {
+Backend initial_backend() {
+  const char* e = std::getenv("DSA_KERNELS");
+  return (e && std::strcmp(e, "ref") == 0) ? Backend::Ref : Backend::Cpu;
+}
+Backend g_backend = initial_backend();
+}  // namespace
+
+void set_backend(Backend b) { g_backend = b; }
+Backend backend() { return g_backend; }
+
+#define DSA_DISPATCH(fn, ...) \
+  (g_backend == Backend::Ref ? ref::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__))
+
+void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  DSA_DISPATCH(linear, w, x, n, y, row0, nrows);
+}
+void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  DSA_DISPATCH(linear_t, w, x, n, y, row0, nrows);
+}
+void embed(const Linear& table, const int32_t* ids, int n, float* y) { ref::embed(table, ids, n, y); }
+void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) { DSA_DISPATCH(rmsnorm, x, w, n, dim, eps, y); }
+void layernorm(const float* x, const Vec& w, const Vec& b, int n, int dim, float eps, float* y) {
+  ref::layernorm(x, w, b, n, dim, eps, y);
+}
+void silu_mul(const float* gate, const float* up, size_t n, float* out) { DSA_DISPATCH(silu_mul, gate, up, n, out); }
+void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved) { ref::rope(x, dim, cos, sin, interleaved); }
+void hadamard128(float* x, int n_vec) { DSA_DISPATCH(hadamard128, x, n_vec); }
+void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales) {
+  ref::act_quant_fp8(x, n, block, ue8m0, codes, scales);
+}
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
+                    int n_keys, float* out) {
+  DSA_DISPATCH(indexer_scores, q8, w, n_heads, k8, k_scale, n_keys, out);
+}
+void topk(const float* scores, int n, int k, int32_t* out) { DSA_DISPATCH(topk, scores, n, k, out); }
+void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
+  ref::mla_cache_write(c, t, latent, k_rope);
+}
+void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) { ref::mla_cache_read(c, t, latent, k_rope); }
+void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
+                       const int32_t* idx, int n_idx, float scale, float* o_lat) {
+  DSA_DISPATCH(mla_sparse_decode, c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
+}
+void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
+                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
+  DSA_DISPATCH(mha_sparse_prefill, q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
+}
+
+}  // namespace dsa::kernels

@@ -1,0 +1,108 @@
+#pragma once
+// The kernel contract: the only header model/ uses to compute. Every function here has
+// a naive twin in kernels/ref (scalar, f64 accumulation where it matters) and, where it
+// is hot, an optimized version in kernels/cpu with the same signature; `set_backend`
+// picks which one runs and tests run both against each other.
+//
+// Activations are f32 row-major. Weights are views into the mmapped checkpoint.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace dsa {
+
+// A weight matrix [rows = out features, cols = in features] exactly as stored. For fp8
+// (e4m3fn) weights `scale` is the checkpoint's weight_scale_inv [ceil(rows/br), ceil(cols/bc)]
+// and W[r][c] = fp8(W8[r][c]) * scale[r/br][c/bc] (edge blocks may be partial).
+struct Linear {
+  DType dtype = DType::F32;
+  const uint8_t* data = nullptr;
+  int rows = 0, cols = 0;
+  const float* scale = nullptr;
+  int block_rows = 128, block_cols = 128;
+  int scale_cols() const { return (cols + block_cols - 1) / block_cols; }
+  size_t bytes() const;  // weights plus scales, what one full pass reads
+};
+
+// A 1-D weight (norm gains, biases), any float dtype, read element-wise.
+struct Vec {
+  DType dtype = DType::F32;
+  const uint8_t* data = nullptr;
+  int n = 0;
+  float at(int i) const;
+};
+
+// How the MLA latent cache stores one token: kv_lora_rank latent values + the shared
+// rope key. FP8: e4m3 latent with one f32 scale per 128 values (DeepSeek's act_quant,
+// ue8m0 when the checkpoint says so) and the rope key kept exact in f32, as the
+// reference keeps it (784 bytes for 512 + 64). FP8_656: DeepSeek's deployment layout
+// (FlashMLA "FP8 with scale", 656 bytes): the same latent, the rope key in bf16.
+enum class CacheType { F32, BF16, FP8, FP8_656 };
+
+struct MlaCacheView {
+  CacheType type = CacheType::F32;
+  uint8_t* data = nullptr;
+  int kv_lora = 0, rope = 0;
+  bool ue8m0 = false;  // fp8: power-of-two scales (checkpoint scale_fmt)
+  size_t token_bytes() const;
+};
+
+enum class Backend { Ref, Cpu };
+
+namespace kernels {
+
+void set_backend(Backend b);
+Backend backend();
+
+// ---- dense algebra -------------------------------------------------------------
+// y[n, nrows] = x[n, cols] · W[row0 : row0 + nrows]ᵀ   (nrows < 0: all rows)
+void linear(const Linear& w, const float* x, int n, float* y, int row0 = 0, int nrows = -1);
+// y[n, cols] = x[n, nrows] · W[row0 : row0 + nrows]  (the transposed direction, used to
+// absorb kv_b's k part into the query in MLA decode)
+void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+// y[n, cols] = table[ids[i]] (bf16/f16/f32 embedding rows)
+void embed(const Linear& table, const int32_t* ids, int n, float* y);
+
+// ---- elementwise ---------------------------------------------------------------
+void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y);
+void layernorm(const float* x, const Vec& w, const Vec& b, int n, int dim, float eps, float* y);
+void silu_mul(const float* gate, const float* up, size_t n, float* out);  // silu(g) * u
+// Rotates `dim` values at x with cos/sin [dim/2]. interleaved: pairs (2i, 2i+1);
+// otherwise half-split (NeoX): pairs (i, i + dim/2). Both use frequency i.
+void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved);
+// Normalized Hadamard transform (Sylvester order, scale 128^-0.5) of n_vec rows of 128.
+void hadamard128(float* x, int n_vec);
+// DeepSeek's act_quant on blocks of `block`: amax >= 1e-4, s = amax * (1/448) (f32
+// multiply), ue8m0 rounds s up to a power of two, codes = rne_e4m3(clamp(x/s, ±448)).
+void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
+
+// ---- lightning indexer ---------------------------------------------------------
+// out[t] = k_scale[t] * Σ_h w[h] * relu(q8[h] · k8[t])  for t in [0, n_keys)
+// q8 [n_heads, 128] e4m3 codes; k8 [n_keys, 128] e4m3 codes; w already holds q_scale.
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
+                    int n_keys, float* out);
+// The k largest of scores[0..n) (k <= n), highest first, ties toward the lower index.
+void topk(const float* scores, int n, int k, int32_t* out);
+
+// ---- MLA caches and attention ---------------------------------------------------
+void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope);
+void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope);
+
+// Absorbed (MQA) sparse attention for one query over the selected cached tokens:
+//   score_j = (q_lat[h] · latent[idx_j] + q_rope[h] · k_rope[idx_j]) * scale
+//   o_lat[h] = Σ_j softmax(score)_j latent[idx_j]
+// q_lat [n_heads, kv_lora], q_rope [n_heads, rope], o_lat [n_heads, kv_lora].
+// Only the n_idx selected tokens are read: cost grows with index_topk, not the context.
+void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
+                       const int32_t* idx, int n_idx, float scale, float* o_lat);
+
+// Non-absorbed (MHA) sparse attention for one query, used by prefill: keys and values
+// were expanded through kv_b for the chunk. kv [n_tok, n_heads*(nope+v)] per head
+// [k_nope | v]; k_rope [n_tok, rope]; q [n_heads, nope+rope]; out [n_heads, v].
+// idx are positions relative to the chunk's first token.
+void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
+                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out);
+
+}  // namespace kernels
+}  // namespace dsa

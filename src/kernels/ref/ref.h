@@ -1,0 +1,30 @@
+#pragma once
+// Naive reference kernels: obvious loops, f64 accumulation, no SIMD, no threads.
+// Same signatures as kernels.h; the optimized twins in cpu/ are tested against these.
+#include "kernels/kernels.h"
+
+namespace dsa::kernels::ref {
+
+void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+void embed(const Linear& table, const int32_t* ids, int n, float* y);
+void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y);
+void layernorm(const float* x, const Vec& w, const Vec& b, int n, int dim, float eps, float* y);
+void silu_mul(const float* gate, const float* up, size_t n, float* out);
+void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved);
+void hadamard128(float* x, int n_vec);
+void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
+                    int n_keys, float* out);
+void topk(const float* scores, int n, int k, int32_t* out);
+void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope);
+void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope);
+void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
+                       const int32_t* idx, int n_idx, float scale, float* o_lat);
+void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
+                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out);
+
+// Element (r, c) of a weight as f32, dequantized (fp8: times its block scale).
+float weight_at(const Linear& w, int r, int c);
+
+}  // namespace dsa::kernels::ref

@@ -1,0 +1,138 @@
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/ref/ref.h"
+
+namespace dsa::kernels::ref {
+
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
+                    int n_keys, float* out) {
+  for (int t = 0; t < n_keys; ++t) {
+    double s = 0;
+    for (int h = 0; h < n_heads; ++h) {
+      double dot = 0;
+      for (int d = 0; d < 128; ++d)
+        dot += double(fp8_e4m3_to_f32(q8[h * 128 + d])) * fp8_e4m3_to_f32(k8[size_t(t) * 128 + size_t(d)]);
+      s += double(w[h]) * std::max(dot, 0.0);
+    }
+    out[t] = float(s * k_scale[t]);
+  }
+}
+
+void topk(const float* scores, int n, int k, int32_t* out) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  for (int i = 0; i < k; ++i) out[i] = order[size_t(i)];
+}
+
+void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
+  uint8_t* p = c.data + size_t(t) * c.token_bytes();
+  switch (c.type) {
+    case CacheType::F32:
+      std::memcpy(p, latent, size_t(c.kv_lora) * 4);
+      std::memcpy(p + size_t(c.kv_lora) * 4, k_rope, size_t(c.rope) * 4);
+      break;
+    case CacheType::BF16:
+      for (int i = 0; i < c.kv_lora; ++i) { uint16_t h = f32_to_bf16(latent[i]); std::memcpy(p + 2 * i, &h, 2); }
+      for (int i = 0; i < c.rope; ++i) { uint16_t h = f32_to_bf16(k_rope[i]); std::memcpy(p + 2 * (c.kv_lora + i), &h, 2); }
+      break;
+    case CacheType::FP8:
+    case CacheType::FP8_656: {
+      // [kv_lora e4m3 | ceil(kv_lora/128) f32 scales | rope f32 (FP8) or bf16 (FP8_656)]
+      const int nb = (c.kv_lora + 127) / 128;
+      std::vector<float> scales(static_cast<size_t>(nb));
+      act_quant_fp8(latent, c.kv_lora, 128, c.ue8m0, p, scales.data());
+      std::memcpy(p + c.kv_lora, scales.data(), size_t(nb) * 4);
+      uint8_t* r = p + c.kv_lora + 4 * nb;
+      if (c.type == CacheType::FP8) std::memcpy(r, k_rope, size_t(c.rope) * 4);
+      else
+        for (int i = 0; i < c.rope; ++i) { uint16_t h = f32_to_bf16(k_rope[i]); std::memcpy(r + 2 * i, &h, 2); }
+      break;
+    }
+  }
+}
+
+void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) {
+  const uint8_t* p = c.data + size_t(t) * c.token_bytes();
+  switch (c.type) {
+    case CacheType::F32:
+      std::memcpy(latent, p, size_t(c.kv_lora) * 4);
+      std::memcpy(k_rope, p + size_t(c.kv_lora) * 4, size_t(c.rope) * 4);
+      break;
+    case CacheType::BF16:
+      for (int i = 0; i < c.kv_lora; ++i) { uint16_t h; std::memcpy(&h, p + 2 * i, 2); latent[i] = bf16_to_f32(h); }
+      for (int i = 0; i < c.rope; ++i) { uint16_t h; std::memcpy(&h, p + 2 * (c.kv_lora + i), 2); k_rope[i] = bf16_to_f32(h); }
+      break;
+    case CacheType::FP8:
+    case CacheType::FP8_656: {
+      const int nb = (c.kv_lora + 127) / 128;
+      for (int i = 0; i < c.kv_lora; ++i) {
+        float s;
+        std::memcpy(&s, p + c.kv_lora + 4 * (i / 128), 4);
+        latent[i] = fp8_e4m3_to_f32(p[i]) * s;
+      }
+      const uint8_t* r = p + c.kv_lora + 4 * nb;
+      if (c.type == CacheType::FP8) std::memcpy(k_rope, r, size_t(c.rope) * 4);
+      else
+        for (int i = 0; i < c.rope; ++i) { uint16_t h; std::memcpy(&h, r + 2 * i, 2); k_rope[i] = bf16_to_f32(h); }
+      break;
+    }
+  }
+}
+
+void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
+                       const int32_t* idx, int n_idx, float scale, float* o_lat) {
+  std::vector<float> lat(size_t(n_idx) * size_t(c.kv_lora)), kr(size_t(n_idx) * size_t(c.rope));
+  for (int j = 0; j < n_idx; ++j) mla_cache_read(c, idx[j], &lat[size_t(j) * size_t(c.kv_lora)], &kr[size_t(j) * size_t(c.rope)]);
+  std::vector<double> p(static_cast<size_t>(n_idx));
+  for (int h = 0; h < n_heads; ++h) {
+    double mx = -INFINITY;
+    for (int j = 0; j < n_idx; ++j) {
+      double s = 0;
+      for (int d = 0; d < c.kv_lora; ++d) s += double(q_lat[size_t(h) * size_t(c.kv_lora) + size_t(d)]) * lat[size_t(j) * size_t(c.kv_lora) + size_t(d)];
+      for (int d = 0; d < c.rope; ++d) s += double(q_rope[size_t(h) * size_t(c.rope) + size_t(d)]) * kr[size_t(j) * size_t(c.rope) + size_t(d)];
+      p[size_t(j)] = s * scale;
+      mx = std::max(mx, p[size_t(j)]);
+    }
+    double sum = 0;
+    for (int j = 0; j < n_idx; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+    for (int d = 0; d < c.kv_lora; ++d) {
+      double acc = 0;
+      for (int j = 0; j < n_idx; ++j) acc += p[size_t(j)] * lat[size_t(j) * size_t(c.kv_lora) + size_t(d)];
+      o_lat[size_t(h) * size_t(c.kv_lora) + size_t(d)] = float(acc / sum);
+    }
+  }
+}
+
+void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
+                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
+  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim);
+  std::vector<double> p(static_cast<size_t>(n_idx));
+  for (int h = 0; h < n_heads; ++h) {
+    const float* qh = q + size_t(h) * size_t(nope + rope);
+    double mx = -INFINITY;
+    for (int j = 0; j < n_idx; ++j) {
+      const float* k = kv + size_t(idx[j]) * kv_stride + size_t(h) * size_t(nope + v_dim);
+      const float* kr = k_rope + size_t(idx[j]) * size_t(rope);
+      double s = 0;
+      for (int d = 0; d < nope; ++d) s += double(qh[d]) * k[d];
+      for (int d = 0; d < rope; ++d) s += double(qh[nope + d]) * kr[d];
+      p[size_t(j)] = s * scale;
+      mx = std::max(mx, p[size_t(j)]);
+    }
+    double sum = 0;
+    for (int j = 0; j < n_idx; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+    for (int d = 0; d < v_dim; ++d) {
+      double acc = 0;
+      for (int j = 0; j < n_idx; ++j) acc += p[size_t(j)] * kv[size_t(idx[j]) * kv_stride + size_t(h) * size_t(nope + v_dim) + size_t(nope + d)];
+      out[size_t(h) * size_t(v_dim) + size_t(d)] = float(acc / sum);
+    }
+  }
+}
+
+}  // namespace dsa::kernels::ref

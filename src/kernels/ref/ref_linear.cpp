@@ -1,0 +1,51 @@
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/ref/ref.h"
+
+namespace dsa::kernels::ref {
+
+float weight_at(const Linear& w, int r, int c) {
+  const size_t i = size_t(r) * size_t(w.cols) + size_t(c);
+  switch (w.dtype) {
+    case DType::F32: { float v; std::memcpy(&v, w.data + 4 * i, 4); return v; }
+    case DType::BF16: { uint16_t h; std::memcpy(&h, w.data + 2 * i, 2); return bf16_to_f32(h); }
+    case DType::F16: { uint16_t h; std::memcpy(&h, w.data + 2 * i, 2); return f16_to_f32(h); }
+    case DType::F8_E4M3:
+      return fp8_e4m3_to_f32(w.data[i]) * w.scale[size_t(r / w.block_rows) * size_t(w.scale_cols()) + size_t(c / w.block_cols)];
+    default: DSA_CHECK(false, "unsupported weight dtype");
+  }
+  return 0;
+}
+
+void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  if (nrows < 0) nrows = w.rows - row0;
+  for (int i = 0; i < n; ++i)
+    for (int r = 0; r < nrows; ++r) {
+      double acc = 0;
+      for (int c = 0; c < w.cols; ++c) acc += double(weight_at(w, row0 + r, c)) * x[size_t(i) * size_t(w.cols) + size_t(c)];
+      y[size_t(i) * size_t(nrows) + size_t(r)] = float(acc);
+    }
+}
+
+void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  std::vector<double> acc(static_cast<size_t>(w.cols));
+  for (int i = 0; i < n; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int r = 0; r < nrows; ++r) {
+      const double xv = x[size_t(i) * size_t(nrows) + size_t(r)];
+      for (int c = 0; c < w.cols; ++c) acc[size_t(c)] += xv * weight_at(w, row0 + r, c);
+    }
+    for (int c = 0; c < w.cols; ++c) y[size_t(i) * size_t(w.cols) + size_t(c)] = float(acc[size_t(c)]);
+  }
+}
+
+void embed(const Linear& table, const int32_t* ids, int n, float* y) {
+  for (int i = 0; i < n; ++i) {
+    DSA_CHECK(ids[i] >= 0 && ids[i] < table.rows, "token id out of range");
+    for (int c = 0; c < table.cols; ++c) y[size_t(i) * size_t(table.cols) + size_t(c)] = weight_at(table, ids[i], c);
+  }
+}
+
+}  // namespace dsa::kernels::ref

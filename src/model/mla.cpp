@@ -1,0 +1,84 @@
+// Multi-head latent attention (MLA) with DeepSeek Sparse Attention: every query attends
+// only to the index_topk keys its lightning indexer selected.
+#include <omp.h>
+
+#include <cstring>
+
+#include "kernels/kernels.h"
+#include "model/forward.h"
+
+namespace dsa {
+
+void attention_block(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
+                     const Tap* tap) {
+  const ModelConfig& c = m.config;
+  const MlaWeights& a = w.self_attn;
+  const int nh = c.num_attention_heads, nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int qk = c.qk_head_dim(), Lr = c.kv_lora_rank, K = c.index_topk;
+  const float eps = float(c.rms_norm_eps);
+  LayerCache& cache = s.layers[size_t(cache_layer)];
+  auto cos_at = [&](int pos) { return &s.rope_cos[size_t(pos) * size_t(R / 2)]; };
+  auto sin_at = [&](int pos) { return &s.rope_sin[size_t(pos) * size_t(R / 2)]; };
+
+  // q = q_b(rmsnorm(q_a(x))), per head [nope | rope]; MLA RoPE is interleaved (pairs 2i, 2i+1).
+  kernels::linear(a.q_a_proj, s.xn.data(), n, s.qa.data());
+  kernels::rmsnorm(s.qa.data(), a.q_a_layernorm, n, c.q_lora_rank, eps, s.qr.data());
+  kernels::linear(a.q_b_proj, s.qr.data(), n, s.q.data());
+  for (int i = 0; i < n; ++i)
+    for (int h = 0; h < nh; ++h)
+      kernels::rope(&s.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk) + size_t(nope)], R, cos_at(pos0 + i), sin_at(pos0 + i), true);
+
+  // kv_a(x) = [latent | k_rope]; the latent is normalized, the rope key rotated, and both
+  // go to the cache. Attention below reads them back from the cache, so a quantized
+  // cache (fp8) affects prefill and decode alike, as in deployment.
+  kernels::linear(a.kv_a_proj_with_mqa, s.xn.data(), n, s.kva.data());
+  for (int i = 0; i < n; ++i) {
+    const float* kv = &s.kva[size_t(i) * size_t(Lr + R)];
+    float* lat = &s.latent[size_t(i) * size_t(Lr)];
+    float* kr = &s.k_rope[size_t(i) * size_t(R)];
+    kernels::rmsnorm(kv, a.kv_a_layernorm, 1, Lr, eps, lat);
+    std::memcpy(kr, kv + Lr, size_t(R) * sizeof(float));
+    kernels::rope(kr, R, cos_at(pos0 + i), sin_at(pos0 + i), true);
+    kernels::mla_cache_write(cache.view, pos0 + i, lat, kr);
+  }
+
+  // Key selection: a full layer runs its own indexer; a shared layer reuses the top-k of
+  // the most recent full layer, still in s.topk for these same tokens.
+  if (w.has_indexer) indexer_block(m, w, s, layer, cache_layer, pos0, n, tap);
+  else if (tap && tap->ints)
+    for (int i = 0; i < n; ++i) tap->ints("indexer.topk." + std::to_string(layer), pos0 + i, &s.topk[size_t(i) * size_t(K)], K);
+
+  const float scale = float(c.softmax_scale());
+  if (pos0 == 0) {
+    // Prefill of a fresh sequence: expand the chunk's cached latents through kv_b once
+    // (MHA form, compute-friendly), then each query attends to its selected keys.
+    for (int i = 0; i < n; ++i)
+      kernels::mla_cache_read(cache.view, i, &s.latent[size_t(i) * size_t(Lr)], &s.k_rope[size_t(i) * size_t(R)]);
+    kernels::linear(a.kv_b_proj, s.latent.data(), n, s.kv.data());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && !tap)
+    for (int i = 0; i < n; ++i)
+      kernels::mha_sparse_prefill(&s.q[size_t(i) * size_t(nh) * size_t(qk)], s.kv.data(), s.k_rope.data(), nh, nope, R, vd,
+                                  &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale,
+                                  &s.attn[size_t(i) * size_t(nh) * size_t(vd)]);
+  } else {
+    // Absorbed (MQA) form over the cached latent: q_nope goes through the k part of kv_b,
+    // attention runs in the kv_lora_rank space, the result through the v part.
+    for (int i = 0; i < n; ++i) {
+      float* qlat = &s.q_lat[size_t(i) * size_t(nh) * size_t(Lr)];
+      float* qpe = &s.q_pe[size_t(i) * size_t(nh) * size_t(R)];
+      float* olat = &s.o_lat[size_t(i) * size_t(nh) * size_t(Lr)];
+      for (int h = 0; h < nh; ++h) {
+        const float* qh = &s.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk)];
+        kernels::linear_t(a.kv_b_proj, qh, 1, qlat + size_t(h) * size_t(Lr), h * (nope + vd), nope);
+        std::memcpy(qpe + size_t(h) * size_t(R), qh + nope, size_t(R) * sizeof(float));
+      }
+      kernels::mla_sparse_decode(cache.view, qlat, qpe, nh, &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale, olat);
+      for (int h = 0; h < nh; ++h)
+        kernels::linear(a.kv_b_proj, olat + size_t(h) * size_t(Lr), 1, &s.attn[(size_t(i) * size_t(nh) + size_t(h)) * size_t(vd)],
+                        h * (nope + vd) + nope, vd);
+    }
+  }
+  kernels::linear(a.o_proj, s.attn.data(), n, s.proj.data());
+}
+
+}  // namespace dsa

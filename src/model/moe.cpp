@@ -1,0 +1,113 @@
+// Mixture of experts, DeepSeek-V3 "noaux_tc" routing, tokens grouped by expert.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/kernels.h"
+#include "model/forward.h"
+
+namespace dsa {
+namespace {
+
+// Routing for one token. sig: sigmoid scores [E]; bias: e_score_correction_bias.
+// Selection uses sig + bias; with n_group > 1 only the topk_group groups with the
+// largest sum of their two best biased scores stay eligible. The weights are the
+// unbiased sigmoid scores of the chosen experts, normalized, times routed_scaling_factor.
+void route(const ModelConfig& c, const float* sig, const Vec& bias, int32_t* ids, float* weights) {
+  const int E = c.n_routed_experts, k = c.num_experts_per_tok, G = c.n_group;
+  float sel[1024];
+  bool eligible[1024];
+  for (int e = 0; e < E; ++e) {
+    sel[e] = sig[e] + bias.at(e);
+    eligible[e] = true;
+  }
+  if (G > 1) {
+    const int per = E / G;
+    float gscore[256];
+    int gorder[256];
+    for (int g = 0; g < G; ++g) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        if (sel[e] > b1) { b2 = b1; b1 = sel[e]; }
+        else if (sel[e] > b2) b2 = sel[e];
+      }
+      gscore[g] = b1 + b2;
+      gorder[g] = g;
+    }
+    std::stable_sort(gorder, gorder + G, [&](int a, int b) { return gscore[a] > gscore[b]; });
+    for (int r = c.topk_group; r < G; ++r)
+      for (int e = gorder[r] * per; e < (gorder[r] + 1) * per; ++e) eligible[e] = false;
+  }
+  int order[1024];
+  int m = 0;
+  for (int e = 0; e < E; ++e)
+    if (eligible[e]) order[m++] = e;
+  std::partial_sort(order, order + k, order + m, [&](int a, int b) { return sel[a] > sel[b] || (sel[a] == sel[b] && a < b); });
+  double sum = 0;
+  for (int j = 0; j < k; ++j) {
+    ids[j] = order[j];
+    weights[j] = sig[order[j]];
+    sum += sig[order[j]];
+  }
+  const double norm = c.norm_topk_prob ? 1.0 / (sum + 1e-20) : 1.0;
+  for (int j = 0; j < k; ++j) weights[j] = float(weights[j] * norm * c.routed_scaling_factor);
+}
+
+}  // namespace
+
+void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos0, int n, const Tap* tap) {
+  const ModelConfig& c = m.config;
+  const int E = c.n_routed_experts, k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
+
+  // Router in f32 (GLM's moe_router_dtype, and what vLLM forces for both families).
+  kernels::linear(w.gate, s.xn.data(), n, s.router.data());
+  for (size_t i = 0; i < size_t(n) * size_t(E); ++i) s.router[i] = 1.0f / (1.0f + std::exp(-s.router[i]));
+  for (int i = 0; i < n; ++i) {
+    route(c, &s.router[size_t(i) * size_t(E)], w.e_score_correction_bias, &s.expert_ids[size_t(i) * size_t(k)],
+          &s.expert_w[size_t(i) * size_t(k)]);
+    if (tap && tap->ints) tap->ints("moe.experts." + std::to_string(layer), pos0 + i, &s.expert_ids[size_t(i) * size_t(k)], k);
+  }
+
+  // Group the (token, slot) pairs by expert so each expert's weights are read once per call.
+  std::fill(s.expert_count.begin(), s.expert_count.begin() + E, 0);
+  for (int r = 0; r < n * k; ++r) ++s.expert_count[size_t(s.expert_ids[size_t(r)])];
+  s.expert_offset[0] = 0;
+  for (int e = 0; e < E; ++e) s.expert_offset[size_t(e) + 1] = s.expert_offset[size_t(e)] + s.expert_count[size_t(e)];
+  std::fill(s.expert_count.begin(), s.expert_count.begin() + E, 0);
+  for (int r = 0; r < n * k; ++r) {
+    const int e = s.expert_ids[size_t(r)];
+    s.expert_rows[size_t(s.expert_offset[size_t(e)] + s.expert_count[size_t(e)]++)] = r;
+  }
+
+  std::fill(s.moe_out.begin(), s.moe_out.begin() + ptrdiff_t(size_t(n) * size_t(H)), 0.0f);
+  for (int e = 0; e < E; ++e) {
+    const int cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
+    if (cnt == 0) continue;
+    float* xg = &s.xg[size_t(off) * size_t(H)];
+    for (int j = 0; j < cnt; ++j) {
+      const int tok = s.expert_rows[size_t(off + j)] / k;
+      std::copy_n(&s.xn[size_t(tok) * size_t(H)], H, xg + size_t(j) * size_t(H));
+    }
+    const MlpWeights& ex = w.experts[size_t(e)];
+    float* g = &s.g[size_t(off) * size_t(I)];
+    float* u = &s.u[size_t(off) * size_t(I)];
+    kernels::linear(ex.gate_proj, xg, cnt, g);
+    kernels::linear(ex.up_proj, xg, cnt, u);
+    kernels::silu_mul(g, u, size_t(cnt) * size_t(I), g);
+    float* d = &s.d[size_t(off) * size_t(H)];
+    kernels::linear(ex.down_proj, g, cnt, d);
+    for (int j = 0; j < cnt; ++j) {
+      const int r = s.expert_rows[size_t(off + j)];
+      const float wt = s.expert_w[size_t(r)];
+      float* out = &s.moe_out[size_t(r / k) * size_t(H)];
+      const float* dj = d + size_t(j) * size_t(H);
+      for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
+    }
+  }
+  if (w.has_shared) {
+    mlp_block(w.shared_experts, s, n, s.xn.data(), s.d.data());
+    for (size_t i = 0; i < size_t(n) * size_t(H); ++i) s.moe_out[i] += s.d[i];
+  }
+}
+
+}  // namespace dsa

@@ -1,0 +1,155 @@
+#include "model/weights.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace dsa {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+struct Binder {
+  const ModelConfig& cfg;
+  const SafeTensors& st;
+
+  const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape) const {
+    const TensorInfo* t = st.find(name);
+    if (!t) throw Error("missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
+    if (t->shape != shape)
+      throw Error("tensor '" + name + "' has shape " + t->shape_str() + ", expected " + shape_str(shape));
+    return *t;
+  }
+
+  Linear linear(const std::string& name, int64_t rows, int64_t cols) const {
+    const TensorInfo& t = tensor(name + ".weight", {rows, cols});
+    Linear l;
+    l.dtype = t.dtype;
+    l.data = t.data;
+    l.rows = int(rows);
+    l.cols = int(cols);
+    if (t.dtype == DType::F8_E4M3) {
+      l.block_rows = cfg.quant.block_rows;
+      l.block_cols = cfg.quant.block_cols;
+      const int64_t sr = (rows + l.block_rows - 1) / l.block_rows, sc = (cols + l.block_cols - 1) / l.block_cols;
+      const TensorInfo& s = tensor(name + ".weight_scale_inv", {sr, sc});
+      if (s.dtype != DType::F32)
+        throw Error("tensor '" + name + ".weight_scale_inv' has dtype " + dtype_name(s.dtype) + ", expected F32");
+      if (reinterpret_cast<uintptr_t>(s.data) % 4)
+        throw Error("tensor '" + name + ".weight_scale_inv' is not 4-byte aligned in '" + s.file + "'");
+      l.scale = reinterpret_cast<const float*>(s.data);
+    } else if (!is_float(t.dtype)) {
+      throw Error("tensor '" + name + ".weight' has dtype " + dtype_name(t.dtype) + ", expected F8_E4M3, BF16, F16 or F32");
+    }
+    return l;
+  }
+
+  Vec vec(const std::string& name, int64_t n) const {
+    const TensorInfo& t = tensor(name, {n});
+    if (!is_float(t.dtype)) throw Error("tensor '" + name + "' has dtype " + dtype_name(t.dtype) + ", expected BF16, F16 or F32");
+    return Vec{t.dtype, t.data, int(n)};
+  }
+
+  MlpWeights mlp(const std::string& p, int inter) const {
+    const int H = cfg.hidden_size;
+    return {linear(p + ".gate_proj", inter, H), linear(p + ".up_proj", inter, H), linear(p + ".down_proj", H, inter)};
+  }
+
+  LayerWeights layer(int i) const {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const int H = cfg.hidden_size, nh = cfg.num_attention_heads;
+    LayerWeights L;
+    L.input_layernorm = vec(p + "input_layernorm.weight", H);
+    L.post_attention_layernorm = vec(p + "post_attention_layernorm.weight", H);
+    auto& a = L.self_attn;
+    const std::string ap = p + "self_attn.";
+    a.q_a_proj = linear(ap + "q_a_proj", cfg.q_lora_rank, H);
+    a.q_a_layernorm = vec(ap + "q_a_layernorm.weight", cfg.q_lora_rank);
+    a.q_b_proj = linear(ap + "q_b_proj", int64_t(nh) * cfg.qk_head_dim(), cfg.q_lora_rank);
+    a.kv_a_proj_with_mqa = linear(ap + "kv_a_proj_with_mqa", cfg.kv_lora_rank + cfg.qk_rope_head_dim, H);
+    a.kv_a_layernorm = vec(ap + "kv_a_layernorm.weight", cfg.kv_lora_rank);
+    a.kv_b_proj = linear(ap + "kv_b_proj", int64_t(nh) * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank);
+    a.o_proj = linear(ap + "o_proj", H, int64_t(nh) * cfg.v_head_dim);
+    // Shared-indexer layers carry no indexer tensors; extra ones, if present, are ignored.
+    L.has_indexer = cfg.is_indexer_full(i);
+    if (L.has_indexer) {
+      const std::string ip = ap + "indexer.";
+      auto& x = L.indexer;
+      x.wq_b = linear(ip + "wq_b", int64_t(cfg.index_n_heads) * cfg.index_head_dim, cfg.q_lora_rank);
+      x.wk = linear(ip + "wk", cfg.index_head_dim, H);
+      x.k_norm_weight = vec(ip + "k_norm.weight", cfg.index_head_dim);
+      x.k_norm_bias = vec(ip + "k_norm.bias", cfg.index_head_dim);
+      x.weights_proj = linear(ip + "weights_proj", cfg.index_n_heads, H);
+    }
+    L.is_moe = cfg.is_moe_layer(i);
+    if (L.is_moe) {
+      auto& m = L.moe;
+      m.gate = linear(p + "mlp.gate", cfg.n_routed_experts, H);
+      if (m.gate.dtype == DType::F8_E4M3) throw Error("tensor '" + p + "mlp.gate.weight': the router must be BF16/F16/F32, got F8_E4M3");
+      m.e_score_correction_bias = vec(p + "mlp.gate.e_score_correction_bias", cfg.n_routed_experts);
+      m.experts.reserve(size_t(cfg.n_routed_experts));
+      for (int e = 0; e < cfg.n_routed_experts; ++e)
+        m.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e), cfg.moe_intermediate_size));
+      m.has_shared = cfg.n_shared_experts > 0;
+      if (m.has_shared) m.shared_experts = mlp(p + "mlp.shared_experts", cfg.moe_intermediate_size * cfg.n_shared_experts);
+    } else {
+      L.mlp = mlp(p + "mlp", cfg.intermediate_size);
+    }
+    return L;
+  }
+};
+
+}  // namespace
+
+ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, bool load_mtp) {
+  Binder b{cfg, st};
+  ModelWeights w;
+  const int H = cfg.hidden_size, V = cfg.vocab_size;
+  w.embed_tokens = b.linear("model.embed_tokens", V, H);
+  if (w.embed_tokens.dtype == DType::F8_E4M3) throw Error("tensor 'model.embed_tokens.weight': expected BF16/F16/F32, got F8_E4M3");
+  w.norm = b.vec("model.norm.weight", H);
+  w.lm_head = cfg.tie_word_embeddings && !st.has("lm_head.weight") ? w.embed_tokens : b.linear("lm_head", V, H);
+  for (int i = 0; i < cfg.num_hidden_layers; ++i) w.layers.push_back(b.layer(i));
+  if (load_mtp && cfg.num_nextn_predict_layers > 0) {
+    const int l = cfg.num_hidden_layers;
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    MtpWeights m;
+    m.enorm = b.vec(p + "enorm.weight", H);
+    m.hnorm = b.vec(p + "hnorm.weight", H);
+    m.eh_proj = b.linear(p + "eh_proj", H, 2 * H);
+    m.shared_head_norm = b.vec(p + "shared_head.norm.weight", H);
+    // GLM checkpoints carry no copies of the head and embedding: use the main ones.
+    m.shared_head_head = st.has(p + "shared_head.head.weight") ? b.linear(p + "shared_head.head", V, H) : w.lm_head;
+    m.embed_tokens = st.has(p + "embed_tokens.weight") ? b.linear(p + "embed_tokens", V, H) : w.embed_tokens;
+    m.block = b.layer(l);
+    w.mtp = std::move(m);
+  }
+  return w;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose) {
+  if (!std::filesystem::is_directory(dir)) throw Error("model directory '" + dir + "' does not exist");
+  auto m = std::make_unique<Model>();
+  m->config = ModelConfig::from_file(dir);
+  if (verbose) std::fprintf(stderr, "loading %s: mapping safetensors ...\n", dir.c_str());
+  m->files = SafeTensors::open(dir);
+  if (verbose) std::fprintf(stderr, "loading %s: %zu file(s), %zu tensors, binding weights ...\n", dir.c_str(), m->files.num_files(), m->files.tensors().size());
+  m->weights = ModelWeights::bind(m->config, m->files, load_mtp);
+  return m;
+}
+
+uint64_t Model::parameter_count() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : files.tensors())
+    if (name.size() < 16 || name.compare(name.size() - 16, 16, "weight_scale_inv") != 0) n += uint64_t(t.numel());
+  return n;
+}
+
+}  // namespace dsa

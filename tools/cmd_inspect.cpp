@@ -1,0 +1,62 @@
+// `dsa inspect`: what a checkpoint is, without running it.
+#include <cstdio>
+#include <map>
+
+#include "command.h"
+#include "model/weights.h"
+
+namespace {
+
+std::string human(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) { b /= 1024; ++i; }
+  char s[32];
+  std::snprintf(s, sizeof s, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+  return s;
+}
+
+void run(const std::string& dir) {
+  using namespace dsa;
+  auto m = Model::load(dir, true);
+  const ModelConfig& c = m->config;
+  std::map<std::string, uint64_t> by_dtype;
+  uint64_t total = 0;
+  for (const auto& [name, t] : m->files.tensors()) {
+    by_dtype[dtype_name(t.dtype)] += t.nbytes;
+    total += t.nbytes;
+  }
+  const int full = c.num_full_indexer_layers();
+  const int fp8 = c.num_hidden_layers * ModelConfig::mla_cache_bytes_fp8(c.kv_lora_rank, c.qk_rope_head_dim) +
+                  full * ModelConfig::indexer_cache_bytes(c.index_head_dim);
+  const int bf16 = c.num_hidden_layers * 2 * (c.kv_lora_rank + c.qk_rope_head_dim) + full * ModelConfig::indexer_cache_bytes(c.index_head_dim);
+  std::printf("model:        %s\n", dir.c_str());
+  std::printf("family:       %s (%s)\n", c.family == Family::DeepseekV32 ? "DeepSeek-V3.2" : "GLM-5", c.model_type.c_str());
+  std::printf("layers:       %d (%d dense + %d MoE)%s\n", c.num_hidden_layers, std::min(c.first_k_dense_replace, c.num_hidden_layers),
+              c.num_hidden_layers - std::min(c.first_k_dense_replace, c.num_hidden_layers),
+              c.num_nextn_predict_layers ? ", + 1 MTP layer" : "");
+  std::printf("dims:         hidden %d, heads %d, q_lora %d, kv_lora %d, qk %d+%d, v %d, vocab %d\n", c.hidden_size,
+              c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.vocab_size);
+  std::printf("moe:          %d routed (%d per token, %d groups, top %d), %d shared, inter %d\n", c.n_routed_experts,
+              c.num_experts_per_tok, c.n_group, c.topk_group, c.n_shared_experts, c.moe_intermediate_size);
+  std::printf("parameters:   %.3f B (%s in %zu file(s))\n", double(m->parameter_count()) / 1e9, human(double(total)).c_str(), m->files.num_files());
+  for (const auto& [dt, b] : by_dtype) std::printf("  %-8s    %s\n", dt.c_str(), human(double(b)).c_str());
+  std::printf("rope:         %s, theta %g%s\n", c.rope.yarn ? "YaRN" : "plain", c.rope.theta,
+              c.rope.yarn ? (", factor " + std::to_string(c.rope.factor)).c_str() : "");
+  std::printf("indexer:      %d heads x %d, top-k %d, rope %s\n", c.index_n_heads, c.index_head_dim, c.index_topk,
+              c.indexer_rope_interleave ? "interleaved" : "half-split (NeoX)");
+  std::printf("schedule:     %s (%d full, %d shared; F = own indexer, S = reuses the previous full layer)\n",
+              c.indexer_schedule_str().c_str(), full, c.num_hidden_layers - full);
+  std::printf("cache/token:  %d B with fp8 latent (656-byte layout), %d B with bf16 latent (main layers)\n", fp8, bf16);
+}
+
+void setup_inspect(CLI::App& app) {
+  auto dir = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("inspect", "Summarize a checkpoint: family, layers, parameters, bytes by dtype, cache per token");
+  cmd->add_option("--model", *dir, "Model directory (config.json + safetensors)")->required();
+  cmd->callback([dir] { run(*dir); });
+}
+
+}  // namespace
+
+DSA_COMMAND(40, setup_inspect);
