@@ -1,0 +1,96 @@
+// DeepSeek-V3.2 prompt encoding against chat_examples.jsonl: the exact prompt string from
+// the messages, and the prompt's token ids.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "fixtures.h"
+#include "jsonl.h"
+#include "tokenizer/dsv32_encoding.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using dsa::chat::ThinkingMode;
+namespace dsv32 = dsa::chat::dsv32;
+
+std::string examples_path() { return dsa::test::tokenizer_dir() + "/chat_examples.jsonl"; }
+
+dsv32::EncodeOptions options_of(const nlohmann::ordered_json& line) {
+  const auto& a = line["encode_args"];
+  dsv32::EncodeOptions o;
+  o.thinking_mode = dsa::chat::parse_thinking_mode(a["thinking_mode"].get<std::string>());
+  o.drop_thinking = a.value("drop_thinking", true);
+  o.add_default_bos_token = a.value("add_default_bos_token", true);
+  return o;
+}
+
+TEST(ChatDsv32, EveryExamplePromptIsByteExact) {
+  DSA_REQUIRE_FIXTURE(examples_path());
+  const auto lines = dsa::test::read_jsonl(examples_path());
+  ASSERT_EQ(lines.size(), 10u);
+  for (const auto& l : lines) {
+    const std::string got = dsv32::encode_messages(l["messages"], options_of(l));
+    EXPECT_EQ(got, l["prompt"].get<std::string>()) << l["name"];
+  }
+}
+
+TEST(ChatDsv32, EveryExamplePromptTokenizesToItsIds) {
+  DSA_REQUIRE_FIXTURE(examples_path());
+  const auto tok = dsa::Tokenizer::from_dir(dsa::test::tokenizer_dir());
+  for (const auto& l : dsa::test::read_jsonl(examples_path())) {
+    const auto want = l["prompt_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok.encode(l["prompt"].get<std::string>(), /*add_bos=*/false), want) << l["name"];
+    EXPECT_EQ(tok.encode(dsv32::encode_messages(l["messages"], options_of(l))), want) << l["name"];
+  }
+}
+
+TEST(ChatDsv32, ContextRendersOnlyTheNewMessagesWithoutBos) {
+  DSA_REQUIRE_FIXTURE(examples_path());
+  // Append-only encoding: encode(rest, context=first k) renders the same messages of the
+  // same full list, so it is exactly the tail of the full prompt, with no BOS.
+  for (const auto& l : dsa::test::read_jsonl(examples_path())) {
+    const auto& msgs = l["messages"];
+    const auto opts = options_of(l);
+    const std::string full = dsv32::encode_messages(msgs, opts);
+    for (size_t k = 1; k < msgs.size(); ++k) {
+      nlohmann::ordered_json head = nlohmann::ordered_json::array(), tail = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < msgs.size(); ++i) (i < k ? head : tail).push_back(msgs[i]);
+      const std::string tail_only = dsv32::encode_messages(tail, opts, head);
+      ASSERT_LE(tail_only.size(), full.size());
+      EXPECT_EQ(full.substr(full.size() - tail_only.size()), tail_only) << l["name"] << " split at " << k;
+      EXPECT_NE(tail_only.rfind(std::string(dsv32::kBos), 0), 0u) << l["name"];
+    }
+  }
+}
+
+TEST(ChatDsv32, RejectsWhatTheReferenceRejects) {
+  using J = nlohmann::ordered_json;
+  dsv32::EncodeOptions think;
+  think.thinking_mode = ThinkingMode::Thinking;
+  EXPECT_THROW(dsa::chat::parse_thinking_mode("fast"), dsa::Error);
+  EXPECT_THROW(dsv32::encode_messages(J::parse(R"([{"role":"wizard","content":"x"}])"), think), dsa::Error);
+  EXPECT_THROW(dsv32::encode_messages(J::parse(R"([{"role":"developer","content":""}])"), think), dsa::Error);
+  EXPECT_THROW(dsv32::encode_messages(J::parse(R"([{"role":"user","content":"x"},{"role":"tool","content":"r"}])"), think),
+               dsa::Error);
+  // An assistant turn after the last user message needs reasoning or tool calls in thinking mode.
+  EXPECT_THROW(dsv32::encode_messages(J::parse(R"([{"role":"user","content":"x"},{"role":"assistant","content":"y"}])"), think),
+               dsa::Error);
+  EXPECT_THROW(dsv32::encode_messages(J::parse(
+                   R"([{"role":"user","content":"x"},{"role":"assistant","content":"","tool_calls":[{"type":"function","function":{"name":"f","arguments":"[1]"}}]}])"),
+                   dsv32::EncodeOptions{}),
+               dsa::Error);
+}
+
+TEST(ChatDsv32, EmptyArgumentsAndRawStrings) {
+  using J = nlohmann::ordered_json;
+  const auto msgs = J::parse(R"([{"role":"user","content":"go"},
+    {"role":"assistant","content":"","tool_calls":[
+      {"type":"function","function":{"name":"f","arguments":"{}"}},
+      {"type":"function","function":{"name":"g","arguments":{"q":"a \"b\" <c>\n","n":2.5}}}]}])");
+  const std::string p = dsv32::encode_messages(msgs, {});
+  EXPECT_NE(p.find("<｜DSML｜invoke name=\"f\">\n\n</｜DSML｜invoke>"), std::string::npos);
+  EXPECT_NE(p.find("string=\"true\">a \"b\" <c>\n</｜DSML｜parameter>"), std::string::npos);
+  EXPECT_NE(p.find("string=\"false\">2.5</｜DSML｜parameter>"), std::string::npos);
+}
+
+}  // namespace

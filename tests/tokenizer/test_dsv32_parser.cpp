@@ -1,0 +1,181 @@
+// Parsing DeepSeek-V3.2 completions: one-shot, streaming (split at every byte), round trip
+// through the encoder, and errors on malformed DSML.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "fixtures.h"
+#include "jsonl.h"
+#include "tokenizer/dsv32_parser.h"
+#include "tokenizer/pyjson.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using dsa::chat::ThinkingMode;
+namespace dsv32 = dsa::chat::dsv32;
+using J = nlohmann::ordered_json;
+
+// The parse examples of CHAT_ENCODING.md ("What the model emits, and parsing it back").
+const std::string kWeather =
+    "I should call the weather tool.</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"fields\" string=\"false\">[\"temp\", \"wind\"]</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>";
+const std::string kSearch =
+    "Let me look that up.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"search\">\n"
+    "<｜DSML｜parameter name=\"query\" string=\"true\">2022 \"World Cup\" winner</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"search\">\n"
+    "<｜DSML｜parameter name=\"query\" string=\"true\">世界杯 2022</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"topn\" string=\"false\">5</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>";
+const std::string kParis =
+    "The capital of France is Paris; answer directly.</think>The capital of France is **Paris**.<｜end▁of▁sentence｜>";
+
+TEST(Dsv32Parser, DocumentedExamples) {
+  const auto a = dsv32::parse_completion(kParis, ThinkingMode::Thinking);
+  EXPECT_EQ(a.to_json().dump(),
+            R"({"role":"assistant","content":"The capital of France is **Paris**.","reasoning_content":"The capital of France is Paris; answer directly.","tool_calls":[]})");
+  const auto b = dsv32::parse_completion(kWeather, ThinkingMode::Thinking);
+  EXPECT_EQ(b.to_json().dump(),
+            R"({"role":"assistant","content":"","reasoning_content":"I should call the weather tool.","tool_calls":[{"type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"days\": 3, \"fields\": [\"temp\", \"wind\"]}"}}]})");
+  const auto c = dsv32::parse_completion(kSearch, ThinkingMode::Chat);
+  EXPECT_EQ(c.to_json().dump(-1, ' ', false),
+            R"({"role":"assistant","content":"Let me look that up.","reasoning_content":"","tool_calls":[{"type":"function","function":{"name":"search","arguments":"{\"query\": \"2022 \\\"World Cup\\\" winner\"}"}},{"type":"function","function":{"name":"search","arguments":"{\"query\": \"世界杯 2022\", \"topn\": 5}"}}]})");
+}
+
+// Malformed completions (each must throw in both modes of parsing).
+const std::vector<std::pair<std::string, ThinkingMode>>& malformed() {
+  static const std::vector<std::pair<std::string, ThinkingMode>> v = {
+      {"no end tag<｜end▁of▁sentence｜>", ThinkingMode::Thinking},
+      {"x\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>trailing<｜end▁of▁sentence｜>",
+       ThinkingMode::Chat},
+      {"no eos", ThinkingMode::Chat},
+      {"a<｜end▁of▁sentence｜>b", ThinkingMode::Chat},
+      {"a</think>b<｜end▁of▁sentence｜>", ThinkingMode::Chat},
+      {"r</think>c has ｜DSML｜ inside<｜end▁of▁sentence｜>", ThinkingMode::Thinking},
+      {"\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke nam=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", ThinkingMode::Chat},
+      {"\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"maybe\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+       ThinkingMode::Chat},
+      {"\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">1</｜DSML｜parameter>\n"
+       "<｜DSML｜parameter name=\"a\" string=\"true\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+       ThinkingMode::Chat},
+      {"\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>", ThinkingMode::Chat},  // never closed
+      {"\n\n<｜DSML｜function_calls>junk<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", ThinkingMode::Chat},
+  };
+  return v;
+}
+
+TEST(Dsv32Parser, MalformedIsAnError) {
+  for (const auto& [text, mode] : malformed()) {
+    EXPECT_THROW(dsv32::parse_completion(text, mode), dsa::Error) << text;
+    dsv32::StreamingParser sp(mode);
+    EXPECT_THROW({
+      for (char ch : text) sp.feed(std::string_view(&ch, 1));
+      sp.finish();
+    }, dsa::Error) << text;
+  }
+}
+
+// Feeds `parts` and assembles the events; checks the events agree with message().
+dsv32::ParsedMessage stream(const std::vector<std::string_view>& parts, ThinkingMode mode) {
+  dsv32::StreamingParser sp(mode);
+  dsv32::ParsedMessage got;
+  auto take = [&](const std::vector<dsv32::StreamEvent>& ev) {
+    for (const auto& e : ev) {
+      switch (e.kind) {
+        case dsv32::StreamEvent::Kind::Reasoning: got.reasoning_content += e.text; break;
+        case dsv32::StreamEvent::Kind::Content: got.content += e.text; break;
+        case dsv32::StreamEvent::Kind::ToolCall: got.tool_calls.push_back(e.call); break;
+      }
+    }
+  };
+  for (auto p : parts) take(sp.feed(p));
+  take(sp.finish());
+  EXPECT_EQ(got, sp.message());
+  return got;
+}
+
+void check_every_split(const std::string& text, ThinkingMode mode) {
+  const auto want = dsv32::parse_completion(text, mode);
+  for (size_t k = 0; k <= text.size(); ++k) {
+    const std::string_view t(text);
+    EXPECT_EQ(stream({t.substr(0, k), t.substr(k)}, mode), want) << "split at byte " << k;
+  }
+  std::vector<std::string_view> bytes;
+  for (size_t k = 0; k < text.size(); ++k) bytes.push_back(std::string_view(text).substr(k, 1));
+  EXPECT_EQ(stream(bytes, mode), want) << "byte by byte";
+}
+
+TEST(Dsv32Parser, StreamingEqualsOneShotAtEverySplit) {
+  check_every_split(kParis, ThinkingMode::Thinking);
+  check_every_split(kWeather, ThinkingMode::Thinking);
+  check_every_split(kSearch, ThinkingMode::Chat);
+  // Tool calls without the final EOS are accepted, and near-miss markers stay text.
+  check_every_split(kSearch.substr(0, kSearch.size() - std::string("<｜end▁of▁sentence｜>").size()), ThinkingMode::Chat);
+  check_every_split("a <｜end▁of▁senten b\n\n<｜DSM x </thin<｜end▁of▁sentence｜>", ThinkingMode::Chat);
+}
+
+TEST(Dsv32Parser, StreamingEmitsEarlyAndHoldsBackMarkerPrefixes) {
+  dsv32::StreamingParser sp(ThinkingMode::Thinking);
+  auto ev = sp.feed("Let me think</th");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, dsv32::StreamEvent::Kind::Reasoning);
+  EXPECT_EQ(ev[0].text, "Let me think");
+  ev = sp.feed("ink>Answer\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n");
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].text, "Answer");
+  EXPECT_EQ(ev[1].kind, dsv32::StreamEvent::Kind::ToolCall);
+  EXPECT_EQ(ev[1].call.name, "f");
+  EXPECT_EQ(ev[1].call.arguments, "{}");
+  EXPECT_TRUE(sp.feed("</｜DSML｜function_calls><｜end▁of▁sentence｜>").empty());
+  EXPECT_TRUE(sp.saw_eos());
+  EXPECT_TRUE(sp.finish().empty());
+}
+
+TEST(Dsv32Parser, RoundTripsEveryAssistantMessageOfTheExamples) {
+  const std::string path = dsa::test::tokenizer_dir() + "/chat_examples.jsonl";
+  DSA_REQUIRE_FIXTURE(path);
+  const auto tok = dsa::Tokenizer::from_dir(dsa::test::tokenizer_dir());
+  int checked = 0;
+  for (const auto& l : dsa::test::read_jsonl(path)) {
+    dsv32::EncodeOptions o;
+    o.thinking_mode = dsa::chat::parse_thinking_mode(l["encode_args"]["thinking_mode"].get<std::string>());
+    const auto& msgs = l["messages"];
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      const auto& m = msgs[i];
+      if (m["role"] != "assistant") continue;
+      J ctx = J::array();
+      for (size_t k = 0; k < i; ++k) ctx.push_back(msgs[k]);
+      const std::string completion = dsv32::encode_messages(J::array({m}), o, ctx);
+      const auto got = dsv32::parse_completion(completion, o.thinking_mode);
+      const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].empty();
+      if (o.thinking_mode == ThinkingMode::Thinking) {
+        EXPECT_EQ(got.reasoning_content, m.value("reasoning_content", std::string())) << l["name"];
+      }
+      if (!has_calls) {
+        EXPECT_EQ(got.content, m.value("content", std::string())) << l["name"];
+        EXPECT_TRUE(got.tool_calls.empty());
+      } else {
+        ASSERT_EQ(got.tool_calls.size(), m["tool_calls"].size()) << l["name"];
+        for (size_t k = 0; k < got.tool_calls.size(); ++k) {
+          const auto& fn = m["tool_calls"][k]["function"];
+          EXPECT_EQ(got.tool_calls[k].name, fn["name"].get<std::string>());
+          EXPECT_EQ(got.tool_calls[k].arguments, dsa::py_json_dumps(J::parse(fn["arguments"].get<std::string>())));
+        }
+      }
+      check_every_split(completion, o.thinking_mode);
+      // As a server sees it: token ids through the stream decoder into the streaming parser.
+      dsa::StreamDecoder sd(tok);
+      std::vector<std::string> deltas;
+      for (int32_t id : tok.encode(completion)) deltas.push_back(sd.push(id));
+      deltas.push_back(sd.flush());
+      std::vector<std::string_view> views(deltas.begin(), deltas.end());
+      EXPECT_EQ(stream(views, o.thinking_mode), got) << l["name"];
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 5);
+}
+
+}  // namespace
