@@ -1,0 +1,100 @@
+// The `dsa logits` / `dsa inspect` / `dsa make-model` contracts, through the binary.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fixtures.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace dsa;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result sh(const std::string& cmd) {
+  Result r{-1, ""};
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string tmp(const std::string& name) { return (fs::temp_directory_path() / ("dsa_cli_" + std::to_string(::getpid()) + "_" + name)).string(); }
+
+TEST(Cli, LogitsOnGoldenCaseMatches) {
+  const std::string dir = test::golden_dir() + "/glm-fp8-shared";
+  DSA_REQUIRE_FIXTURE(dir + "/case.json");
+  std::ifstream in(dir + "/case.json");
+  const auto cj = nlohmann::json::parse(in);
+  std::string ids;
+  for (int v : cj["ids"]) {
+    if (!ids.empty()) ids += ",";
+    ids += std::to_string(v);
+  }
+  const std::string out = tmp("glm.safetensors");
+  const auto r = sh(test::dsa_binary() + " logits --model " + dir + "/model --ids " + ids + " --prompt-len " +
+                    std::to_string(cj["prompt_len"].get<int>()) + " --kv-cache f32 --mtp --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto got = SafeTensors::open(out), want = SafeTensors::open(dir + "/expected.safetensors");
+  for (const char* name : {"logits", "mtp.logits"}) {
+    const auto& g = got.get(name);
+    const auto& w = want.get(name);
+    ASSERT_EQ(g.shape, w.shape) << name;
+    const float* gp = reinterpret_cast<const float*>(g.data);
+    const float* wp = reinterpret_cast<const float*>(w.data);
+    double mx = 0, err = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      mx = std::max(mx, double(std::fabs(wp[i])));
+      err = std::max(err, double(std::fabs(gp[i] - wp[i])));
+    }
+    EXPECT_LE(err / mx, 1e-4) << name;
+  }
+  fs::remove(out);
+}
+
+TEST(Cli, LogitsErrorsLeaveNoOutput) {
+  const std::string model = tmp("tiny");
+  ASSERT_EQ(sh(test::dsa_binary() + " make-model --preset tiny --out " + model).code, 0);
+  const std::string out = tmp("bad.safetensors");
+  const struct { std::string args, needle; } cases[] = {
+      {"--ids 1,2,x --prompt-len 2", "--ids"},
+      {"--ids 1,2,3 --prompt-len 4", "--prompt-len"},
+      {"--ids 1,2,99999 --prompt-len 2", "out of range"},
+      {"--ids 1,2,3 --prompt-len 2 --kv-cache fp16", "--kv-cache"},
+  };
+  for (const auto& c : cases) {
+    const auto r = sh(test::dsa_binary() + " logits --model " + model + " " + c.args + " --out " + out);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+  }
+  const auto r = sh(test::dsa_binary() + " logits --model " + model + "/missing --ids 1 --prompt-len 1 --out " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out));
+
+  const auto ins = sh(test::dsa_binary() + " inspect --model " + model);
+  ASSERT_EQ(ins.code, 0) << ins.out;
+  for (const char* s : {"DeepSeek-V3.2", "schedule:", "cache/token:", "F8_E4M3"}) EXPECT_NE(ins.out.find(s), std::string::npos) << ins.out;
+  const auto ok = sh(test::dsa_binary() + " logits --model " + model + " --ids 1,2,3,4 --prompt-len 2 --mtp --dump-internals --out " + out);
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  const auto st = SafeTensors::open(out);
+  EXPECT_EQ(st.get("logits").shape, (std::vector<int64_t>{4, 1024}));
+  EXPECT_EQ(st.get("mtp.logits").shape, (std::vector<int64_t>{3, 1024}));
+  EXPECT_EQ(st.get("indexer.topk.3").shape, (std::vector<int64_t>{3, 8}));
+  fs::remove_all(model);
+  fs::remove(out);
+}
+
+}  // namespace

@@ -1,0 +1,215 @@
+// Each optimized CPU kernel against its naive twin, on odd shapes, ragged fp8 edge
+// blocks, every weight dtype and every cache layout.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/kernels.h"
+#include "kernels/ref/ref.h"
+
+using namespace dsa;
+
+namespace {
+
+struct OwnedLinear {
+  std::vector<uint8_t> data;
+  std::vector<float> scale;
+  Linear l;
+};
+
+OwnedLinear make_linear(DType dt, int rows, int cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  OwnedLinear o;
+  o.l.dtype = dt;
+  o.l.rows = rows;
+  o.l.cols = cols;
+  const size_t n = size_t(rows) * size_t(cols);
+  o.data.resize(n * dtype_size(dt));
+  for (size_t i = 0; i < n; ++i) {
+    const float v = u(rng);
+    switch (dt) {
+      case DType::F8_E4M3: o.data[i] = f32_to_fp8_e4m3(v * 448.0f); break;
+      case DType::BF16: { const uint16_t h = f32_to_bf16(v); std::memcpy(&o.data[2 * i], &h, 2); break; }
+      case DType::F16: { const uint16_t h = f32_to_f16(v); std::memcpy(&o.data[2 * i], &h, 2); break; }
+      default: std::memcpy(&o.data[4 * i], &v, 4);
+    }
+  }
+  if (dt == DType::F8_E4M3) {
+    o.scale.resize(size_t((rows + 127) / 128) * size_t((cols + 127) / 128));
+    for (float& s : o.scale) s = std::ldexp(1.0f, int(rng() % 8) - 12);
+    o.l.scale = o.scale.data();
+  }
+  o.l.data = o.data.data();
+  return o;
+}
+
+std::vector<float> randv(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double mx = 0, err = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    mx = std::max(mx, double(std::fabs(b[i])));
+    err = std::max(err, double(std::fabs(a[i] - b[i])));
+  }
+  return err / std::max(mx, 1e-30);
+}
+
+class LinearTwin : public ::testing::TestWithParam<std::tuple<DType, int, int, int>> {};
+
+TEST_P(LinearTwin, CpuMatchesRef) {
+  const auto [dt, rows, cols, n] = GetParam();
+  const auto w = make_linear(dt, rows, cols, 7);
+  const auto x = randv(size_t(n) * size_t(cols), 3);
+  std::vector<float> a(size_t(n) * size_t(rows)), b(a.size());
+  kernels::cpu::linear(w.l, x.data(), n, a.data(), 0, rows);
+  kernels::ref::linear(w.l, x.data(), n, b.data(), 0, rows);
+  EXPECT_LE(max_rel(a, b), 2e-6);
+  // A row range (the MLA per-head slices of kv_b).
+  const int r0 = rows / 3, nr = rows / 2;
+  std::vector<float> c(size_t(n) * size_t(nr)), d(c.size());
+  kernels::cpu::linear(w.l, x.data(), n, c.data(), r0, nr);
+  kernels::ref::linear(w.l, x.data(), n, d.data(), r0, nr);
+  EXPECT_LE(max_rel(c, d), 2e-6);
+  // The transposed direction over the same range.
+  const auto xt = randv(size_t(n) * size_t(nr), 5);
+  std::vector<float> e(size_t(n) * size_t(cols)), f(e.size());
+  kernels::cpu::linear_t(w.l, xt.data(), n, e.data(), r0, nr);
+  kernels::ref::linear_t(w.l, xt.data(), n, f.data(), r0, nr);
+  EXPECT_LE(max_rel(e, f), 2e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
+                         ::testing::Combine(::testing::Values(DType::F8_E4M3, DType::BF16, DType::F16, DType::F32),
+                                            ::testing::Values(1, 144, 300), ::testing::Values(128, 200, 517),
+                                            ::testing::Values(1, 3, 17)));
+
+TEST(KernelTwins, IndexerScores) {
+  for (int heads : {1, 16, 64})
+    for (int keys : {1, 37, 600}) {
+      std::mt19937 rng(heads * 1000 + keys);
+      std::vector<uint8_t> q8(size_t(heads) * 128), k8(size_t(keys) * 128);
+      for (auto& v : q8) { v = uint8_t(rng()); if ((v & 0x7f) == 0x7f) v = 0; }
+      for (auto& v : k8) { v = uint8_t(rng()); if ((v & 0x7f) == 0x7f) v = 0; }
+      const auto w = randv(size_t(heads), 11), ks = randv(size_t(keys), 12);
+      std::vector<float> a(static_cast<size_t>(keys)), b(static_cast<size_t>(keys));
+      kernels::cpu::indexer_scores(q8.data(), w.data(), heads, k8.data(), ks.data(), keys, a.data());
+      kernels::ref::indexer_scores(q8.data(), w.data(), heads, k8.data(), ks.data(), keys, b.data());
+      EXPECT_LE(max_rel(a, b), 1e-5) << heads << " heads, " << keys << " keys";
+    }
+}
+
+TEST(KernelTwins, TopkWithTiesGoesToLowerIndex) {
+  std::mt19937 rng(1);
+  for (int n : {1, 5, 64, 1000, 5000})
+    for (int k : {1, 3, 64, 2048}) {
+      if (k > n) continue;
+      std::vector<float> s(static_cast<size_t>(n));
+      for (auto& v : s) v = float(rng() % 50);  // many ties
+      std::vector<int32_t> a(static_cast<size_t>(k)), b(static_cast<size_t>(k));
+      kernels::cpu::topk(s.data(), n, k, a.data());
+      kernels::ref::topk(s.data(), n, k, b.data());
+      EXPECT_EQ(a, b) << "n=" << n << " k=" << k;
+    }
+  // A hand-computed case: ties at the boundary keep the lower positions.
+  const std::vector<float> s = {1, 3, 2, 3, 2, 0};
+  std::vector<int32_t> out(3);
+  kernels::topk(s.data(), 6, 3, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 3, 2}));
+}
+
+class CacheTwin : public ::testing::TestWithParam<CacheType> {};
+
+TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
+  const CacheType type = GetParam();
+  const int L = 160, R = 16, heads = 5, ctx = 40, nope = 24, vd = 20;
+  MlaCacheView c;
+  c.type = type;
+  c.kv_lora = L;
+  c.rope = R;
+  c.ue8m0 = true;
+  std::vector<uint8_t> buf(c.token_bytes() * ctx);
+  c.data = buf.data();
+  const auto lat = randv(size_t(ctx) * L, 21), kr = randv(size_t(ctx) * R, 22);
+  for (int t = 0; t < ctx; ++t) kernels::mla_cache_write(c, t, &lat[size_t(t) * L], &kr[size_t(t) * R]);
+  // Round trip: exact for f32, within the format's precision otherwise.
+  std::vector<float> l2(L), r2(R);
+  kernels::mla_cache_read(c, 7, l2.data(), r2.data());
+  const double tol = type == CacheType::F32 ? 0 : type == CacheType::BF16 ? 4e-3 : 7e-2;
+  for (int i = 0; i < L; ++i) EXPECT_NEAR(l2[size_t(i)], lat[size_t(7 * L + i)], tol * 1.0001 + 1e-7);
+  for (int i = 0; i < R; ++i)
+    EXPECT_NEAR(r2[size_t(i)], kr[size_t(7 * R + i)], (type == CacheType::F32 || type == CacheType::FP8) ? 0 : 4e-3);
+
+  const auto ql = randv(size_t(heads) * L, 23), qr = randv(size_t(heads) * R, 24);
+  const std::vector<int32_t> idx = {3, 39, 0, 17, 22, 5, 11};
+  std::vector<float> a(size_t(heads) * L), b(a.size());
+  kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), int(idx.size()), 0.3f, a.data());
+  kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), int(idx.size()), 0.3f, b.data());
+  EXPECT_LE(max_rel(a, b), 1e-5);
+
+  const auto q = randv(size_t(heads) * (nope + R), 25), kv = randv(size_t(ctx) * heads * (nope + vd), 26);
+  std::vector<float> e(size_t(heads) * vd), f(e.size());
+  kernels::cpu::mha_sparse_prefill(q.data(), kv.data(), kr.data(), heads, nope, R, vd, idx.data(), int(idx.size()), 0.4f, e.data());
+  kernels::ref::mha_sparse_prefill(q.data(), kv.data(), kr.data(), heads, nope, R, vd, idx.data(), int(idx.size()), 0.4f, f.data());
+  EXPECT_LE(max_rel(e, f), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CacheTwin, ::testing::Values(CacheType::F32, CacheType::BF16, CacheType::FP8, CacheType::FP8_656));
+
+TEST(KernelTwins, SparseAttentionReadsOnlySelectedKeys) {
+  // One-hot by construction: a query aligned with key 9 at a large scale must return
+  // key 9's latent when 9 is selected, and never see it when it is not.
+  const int L = 128, R = 8, ctx = 16;
+  MlaCacheView c;
+  c.type = CacheType::F32;
+  c.kv_lora = L;
+  c.rope = R;
+  std::vector<uint8_t> buf(c.token_bytes() * ctx);
+  c.data = buf.data();
+  for (int t = 0; t < ctx; ++t) {
+    std::vector<float> lat(L, 0.0f), kr(R, 0.0f);
+    lat[size_t(t)] = 1.0f;
+    kernels::mla_cache_write(c, t, lat.data(), kr.data());
+  }
+  std::vector<float> q(L, 0.0f), qr(R, 0.0f), o(L);
+  q[9] = 1e4f;
+  const std::vector<int32_t> with = {2, 9, 4}, without = {2, 4};
+  kernels::mla_sparse_decode(c, q.data(), qr.data(), 1, with.data(), 3, 1.0f, o.data());
+  EXPECT_NEAR(o[9], 1.0f, 1e-6);
+  kernels::mla_sparse_decode(c, q.data(), qr.data(), 1, without.data(), 2, 1.0f, o.data());
+  EXPECT_EQ(o[9], 0.0f);
+  EXPECT_NEAR(o[2] + o[4], 1.0f, 1e-6);
+}
+
+TEST(KernelTwins, ElementwiseAndHadamard) {
+  const auto x = randv(3 * 300, 31), g = randv(300, 32);
+  std::vector<uint8_t> wb(600);
+  for (int i = 0; i < 300; ++i) { const uint16_t h = f32_to_bf16(g[size_t(i)]); std::memcpy(&wb[size_t(2 * i)], &h, 2); }
+  const Vec w{DType::BF16, wb.data(), 300};
+  std::vector<float> a(x.size()), b(x.size());
+  kernels::cpu::rmsnorm(x.data(), w, 3, 300, 1e-6f, a.data());
+  kernels::ref::rmsnorm(x.data(), w, 3, 300, 1e-6f, b.data());
+  EXPECT_LE(max_rel(a, b), 1e-6);
+  kernels::cpu::silu_mul(x.data(), x.data(), x.size(), a.data());
+  kernels::ref::silu_mul(x.data(), x.data(), x.size(), b.data());
+  EXPECT_LE(max_rel(a, b), 1e-6);
+  auto h1 = randv(5 * 128, 33), h2 = h1;
+  kernels::cpu::hadamard128(h1.data(), 5);
+  kernels::ref::hadamard128(h2.data(), 5);
+  EXPECT_LE(max_rel(h1, h2), 1e-6);
+  // Orthonormal: applying it twice gives the input back.
+  auto h3 = randv(128, 34), h4 = h3;
+  kernels::hadamard128(h4.data(), 1);
+  kernels::hadamard128(h4.data(), 1);
+  EXPECT_LE(max_rel(h4, h3), 1e-6);
+}
+
+}  // namespace

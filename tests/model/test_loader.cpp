@@ -1,0 +1,208 @@
+// Config and checkpoint loading: the happy paths (single file, sharded, fp8, bf16) and
+// every error path, each of which must name the thing that is wrong.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/make_model.h"
+#include "model/teacher_forcing.h"
+
+namespace fs = std::filesystem;
+using namespace dsa;
+
+namespace {
+
+std::string tmpdir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("dsa_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string make(const std::string& name, const std::string& preset, const std::string& dtype, int shards) {
+  MakeModelOptions o;
+  o.preset = preset;
+  o.dtype = dtype;
+  o.shards = shards;
+  o.seed = 5;
+  o.verbose = false;
+  o.out_dir = tmpdir(name);
+  make_model(o);
+  return o.out_dir;
+}
+
+// Expects load to throw a dsa::Error whose message contains every needle.
+void expect_load_error(const std::string& dir, std::initializer_list<std::string> needles) {
+  try {
+    Model::load(dir, true);
+    FAIL() << "loading " << dir << " should have failed";
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "message: " << e.what() << "\nmissing: " << n;
+  }
+}
+
+std::vector<TensorBlob> blobs_of(const std::string& file) {
+  const auto st = SafeTensors::open(file);
+  std::vector<TensorBlob> out;
+  for (const auto& [name, t] : st.tensors()) out.push_back({name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
+  return out;
+}
+
+void set_config(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  std::ifstream in(dir + "/config.json");
+  auto j = nlohmann::json::parse(in);
+  edit(j);
+  std::ofstream(dir + "/config.json") << j.dump(2);
+}
+
+TEST(Loader, ShardedBf16AndFp8CheckpointsLoadAndAgree) {
+  const std::string one = make("one", "tiny", "fp8", 1), three = make("three", "tiny", "fp8", 3);
+  EXPECT_TRUE(fs::exists(three + "/model.safetensors.index.json"));
+  auto a = Model::load(one, true), b = Model::load(three, true);
+  EXPECT_EQ(b->files.num_files(), 3u);
+  EXPECT_EQ(a->weights.layers[1].self_attn.q_a_proj.dtype, DType::F8_E4M3);
+  const std::vector<int32_t> ids = {5, 9, 100, 7, 300, 2, 17, 44, 8, 901, 3, 12};
+  const auto ra = run_teacher_forced(*a, ids, 7, CacheType::FP8, true, false);
+  const auto rb = run_teacher_forced(*b, ids, 7, CacheType::FP8, true, false);
+  EXPECT_EQ(ra.logits, rb.logits);
+  EXPECT_EQ(ra.mtp_logits, rb.mtp_logits);
+  for (float v : ra.logits) ASSERT_TRUE(std::isfinite(v));
+
+  const std::string bf = make("bf16", "tiny-glm", "bf16", 2);
+  auto c = Model::load(bf, true);
+  EXPECT_EQ(c->weights.layers[1].self_attn.q_a_proj.dtype, DType::BF16);
+  EXPECT_FALSE(c->weights.layers[2].has_indexer);  // GLM schedule: layer 2 is shared
+  const auto rc = run_teacher_forced(*c, ids, 12, CacheType::BF16, true, false);
+  for (float v : rc.logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(Loader, MissingTensorIsNamed) {
+  const std::string dir = make("missing", "tiny", "fp8", 1);
+  auto bl = blobs_of(dir + "/model.safetensors");
+  std::erase_if(bl, [](const TensorBlob& b) { return b.name == "model.layers.1.self_attn.indexer.wk.weight_scale_inv"; });
+  write_safetensors(dir + "/model.safetensors", bl);
+  expect_load_error(dir, {"model.layers.1.self_attn.indexer.wk.weight_scale_inv", "missing"});
+}
+
+TEST(Loader, WrongShapeAndDtypeAreNamed) {
+  const std::string dir = make("shape", "tiny", "fp8", 1);
+  auto bl = blobs_of(dir + "/model.safetensors");
+  for (auto& b : bl)
+    if (b.name == "model.layers.0.self_attn.o_proj.weight") b.shape = {b.shape[1], b.shape[0]};
+  write_safetensors(dir + "/model.safetensors", bl);
+  // o_proj is [256, 128] for tiny (hidden 256, 4 heads x v 32), so the swap changes it.
+  expect_load_error(dir, {"model.layers.0.self_attn.o_proj.weight", "[128, 256]", "expected [256, 128]"});
+
+  const std::string d2 = make("dtype", "tiny", "fp8", 1);
+  auto b2 = blobs_of(d2 + "/model.safetensors");
+  for (auto& b : b2)
+    if (b.name == "model.layers.0.self_attn.q_a_proj.weight_scale_inv") {
+      b.dtype = DType::I32;
+    }
+  write_safetensors(d2 + "/model.safetensors", b2);
+  expect_load_error(d2, {"q_a_proj.weight_scale_inv", "I32", "expected F32"});
+}
+
+TEST(Loader, TruncatedAndMalformedFiles) {
+  const std::string dir = make("trunc", "tiny", "fp8", 1);
+  const std::string f = dir + "/model.safetensors";
+  fs::resize_file(f, fs::file_size(f) - 1000);
+  expect_load_error(dir, {"model.safetensors", "outside the data region"});
+
+  fs::resize_file(f, 5);
+  expect_load_error(dir, {"model.safetensors", "truncated"});
+
+  {  // header length pointing past the end
+    std::ofstream o(f, std::ios::binary | std::ios::trunc);
+    const uint64_t n = 1 << 30;
+    o.write(reinterpret_cast<const char*>(&n), 8);
+    o << "{}";
+  }
+  expect_load_error(dir, {"model.safetensors", "header length"});
+
+  {  // header that is not JSON
+    std::ofstream o(f, std::ios::binary | std::ios::trunc);
+    const std::string h = "{\"a\": [1, 2";
+    const uint64_t n = h.size();
+    o.write(reinterpret_cast<const char*>(&n), 8);
+    o << h;
+  }
+  expect_load_error(dir, {"model.safetensors", "malformed"});
+
+  {  // offsets out of range and a size that does not match the shape
+    std::ofstream o(f, std::ios::binary | std::ios::trunc);
+    const std::string h = R"({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}})";
+    const uint64_t n = h.size();
+    o.write(reinterpret_cast<const char*>(&n), 8);
+    o << h << std::string(12, '\0');
+  }
+  expect_load_error(dir, {"'x'", "12 bytes stored", "needs 16"});
+
+  fs::remove(f);
+  expect_load_error(dir, {"expected model.safetensors.index.json or model.safetensors"});
+}
+
+TEST(Loader, ShardIndexErrors) {
+  const std::string dir = make("idx", "tiny", "fp8", 2);
+  fs::remove(dir + "/model-00002-of-00002.safetensors");
+  expect_load_error(dir, {"model-00002-of-00002.safetensors"});
+  std::ofstream(dir + "/model.safetensors.index.json") << "{ not json";
+  expect_load_error(dir, {"model.safetensors.index.json", "malformed JSON"});
+}
+
+TEST(Config, ErrorsNameTheField) {
+  const std::string dir = make("cfg", "tiny", "fp8", 1);
+  set_config(dir, [](auto& j) { j["model_type"] = "llama"; });
+  expect_load_error(dir, {"model_type", "llama", "deepseek_v32"});
+  set_config(dir, [](auto& j) { j["model_type"] = "deepseek_v32"; j.erase("kv_lora_rank"); });
+  expect_load_error(dir, {"kv_lora_rank", "missing"});
+  set_config(dir, [](auto& j) { j["kv_lora_rank"] = 128; j["index_head_dim"] = 64; });
+  expect_load_error(dir, {"index_head_dim", "128"});
+  set_config(dir, [](auto& j) { j["index_head_dim"] = 128; j["hidden_size"] = "big"; });
+  expect_load_error(dir, {"hidden_size", "integer"});
+  set_config(dir, [](auto& j) { j["hidden_size"] = 256; j["n_group"] = 3; });
+  expect_load_error(dir, {"n_group", "divide"});
+  set_config(dir, [](auto& j) { j["n_group"] = 4; j["rope_scaling"]["type"] = "dynamic"; });
+  expect_load_error(dir, {"rope_scaling", "dynamic"});
+  set_config(dir, [](auto& j) { j["rope_scaling"]["type"] = "yarn"; j["indexer_types"] = {"full", "shared"}; });
+  expect_load_error(dir, {"indexer_types", "3"});
+  set_config(dir, [](auto& j) { j["indexer_types"] = {"shared", "full", "full"}; });
+  expect_load_error(dir, {"indexer_types", "layer 0"});
+  std::ofstream(dir + "/config.json") << "{\"model_type\": ";
+  expect_load_error(dir, {"config.json", "malformed JSON"});
+  fs::remove(dir + "/config.json");
+  expect_load_error(dir, {"config.json"});
+  expect_load_error(dir + "/nope", {"does not exist"});
+}
+
+TEST(Config, IndexerScheduleAndRopeVariants) {
+  auto base = nlohmann::json::parse(make_model_config("tiny", "fp8"));
+  base["num_hidden_layers"] = 8;
+  auto c = ModelConfig::from_json_text(base.dump());
+  EXPECT_EQ(c.indexer_schedule_str(), "FFFFFFFF");  // DeepSeek: all full
+  base["index_topk_freq"] = 4;
+  base["index_skip_topk_offset"] = 3;
+  EXPECT_EQ(ModelConfig::from_json_text(base.dump()).indexer_schedule_str(), "FFFSSSFS");  // GLM-5.2 rule
+  base["index_topk_pattern"] = "FSFSFSFS";
+  EXPECT_EQ(ModelConfig::from_json_text(base.dump()).indexer_schedule_str(), "FSFSFSFS");
+  base["indexer_types"] = {"full", "full", "shared", "shared", "full", "shared", "shared", "shared"};
+  EXPECT_EQ(ModelConfig::from_json_text(base.dump()).indexer_schedule_str(), "FFSSFSSS");  // explicit list wins
+
+  // YaRN scale: (nope + rope)^-0.5 * (0.1 ln 40 + 1)^2 for the released DeepSeek config.
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(c.softmax_scale(), std::pow(48.0, -0.5) * m * m, 1e-12);
+  auto glm = nlohmann::json::parse(make_model_config("tiny-glm", "fp8"));
+  const auto g = ModelConfig::from_json_text(glm.dump());
+  EXPECT_FALSE(g.rope.yarn);
+  EXPECT_EQ(g.rope.theta, 1e6);
+  EXPECT_NEAR(g.softmax_scale(), std::pow(64.0, -0.5), 1e-12);
+  EXPECT_TRUE(g.indexer_rope_interleave);
+  EXPECT_EQ(ModelConfig::mla_cache_bytes_fp8(512, 64), 656);
+  EXPECT_EQ(ModelConfig::indexer_cache_bytes(128), 132);
+}
+
+}  // namespace
