@@ -1,0 +1,431 @@
+#include "sim/cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace dsa::sim {
+
+const char* phase_name(Phase p) { return p == Phase::Prefill ? "prefill" : "decode"; }
+
+const char* op_class_name(OpClass c) {
+  switch (c) {
+    case OpClass::Gemm: return "gemm";
+    case OpClass::AttentionDense: return "attention_dense";
+    case OpClass::AttentionSparse: return "attention_sparse";
+    case OpClass::Indexer: return "indexer";
+    case OpClass::Memory: return "memory";
+    case OpClass::CommTP: return "comm_tp";
+    case OpClass::CommEP: return "comm_ep";
+    case OpClass::CommPP: return "comm_pp";
+  }
+  return "?";
+}
+
+WeightDtype parse_weight_dtype(const std::string& s) {
+  if (s == "fp8") return WeightDtype::FP8;
+  if (s == "bf16") return WeightDtype::BF16;
+  if (s == "nvfp4" || s == "fp4") return WeightDtype::NVFP4;
+  throw Error("unknown weight dtype '" + s + "' (expected fp8, bf16 or nvfp4)");
+}
+
+CacheDtype parse_cache_dtype(const std::string& s) {
+  if (s == "fp8") return CacheDtype::FP8;
+  if (s == "bf16") return CacheDtype::BF16;
+  throw Error("unknown kv-cache dtype '" + s + "' (expected fp8 or bf16)");
+}
+
+void Layout::validate() const {
+  auto pos = [](const char* what, int v) {
+    if (v < 1) throw Error(std::string("--") + what + " must be at least 1, got " + std::to_string(v));
+  };
+  pos("tp", tp);
+  pos("dp", dp);
+  pos("ep", ep);
+  pos("pp", pp);
+  if ((tp * dp) % ep != 0)
+    throw Error("--ep " + std::to_string(ep) + " must divide tp*dp = " + std::to_string(tp * dp) +
+                " (experts are spread over the devices of one pipeline stage)");
+}
+
+double weight_bytes_per_elem(WeightDtype w) {
+  switch (w) {
+    case WeightDtype::FP8: return 1.0 + 4.0 / (128.0 * 128.0);
+    case WeightDtype::BF16: return 2.0;
+    case WeightDtype::NVFP4: return 0.5 + 1.0 / 16.0;
+  }
+  return 2.0;
+}
+
+double mla_cache_bytes(const SimModel& m, CacheDtype c) {
+  const auto& k = m.cfg;
+  if (c == CacheDtype::FP8) return ModelConfig::mla_cache_bytes_fp8(k.kv_lora_rank, k.qk_rope_head_dim);
+  return 2.0 * (k.kv_lora_rank + k.qk_rope_head_dim);
+}
+
+double indexer_cache_bytes(const SimModel& m) { return ModelConfig::indexer_cache_bytes(m.cfg.index_head_dim); }
+
+double cache_bytes_per_token(const SimModel& m, const Options& o) {
+  double b = 0;
+  const int L = m.cfg.num_hidden_layers;
+  for (int l = 0; l < L; ++l) b += mla_cache_bytes(m, o.cache) + (m.has_indexer && m.cfg.is_indexer_full(l) ? indexer_cache_bytes(m) : 0);
+  if (o.mtp > 0 && m.cfg.num_nextn_predict_layers > 0) b += mla_cache_bytes(m, o.cache) + (m.has_indexer ? indexer_cache_bytes(m) : 0);
+  return b;
+}
+
+double sum_keys(int64_t c, int64_t n, int64_t cap) {
+  // Queries j = 1..n see c + j keys; those below the cap contribute an arithmetic series.
+  if (n <= 0) return 0;
+  const int64_t first = c + 1, last = c + n;
+  if (last <= cap) return double(n) * double(first + last) / 2.0;
+  if (first > cap) return double(n) * double(cap);
+  const int64_t below = cap - c;  // queries j = 1..below see c + j <= cap keys
+  return double(below) * double(first + cap) / 2.0 + double(n - below) * double(cap);
+}
+
+namespace {
+
+constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max() / 4;
+// Dense attention and the indexer read each cached key once per sequence and step: the
+// queries of a step (MTP verify tokens, a prefill chunk's tiles) share it through registers,
+// shared memory or L2. Sparse attention gathers each query's own top-k rows.
+
+struct Builder {
+  const SimModel& m;
+  const Layout& l;
+  const Options& o;
+  Phase phase;
+  std::vector<Op> ops;
+  std::unordered_map<std::string, size_t> index;
+  std::string prefix;
+  double weight = 1.0;  // count multiplier (1/pp for layers, mtp for draft passes)
+
+  void add(Op op) {
+    op.name = prefix + op.name;
+    op.phase = phase;
+    op.count = weight;
+    op.flops *= weight;
+    op.bytes *= weight;
+    op.weight_elems *= weight;
+    op.comm_intra *= weight;
+    op.comm_inter *= weight;
+    op.comm_hops *= weight;
+    auto it = index.find(op.name);
+    if (it == index.end()) {
+      index.emplace(op.name, ops.size());
+      ops.push_back(std::move(op));
+      return;
+    }
+    Op& e = ops[it->second];
+    e.count += op.count;
+    e.flops += op.flops;
+    e.bytes += op.bytes;
+    e.weight_elems += op.weight_elems;
+    e.comm_intra += op.comm_intra;
+    e.comm_inter += op.comm_inter;
+    e.comm_hops += op.comm_hops;
+  }
+
+  // y[M,N] = x[M,K] * W[N,K]^T. Activations enter at 1 byte for fp8/fp4 GEMMs (quantized
+  // on the fly), 2 bytes otherwise; outputs leave as bf16.
+  void gemm(const char* name, double M, double N, double K, WeightDtype w, bool bf16_weight = false) {
+    Op op;
+    op.name = name;
+    op.cls = OpClass::Gemm;
+    const double wb = bf16_weight ? 2.0 : weight_bytes_per_elem(w);
+    op.bits = bf16_weight ? 16 : w == WeightDtype::FP8 ? 8 : w == WeightDtype::NVFP4 ? 4 : 16;
+    const double act = op.bits <= 8 ? 1.0 : 2.0;
+    op.flops = 2.0 * M * N * K;
+    op.bytes = N * K * wb + M * K * act + M * N * 2.0;
+    op.weight_elems = op.bits <= 8 ? N * K : 0.0;
+    op.shape = "M=" + std::to_string(int64_t(M)) + ";N=" + std::to_string(int64_t(N)) + ";K=" + std::to_string(int64_t(K));
+    add(std::move(op));
+  }
+
+  void memory(const char* name, double bytes, double flops, const std::string& shape) {
+    Op op;
+    op.name = name;
+    op.cls = OpClass::Memory;
+    op.bytes = bytes;
+    op.flops = flops;
+    op.shape = shape;
+    add(std::move(op));
+  }
+
+  void comm(const char* name, OpClass cls, double intra, double inter, double hops, const std::string& shape) {
+    Op op;
+    op.name = name;
+    op.cls = cls;
+    op.comm_intra = intra;
+    op.comm_inter = inter;
+    op.comm_hops = hops;
+    op.shape = shape;
+    add(std::move(op));
+  }
+
+  WeightDtype attn_w() const { return o.weight == WeightDtype::BF16 ? WeightDtype::BF16 : WeightDtype::FP8; }
+
+  void layer(int li, const Step& s) {
+    const auto& c = m.cfg;
+    const double h = c.hidden_size, ql = c.q_lora_rank, kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+    const double nope = c.qk_nope_head_dim, vd = c.v_head_dim, qk = c.qk_head_dim();
+    const double H = double(c.num_attention_heads) / l.tp;
+    const double T = double(s.seqs) * double(s.new_tokens);
+    const std::string tshape = "T=" + std::to_string(int64_t(T));
+    const WeightDtype aw = attn_w();
+
+    memory("layer.norms", T * (2 * h + ql + kvl) * 2.0 * 2.0, T * 4.0 * (2 * h + ql + kvl), tshape);
+    gemm("attn.q_a_proj", T, ql, h, aw);
+    gemm("attn.kv_a_proj", T, kvl + rope, h, aw);
+    gemm("attn.q_b_proj", T, H * qk, ql, aw);
+
+    const bool full_idx = m.has_indexer && c.is_indexer_full(li);
+    if (full_idx) {
+      const double IH = c.index_n_heads, D = c.index_head_dim;
+      gemm("indexer.wq_b", T, IH * D, ql, aw);
+      gemm("indexer.wk", T, D, h, aw);
+      ops[index.at(prefix + "indexer.wk")].bytes += T * indexer_cache_bytes(m) * weight;  // k cache write
+      gemm("indexer.weights_proj", T, IH, h, aw, /*bf16_weight=*/true);
+      const double keys_all = sum_keys(s.context, s.new_tokens, kNoCap);
+      const double visible = double(s.context + s.new_tokens);
+      Op score;
+      score.name = "indexer.score";
+      score.cls = OpClass::Indexer;
+      score.bits = 8;
+      score.flops = double(s.seqs) * keys_all * 2.0 * IH * D;
+      score.bytes = double(s.seqs) * visible * indexer_cache_bytes(m) +
+                    T * IH * D + double(s.seqs) * keys_all * 4.0;  // keys, fp8 q, fp32 logits out
+      score.shape = "seqs=" + std::to_string(s.seqs) + ";new=" + std::to_string(s.new_tokens) +
+                    ";ctx=" + std::to_string(s.context) + ";H=" + std::to_string(int64_t(IH));
+      add(std::move(score));
+      memory("indexer.topk", double(s.seqs) * keys_all * 4.0, double(s.seqs) * keys_all, score_shape(s));
+    }
+
+    const int64_t cap = m.has_indexer ? int64_t(c.index_topk) : kNoCap;
+    const double keys = sum_keys(s.context, s.new_tokens, cap);
+    const double visible = double(s.context + s.new_tokens);
+    const double cb = mla_cache_bytes(m, o.cache);
+    // Decode always runs the absorbed (MQA, 576/512) form. Prefill of a dense model runs the
+    // expanded (MHA, 192/128) form, as DeepSeek does; a sparse model uses it too ("masked MHA
+    // mode") while that costs fewer FLOPs than the absorbed sparse form, i.e. for short prompts.
+    bool expanded = false;
+    if (s.phase == Phase::Prefill) {
+      const double dense_keys = sum_keys(s.context, s.new_tokens, kNoCap);
+      const double mha = dense_keys * 2.0 * H * (qk + vd) + visible * 2.0 * H * (nope + vd) * kvl;  // per sequence
+      const double mqa = keys * 2.0 * H * (2.0 * kvl + rope) + double(s.new_tokens) * 2.0 * H * kvl * (nope + vd);  // per sequence
+      expanded = !m.has_indexer || mha <= mqa;
+    }
+    Op core;
+    core.name = "attn.core";
+    core.bits = 16;  // fp8 caches are dequantized to bf16 before the MMA (FlashMLA)
+    core.shape = score_shape(s) + ";H=" + std::to_string(int64_t(H));
+    if (expanded) {
+      gemm("attn.kv_b_proj", double(s.seqs) * visible, H * (nope + vd), kvl, aw);
+      core.cls = OpClass::AttentionDense;
+      core.flops = double(s.seqs) * sum_keys(s.context, s.new_tokens, kNoCap) * 2.0 * H * (qk + vd);
+      core.bytes = double(s.seqs) * visible * H * (qk + vd) * 2.0 +
+                   T * H * (qk + vd) * 2.0;
+    } else {
+      Op qa;  // q_nope absorbed into the latent space through kv_b's K half
+      qa.name = "attn.q_absorb";
+      qa.cls = OpClass::Gemm;
+      qa.bits = aw == WeightDtype::FP8 ? 8 : 16;
+      qa.flops = 2.0 * T * H * nope * kvl;
+      qa.bytes = H * nope * kvl * weight_bytes_per_elem(aw) + T * H * nope * 2.0 + T * H * kvl * 2.0;
+      qa.weight_elems = qa.bits <= 8 ? H * nope * kvl : 0.0;
+      qa.shape = tshape + ";H=" + std::to_string(int64_t(H));
+      add(std::move(qa));
+      core.cls = m.has_indexer ? OpClass::AttentionSparse : OpClass::AttentionDense;
+      core.flops = double(s.seqs) * keys * 2.0 * H * (2.0 * kvl + rope);
+      // Sparse queries gather their own top-k rows; dense ones share each cached key.
+      const double key_bytes = m.has_indexer ? double(s.seqs) * keys * cb : double(s.seqs) * visible * cb;
+      core.bytes = key_bytes + T * H * (kvl + rope) * 2.0 + T * H * kvl * 2.0;
+    }
+    add(std::move(core));
+    if (!expanded) {
+      Op vu;  // latent output back to per-head values through kv_b's V half
+      vu.name = "attn.v_up";
+      vu.cls = OpClass::Gemm;
+      vu.bits = aw == WeightDtype::FP8 ? 8 : 16;
+      vu.flops = 2.0 * T * H * kvl * vd;
+      vu.bytes = H * kvl * vd * weight_bytes_per_elem(aw) + T * H * kvl * 2.0 + T * H * vd * 2.0;
+      vu.weight_elems = vu.bits <= 8 ? H * kvl * vd : 0.0;
+      vu.shape = tshape + ";H=" + std::to_string(int64_t(H));
+      add(std::move(vu));
+    }
+    gemm("attn.o_proj", T, h, H * vd, aw);
+    memory("attn.cache_write", T * cb, 0.0, tshape);
+    if (l.tp > 1) allreduce(T);
+
+    if (c.is_moe_layer(li)) moe(T, s);
+    else {
+      const double I = double(c.intermediate_size) / l.tp;
+      gemm("mlp.gate_up", T, 2 * I, h, o.weight);
+      gemm("mlp.down", T, h, I, o.weight);
+    }
+    if (l.tp > 1) allreduce(T);
+  }
+
+  static std::string score_shape(const Step& s) {
+    return "seqs=" + std::to_string(s.seqs) + ";new=" + std::to_string(s.new_tokens) + ";ctx=" + std::to_string(s.context);
+  }
+
+  void allreduce(double T) {
+    // Ring all-reduce of the bf16 hidden state: 2(tp-1)/tp of it leaves each device.
+    const double bytes = 2.0 * (l.tp - 1) / l.tp * T * m.cfg.hidden_size * 2.0;
+    const bool inter = l.tp > l.devices_per_node;
+    comm("tp.allreduce", OpClass::CommTP, inter ? 0 : bytes, inter ? bytes : 0, 2.0 * (l.tp - 1),
+         "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp));
+  }
+
+  void moe(double T, const Step&) {
+    const auto& c = m.cfg;
+    const double h = c.hidden_size, mI = c.moe_intermediate_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const double mtp_ways = l.moe_tp();
+    gemm("moe.router", T, E, h, o.weight, /*bf16_weight=*/true);
+    // Routed experts: the stage's T*dp tokens pick k experts each, spread evenly over ep
+    // ranks (balanced routing, as EPLB aims for). An expert's weights are read once if any
+    // token picked it: with uniform routing that happens with probability 1-(1-k/E)^tokens.
+    const double tokens = T * l.dp;
+    const double assigned = tokens * k / l.ep;
+    const double experts_dev = E / l.ep;
+    const double hit = experts_dev * (1.0 - std::pow(1.0 - k / E, tokens));
+    const double wb = weight_bytes_per_elem(o.weight);
+    const int bits = o.weight == WeightDtype::FP8 ? 8 : o.weight == WeightDtype::NVFP4 ? 4 : 16;
+    const double act = bits <= 8 ? 1.0 : 2.0;
+    const double n_gu = 2.0 * mI / mtp_ways, n_d = mI / mtp_ways;
+    Op gu;
+    gu.name = "moe.experts_gate_up";
+    gu.cls = OpClass::Gemm;
+    gu.bits = bits;
+    gu.flops = 2.0 * assigned * n_gu * h;
+    gu.bytes = hit * n_gu * h * wb + assigned * h * act + assigned * n_gu * 2.0;
+    gu.weight_elems = bits <= 8 ? hit * n_gu * h : 0.0;
+    gu.shape = "tokens=" + std::to_string(int64_t(assigned)) + ";experts=" + std::to_string(int64_t(experts_dev)) +
+               ";N=" + std::to_string(int64_t(n_gu)) + ";K=" + std::to_string(int64_t(h));
+    add(gu);
+    Op dn = gu;
+    dn.name = "moe.experts_down";
+    dn.flops = 2.0 * assigned * h * n_d;
+    dn.bytes = hit * h * n_d * wb + assigned * n_d * act + assigned * h * 2.0;
+    dn.weight_elems = bits <= 8 ? hit * h * n_d : 0.0;
+    dn.shape = "tokens=" + std::to_string(int64_t(assigned)) + ";experts=" + std::to_string(int64_t(experts_dev)) +
+               ";N=" + std::to_string(int64_t(h)) + ";K=" + std::to_string(int64_t(n_d));
+    add(dn);
+    if (c.n_shared_experts > 0) {
+      const double sI = double(c.n_shared_experts) * mI / l.tp;
+      gemm("moe.shared_gate_up", T, 2 * sI, h, o.weight);
+      gemm("moe.shared_down", T, h, sI, o.weight);
+    }
+    if (l.ep > 1) {
+      // Each device dispatches its share (T/tp) of the tokens to k experts: fp8 hidden plus
+      // one fp32 scale per 128 going out, bf16 coming back (DeepSeek's dispatch/combine
+      // formats). Copies to experts on this device stay local. Within one node everything
+      // moves over NVLink. Across nodes, prefill (DeepEP normal kernels) sends a token once
+      // per destination node and forwards it over NVLink there; decode (DeepEP low-latency
+      // kernels) sends every remote copy over RDMA directly.
+      const double send = T / l.tp;
+      const int local = std::min(l.ep, l.devices_per_node);
+      const double nodes = std::ceil(double(l.ep) / l.devices_per_node);
+      double intra_copies = k * double(local - 1) / l.ep, inter_copies = 0;
+      if (nodes > 1 && phase == Phase::Decode) {
+        intra_copies = 0;
+        inter_copies = k * double(l.ep - 1) / l.ep;
+      } else if (nodes > 1) {
+        inter_copies = (nodes - 1) * (1.0 - std::pow(1.0 - 1.0 / nodes, k));
+      }
+      const double d_bytes = h * (1.0 + 4.0 / 128.0), c_bytes = h * 2.0;
+      const std::string shape = "T=" + std::to_string(int64_t(send)) + ";ep=" + std::to_string(l.ep);
+      comm("moe.dispatch", OpClass::CommEP, send * intra_copies * d_bytes, send * inter_copies * d_bytes, 1.0, shape);
+      comm("moe.combine", OpClass::CommEP, send * intra_copies * c_bytes, send * inter_copies * c_bytes, 1.0, shape);
+    }
+  }
+
+  // Embedding, final norm and lm_head for `logit_tokens` rows.
+  void head(double T, double logit_tokens, bool with_embed) {
+    const auto& c = m.cfg;
+    const double h = c.hidden_size;
+    if (with_embed) memory("embed", T * h * 2.0 * 2.0, 0.0, "T=" + std::to_string(int64_t(T)));
+    memory("final_norm", logit_tokens * h * 2.0 * 2.0, logit_tokens * 4.0 * h, "T=" + std::to_string(int64_t(logit_tokens)));
+    gemm("lm_head", logit_tokens, double(c.vocab_size) / l.tp, h, o.weight, /*bf16_weight=*/true);
+  }
+};
+
+}  // namespace
+
+std::vector<Op> op_plan(const SimModel& m, const Step& s, const Layout& l, const Options& o) {
+  l.validate();
+  const auto& c = m.cfg;
+  if (c.num_attention_heads % l.tp != 0)
+    throw Error("--tp " + std::to_string(l.tp) + " must divide the attention heads (" + std::to_string(c.num_attention_heads) + ")");
+  if (c.n_routed_experts > 0 && c.n_routed_experts % l.ep != 0)
+    throw Error("--ep " + std::to_string(l.ep) + " must divide the routed experts (" + std::to_string(c.n_routed_experts) + ")");
+  if (o.mtp > 0 && c.num_nextn_predict_layers == 0) throw Error("--mtp needs a model with an MTP layer (num_nextn_predict_layers is 0)");
+  if (s.seqs < 1 || s.new_tokens < 1 || s.context < 0) throw Error("a step needs at least one sequence and one new token");
+
+  Builder b{m, l, o, s.phase, {}, {}, "", 1.0};
+  const double T = double(s.seqs) * double(s.new_tokens);
+  const double logits = s.phase == Phase::Decode ? T : double(s.seqs);  // prefill: last token only
+  b.weight = 1.0;
+  b.memory("embed", T * c.hidden_size * 2.0 * 2.0, 0.0, "T=" + std::to_string(int64_t(T)));
+  b.weight = 1.0 / l.pp;  // the average stage holds L/pp layers
+  for (int li = 0; li < c.num_hidden_layers; ++li) b.layer(li, s);
+  b.weight = 1.0;
+  b.head(T, logits, /*with_embed=*/false);
+  if (l.pp > 1) {
+    const double bytes = T * c.hidden_size * 2.0;
+    const bool inter = l.devices() > l.devices_per_node;
+    b.comm("pp.send", OpClass::CommPP, inter ? 0 : bytes, inter ? bytes : 0, 1.0, "T=" + std::to_string(int64_t(T)));
+  }
+
+  if (o.mtp > 0) {
+    // MTP draft layer: h = eh_proj([enorm(emb); hnorm(prev)]), a full decoder block (own
+    // indexer), the shared head. Decode runs it once per draft token for every sequence;
+    // prefill runs it once over the prompt to fill its cache.
+    b.prefix = "mtp.";
+    Step ds = s;
+    if (s.phase == Phase::Decode) {
+      ds.new_tokens = 1;
+      b.weight = o.mtp;
+    } else {
+      b.weight = 1.0;
+    }
+    const double Td = double(ds.seqs) * double(ds.new_tokens);
+    const double h = c.hidden_size;
+    const double w = b.weight;
+    b.memory("norms", Td * 2 * h * 2.0 * 2.0, Td * 8.0 * h, "T=" + std::to_string(int64_t(Td)));
+    b.gemm("eh_proj", Td, h, 2 * h, o.weight, /*bf16_weight=*/true);
+    b.layer(c.num_hidden_layers, ds);
+    b.weight = w;
+    b.head(Td, s.phase == Phase::Decode ? Td : double(s.seqs), /*with_embed=*/s.phase == Phase::Decode);
+  }
+  return b.ops;
+}
+
+double plan_total_flops(const std::vector<Op>& ops) {
+  double f = 0;
+  for (const auto& op : ops) f += op.flops;
+  return f;
+}
+
+double plan_total_bytes(const std::vector<Op>& ops) {
+  double b = 0;
+  for (const auto& op : ops) b += op.bytes;
+  return b;
+}
+
+double decode_bytes_per_token(const SimModel& m, int64_t context) {
+  Step s{Phase::Decode, 1, 1, context};
+  return plan_total_bytes(op_plan(m, s, Layout{1, 1, 1, 1, 1}, Options{}));
+}
+
+double prefill_flops_per_token(const SimModel& m, int64_t input_len) {
+  if (input_len < 1) throw Error("prefill_flops_per_token: input_len must be positive");
+  Step s{Phase::Prefill, 1, input_len, 0};
+  return plan_total_flops(op_plan(m, s, Layout{1, 1, 1, 1, 1}, Options{})) / double(input_len);
+}
+
+}  // namespace dsa::sim

@@ -1,0 +1,239 @@
+#include "sim/hardware.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "sim/probe.h"
+
+using nlohmann::json;
+
+namespace dsa::sim {
+namespace {
+
+// Dense (non-sparse) vendor peaks. Interconnect bandwidth is per device and per direction:
+// NVLink 4 = 900 GB/s bidirectional -> 450; H800's NVLink is cut to 400 -> 200; NVLink 5 =
+// 1.8 TB/s -> 900. Scale-out is one 400 Gb/s NIC per device -> 50 GB/s (200 Gb/s -> 25).
+// Latencies: about 2 us per NVLink-class hop and 5 us per RDMA hop, including software.
+// Prices are rental assumptions ($/device-hour); DeepSeek itself assumed $2 for H800.
+// Efficiency blocks are omitted where the defaults in hardware.h apply (see docs/PLAN.md).
+struct Builtin {
+  const char* name;
+  const char* json;
+};
+
+const Builtin kBuiltins[] = {
+    {"h800", R"J({"name": "h800", "description": "NVIDIA H800 SXM5 80 GB (China-market H100, NVLink cut to 400 GB/s)",
+      "bf16_tflops": 989.5, "fp8_tflops": 1979, "memory_bandwidth_gbps": 3350, "memory_gib": 79.6,
+      "devices_per_node": 8, "intra_node_bandwidth_gbps": 200, "intra_node_latency_us": 2,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 5, "launch_overhead_us": 3, "price_per_hour": 2.0,
+      "sources": "NVIDIA H100 SXM datasheet (compute, HBM3); H800 NVLink 400 GB/s; 8x400G CX7 per node as in DeepSeek's cluster"})J"},
+    {"h100", R"J({"name": "h100", "description": "NVIDIA H100 SXM5 80 GB",
+      "bf16_tflops": 989.5, "fp8_tflops": 1979, "memory_bandwidth_gbps": 3350, "memory_gib": 79.6,
+      "devices_per_node": 8, "intra_node_bandwidth_gbps": 450, "intra_node_latency_us": 2,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 5, "launch_overhead_us": 3, "price_per_hour": 2.5,
+      "sources": "NVIDIA H100 SXM datasheet"})J"},
+    {"h200", R"J({"name": "h200", "description": "NVIDIA H200 SXM 141 GB",
+      "bf16_tflops": 989.5, "fp8_tflops": 1979, "memory_bandwidth_gbps": 4800, "memory_gib": 140.4,
+      "devices_per_node": 8, "intra_node_bandwidth_gbps": 450, "intra_node_latency_us": 2,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 5, "launch_overhead_us": 3, "price_per_hour": 3.0,
+      "sources": "NVIDIA H200 datasheet (same GH100 compute as H100, HBM3e 4.8 TB/s)"})J"},
+    {"h20", R"J({"name": "h20", "description": "NVIDIA H20 96 GB (China-market Hopper, cut compute)",
+      "bf16_tflops": 148, "fp8_tflops": 296, "memory_bandwidth_gbps": 4000, "memory_gib": 95.6,
+      "devices_per_node": 8, "intra_node_bandwidth_gbps": 450, "intra_node_latency_us": 2,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 5, "launch_overhead_us": 3, "price_per_hour": 1.0,
+      "sources": "NVIDIA H20 product brief (148 TFLOPS bf16, 296 fp8, 4.0 TB/s, NVLink 900 GB/s)"})J"},
+    {"b200", R"J({"name": "b200", "description": "NVIDIA B200 (HGX/DGX B200, 180 GB)",
+      "bf16_tflops": 2250, "fp8_tflops": 4500, "fp4_tflops": 9000, "memory_bandwidth_gbps": 8000, "memory_gib": 179.1,
+      "devices_per_node": 8, "intra_node_bandwidth_gbps": 900, "intra_node_latency_us": 2,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 5, "launch_overhead_us": 3, "price_per_hour": 4.5,
+      "sources": "NVIDIA DGX B200 datasheet (72 PF fp8 / 144 PF fp4 sparse per 8 GPUs, halved for dense; 64 TB/s HBM3e)"})J"},
+    {"gb200", R"J({"name": "gb200", "description": "NVIDIA GB200 NVL72 (one Blackwell GPU, 72-GPU NVLink domain)",
+      "bf16_tflops": 2500, "fp8_tflops": 5000, "fp4_tflops": 10000, "memory_bandwidth_gbps": 8000, "memory_gib": 184.0,
+      "devices_per_node": 72, "intra_node_bandwidth_gbps": 900, "intra_node_latency_us": 3,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 5, "launch_overhead_us": 3, "price_per_hour": 6.0,
+      "sources": "NVIDIA GB200 NVL72 spec (180 PF fp8 / 360 PF fp4 sparse per 72 GPUs, halved for dense; 13.4 TB HBM3e)"})J"},
+    {"mi300x", R"J({"name": "mi300x", "description": "AMD Instinct MI300X 192 GB",
+      "bf16_tflops": 1307, "fp8_tflops": 2615, "memory_bandwidth_gbps": 5300, "memory_gib": 192,
+      "devices_per_node": 8, "intra_node_bandwidth_gbps": 448, "intra_node_latency_us": 3,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 5, "launch_overhead_us": 4, "price_per_hour": 2.0,
+      "sources": "AMD MI300X datasheet (dense bf16/fp8, 5.3 TB/s, 7 Infinity Fabric links x 64 GB/s)"})J"},
+    {"ascend-910b", R"J({"name": "ascend-910b", "description": "Huawei Ascend 910B 64 GB (no fp8 units: fp8 runs as W8A8 int8)",
+      "bf16_tflops": 313, "fp8_tflops": 626, "memory_bandwidth_gbps": 1600, "memory_gib": 64,
+      "devices_per_node": 8, "intra_node_bandwidth_gbps": 196, "intra_node_latency_us": 3,
+      "inter_node_bandwidth_gbps": 25, "inter_node_latency_us": 6, "launch_overhead_us": 5, "price_per_hour": 1.0,
+      "sources": "public 910B spec sheets (fp16 313 TFLOPS, int8 626 TOPS, HBM2e 1.6 TB/s, HCCS 392 GB/s, 200G RoCE); UNCONFIRMED by vendor datasheet"})J"},
+    {"ascend-910c", R"J({"name": "ascend-910c", "description": "Huawei Ascend 910C 128 GB (two 910B-class dies, CloudMatrix384 domain)",
+      "bf16_tflops": 752, "fp8_tflops": 1504, "memory_bandwidth_gbps": 3200, "memory_gib": 128,
+      "devices_per_node": 384, "intra_node_bandwidth_gbps": 196, "intra_node_latency_us": 4,
+      "inter_node_bandwidth_gbps": 50, "inter_node_latency_us": 6, "launch_overhead_us": 5, "price_per_hour": 2.0,
+      "sources": "public CloudMatrix384 descriptions (about 2x 910B compute, 3.2 TB/s, UB network); UNCONFIRMED by vendor datasheet"})J"},
+};
+
+// Profile names compare case-insensitively and ignore separators: "Ascend 910B" = ascend-910b.
+std::string lower(const std::string& s) {
+  std::string k;
+  for (char c : s)
+    if (std::isalnum(static_cast<unsigned char>(c))) k += char(std::tolower(static_cast<unsigned char>(c)));
+  return k;
+}
+
+double num(const json& j, const char* k, double def, const std::string& where) {
+  if (!j.contains(k) || j[k].is_null()) return def;
+  if (!j[k].is_number()) throw Error(where + ": field '" + std::string(k) + "': expected a number, got " + j[k].dump());
+  return j[k].get<double>();
+}
+
+}  // namespace
+
+double Hardware::peak_flops(int bits) const {
+  double t = bf16_tflops;
+  if (bits <= 8 && fp8_tflops > 0) t = fp8_tflops;
+  if (bits <= 4 && fp4_tflops > 0) t = fp4_tflops;
+  return t * 1e12;
+}
+
+std::vector<std::string> builtin_hardware_names() {
+  std::vector<std::string> v;
+  for (const auto& b : kBuiltins) v.push_back(b.name);
+  v.push_back("local");
+  return v;
+}
+
+std::string builtin_hardware_json(const std::string& name) {
+  const std::string n = lower(name);
+  for (const auto& b : kBuiltins)
+    if (n == lower(b.name)) return b.json;
+  std::string list;
+  for (const auto& x : builtin_hardware_names()) list += (list.empty() ? "" : ", ") + x;
+  throw Error("unknown hardware '" + name + "' (built-in profiles: " + list + "; or give a profile JSON file)");
+}
+
+Hardware hardware_from_json_text(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(where + ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object()) throw Error(where + ": expected a JSON object");
+  Hardware h;
+  h.name = j.value("name", where);
+  h.description = j.value("description", "");
+  h.sources = j.value("sources", "");
+  h.bf16_tflops = num(j, "bf16_tflops", 0, where);
+  h.fp8_tflops = num(j, "fp8_tflops", 0, where);
+  h.fp4_tflops = num(j, "fp4_tflops", 0, where);
+  h.memory_bandwidth_gbps = num(j, "memory_bandwidth_gbps", 0, where);
+  h.memory_gib = num(j, "memory_gib", 0, where);
+  h.devices_per_node = int(num(j, "devices_per_node", 8, where));
+  h.intra_node_bandwidth_gbps = num(j, "intra_node_bandwidth_gbps", 0, where);
+  h.intra_node_latency_us = num(j, "intra_node_latency_us", 0, where);
+  h.inter_node_bandwidth_gbps = num(j, "inter_node_bandwidth_gbps", 0, where);
+  h.inter_node_latency_us = num(j, "inter_node_latency_us", 0, where);
+  h.launch_overhead_us = num(j, "launch_overhead_us", 0, where);
+  h.dequant_flops_per_weight = num(j, "dequant_flops_per_weight", 0, where);
+  h.memory_usable_fraction = num(j, "memory_usable_fraction", h.memory_usable_fraction, where);
+  h.memory_reserve_gib = num(j, "memory_reserve_gib", h.memory_reserve_gib, where);
+  h.price_per_hour = num(j, "price_per_hour", 0, where);
+  if (j.contains("efficiency")) {
+    const json& e = j["efficiency"];
+    if (!e.is_object()) throw Error(where + ": field 'efficiency': expected an object");
+    const std::string w = where + " efficiency";
+    h.eff.gemm = num(e, "gemm", h.eff.gemm, w);
+    h.eff.attention_dense = num(e, "attention_dense", h.eff.attention_dense, w);
+    h.eff.attention_dense_prefill = num(e, "attention_dense_prefill", h.eff.attention_dense_prefill, w);
+    h.eff.attention_sparse_decode = num(e, "attention_sparse_decode", h.eff.attention_sparse_decode, w);
+    h.eff.attention_sparse_prefill = num(e, "attention_sparse_prefill", h.eff.attention_sparse_prefill, w);
+    h.eff.memory = num(e, "memory", h.eff.memory, w);
+    h.eff.comm = num(e, "comm", h.eff.comm, w);
+  }
+  auto positive = [&](const char* f, double v) {
+    if (!(v > 0)) throw Error(where + ": field '" + std::string(f) + "': must be positive");
+  };
+  positive("bf16_tflops", h.bf16_tflops);
+  positive("memory_bandwidth_gbps", h.memory_bandwidth_gbps);
+  positive("memory_gib", h.memory_gib);
+  positive("devices_per_node", h.devices_per_node);
+  for (double e : {h.eff.gemm, h.eff.attention_dense, h.eff.attention_dense_prefill, h.eff.attention_sparse_decode,
+                   h.eff.attention_sparse_prefill, h.eff.memory, h.eff.comm})
+    if (!(e > 0 && e <= 1)) throw Error(where + ": efficiency factors must be in (0, 1]");
+  if (!(h.memory_usable_fraction > 0 && h.memory_usable_fraction <= 1))
+    throw Error(where + ": field 'memory_usable_fraction': must be in (0, 1]");
+  return h;
+}
+
+std::string hardware_to_json(const Hardware& h) {
+  json j = {{"name", h.name}, {"description", h.description}, {"bf16_tflops", h.bf16_tflops},
+            {"fp8_tflops", h.fp8_tflops}, {"fp4_tflops", h.fp4_tflops},
+            {"memory_bandwidth_gbps", h.memory_bandwidth_gbps}, {"memory_gib", h.memory_gib},
+            {"devices_per_node", h.devices_per_node}, {"intra_node_bandwidth_gbps", h.intra_node_bandwidth_gbps},
+            {"intra_node_latency_us", h.intra_node_latency_us}, {"inter_node_bandwidth_gbps", h.inter_node_bandwidth_gbps},
+            {"inter_node_latency_us", h.inter_node_latency_us}, {"launch_overhead_us", h.launch_overhead_us},
+            {"dequant_flops_per_weight", h.dequant_flops_per_weight},
+            {"memory_usable_fraction", h.memory_usable_fraction}, {"memory_reserve_gib", h.memory_reserve_gib},
+            {"price_per_hour", h.price_per_hour},
+            {"efficiency", {{"gemm", h.eff.gemm}, {"attention_dense", h.eff.attention_dense},
+                            {"attention_dense_prefill", h.eff.attention_dense_prefill},
+                            {"attention_sparse_decode", h.eff.attention_sparse_decode},
+                            {"attention_sparse_prefill", h.eff.attention_sparse_prefill},
+                            {"memory", h.eff.memory}, {"comm", h.eff.comm}}},
+            {"sources", h.sources}};
+  return j.dump(2);
+}
+
+Hardware measure_local_hardware(int threads) {
+  const int t = threads > 0 ? threads : std::max(1, omp_get_max_threads());
+  Hardware h;
+  h.name = "local";
+  const double gflops = measure_peak_gflops(t);
+  const double bw = measure_read_bandwidth_gbps(t);
+  h.description = "this CPU, measured: " + std::to_string(t) + " threads, " + std::to_string(int(std::lround(bw))) +
+                  " GB/s read, " + std::to_string(int(std::lround(gflops))) + " GFLOP/s fp32 FMA";
+  // CPU kernels widen bf16/fp8 to fp32 and use the same FMA units, so all precisions share
+  // the measured fp32 peak.
+  h.bf16_tflops = h.fp8_tflops = gflops / 1e3;
+  h.fp4_tflops = 0;
+  h.memory_bandwidth_gbps = bw;
+  h.memory_gib = physical_memory_bytes() / (1024.0 * 1024.0 * 1024.0);
+  if (!(h.memory_gib > 0)) h.memory_gib = 16;
+  h.devices_per_node = 1;
+  h.launch_overhead_us = 2;  // an OpenMP parallel region fork/join per operator
+  // e4m3 -> fp32 on AVX2 is about four vector instructions per 8 weights, i.e. half an FMA
+  // slot per weight: 8 FLOP-equivalents at 16 FLOPs per FMA slot.
+  h.dequant_flops_per_weight = 8;
+  h.memory_usable_fraction = 0.85;  // leave the OS and page cache their share
+  h.memory_reserve_gib = 1;
+  h.price_per_hour = 0;
+  // The peaks are measured, not datasheet numbers, so the factors only cover what a real
+  // kernel loses against a pure FMA or pure streaming loop.
+  h.eff.gemm = 0.60;  // register-blocked GEMMs reach 60-80% of the FMA-only loop
+  h.eff.attention_dense = h.eff.attention_dense_prefill = 0.50;  // softmax and exp are not FMAs
+  h.eff.attention_sparse_decode = h.eff.attention_sparse_prefill = 0.40;  // plus the gather
+  h.eff.memory = 0.90;  // matrix streaming vs the linear read probe
+  h.eff.comm = 1.0;
+  h.sources = "measured by dsa::sim::measure_read_bandwidth_gbps / measure_peak_gflops";
+  return h;
+}
+
+Hardware load_hardware(const std::string& name_or_path) {
+  if (lower(name_or_path) == "local") return measure_local_hardware();
+  const std::string n = lower(name_or_path);
+  for (const auto& b : kBuiltins)
+    if (n == lower(b.name)) return hardware_from_json_text(b.json, std::string("built-in ") + b.name);
+  if (!std::filesystem::exists(name_or_path)) builtin_hardware_json(name_or_path);  // throws the "unknown" message
+  std::ifstream in(name_or_path);
+  if (!in) throw Error("cannot open hardware profile '" + name_or_path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return hardware_from_json_text(ss.str(), name_or_path);
+}
+
+}  // namespace dsa::sim

@@ -1,0 +1,58 @@
+#pragma once
+// Hardware profiles: peak rates, memory, interconnect, and the efficiency factors that turn
+// peaks into what tuned kernels reach. Built-in profiles are JSON text (the same schema a
+// user's --hardware FILE.json uses); `local` is measured on the spot. docs/PLAN.md lists the
+// source of every number.
+#include <string>
+#include <vector>
+
+namespace dsa::sim {
+
+// Fraction of a peak that the best public kernels sustain for each class of operator.
+struct Efficiency {
+  double gemm = 0.70;                      // fp8/bf16/fp4 GEMMs and grouped MoE GEMMs
+  double attention_dense = 0.67;           // dense MLA decode (absorbed, MQA form), compute side
+  double attention_dense_prefill = 0.60;   // dense MHA-form prefill attention
+  double attention_sparse_decode = 0.41;   // sparse MLA decode with an fp8 cache (gather + dequant)
+  double attention_sparse_prefill = 0.65;  // sparse MLA prefill
+  double memory = 0.85;                    // achieved / peak memory bandwidth
+  double comm = 0.80;                      // achieved / peak link bandwidth
+};
+
+struct Hardware {
+  std::string name;
+  std::string description;
+  double bf16_tflops = 0;   // dense (no structured sparsity)
+  double fp8_tflops = 0;    // 0: no fp8 units, fp8 weights run at the bf16 rate
+  double fp4_tflops = 0;    // 0: no fp4 units, fp4 weights run at the fp8 rate
+  double memory_bandwidth_gbps = 0;  // GB/s, 1e9
+  double memory_gib = 0;             // capacity per device
+  int devices_per_node = 8;          // size of the scale-up (NVLink-class) domain
+  double intra_node_bandwidth_gbps = 0;  // per device, per direction
+  double intra_node_latency_us = 0;
+  double inter_node_bandwidth_gbps = 0;  // per device (its NIC share), per direction
+  double inter_node_latency_us = 0;
+  double launch_overhead_us = 0;     // per operator invocation
+  // Extra work per low-precision weight element where the compute units cannot consume the
+  // format directly (CPUs widen fp8 to fp32 before the FMA): charged as this many FLOPs.
+  double dequant_flops_per_weight = 0;
+  double memory_usable_fraction = 0.92;  // allocator headroom / fragmentation
+  double memory_reserve_gib = 4;         // runtime context, communication buffers, graphs
+  double price_per_hour = 0;             // $ per device-hour (a rental assumption)
+  Efficiency eff;
+  std::string sources;
+
+  double peak_flops(int precision_bits) const;  // 4, 8, 16 -> FLOP/s
+  double memory_bytes() const { return memory_gib * 1024.0 * 1024.0 * 1024.0; }
+};
+
+std::vector<std::string> builtin_hardware_names();  // includes "local"
+std::string builtin_hardware_json(const std::string& name);  // not for "local"
+Hardware hardware_from_json_text(const std::string& text, const std::string& where);
+std::string hardware_to_json(const Hardware& hw);
+// Measures this CPU (read bandwidth, FMA peak, physical memory) with `threads` (<= 0: all).
+Hardware measure_local_hardware(int threads = 0);
+// A built-in name (case-insensitive), "local", or a path to a profile JSON.
+Hardware load_hardware(const std::string& name_or_path);
+
+}  // namespace dsa::sim

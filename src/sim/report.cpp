@@ -1,0 +1,257 @@
+#include "sim/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace dsa::sim {
+namespace {
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+const char* weight_name(WeightDtype w) { return w == WeightDtype::FP8 ? "fp8" : w == WeightDtype::BF16 ? "bf16" : "nvfp4"; }
+const char* cache_name(CacheDtype c) { return c == CacheDtype::FP8 ? "fp8" : "bf16"; }
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string grouped(int64_t v) {  // 1234567 -> 1,234,567
+  std::string s = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return (v < 0 ? "-" : "") + out;
+}
+
+void phase_table(std::string& o, const PhaseResult& r) {
+  o += fmt("  %-28s %7s %11s %11s %11s %6s  %s\n", "operator", "count", "GFLOP", "MB", "time us", "share", "bound");
+  const double total = std::max(r.compute_us + r.ep_comm_us + r.other_comm_us, 1e-9);
+  for (const auto& t : r.ops)
+    o += fmt("  %-28s %7.1f %11.3f %11.3f %11.1f %5.1f%%  %s\n", t.op.name.c_str(), t.op.count, t.op.flops / 1e9,
+             (t.op.bytes + t.op.comm_intra + t.op.comm_inter) / 1e6, t.time_us, 100.0 * t.time_us / total, t.bound.c_str());
+  double flops = 0, bytes = 0;
+  for (const auto& t : r.ops) {
+    flops += t.op.flops;
+    bytes += t.op.bytes + t.op.comm_intra + t.op.comm_inter;
+  }
+  o += fmt("  %-28s %7s %11.1f %11.1f %11.1f\n", "total", "", flops / 1e9, bytes / 1e6, r.compute_us + r.ep_comm_us + r.other_comm_us);
+  o += fmt("  step: compute+memory %.1f us, expert all-to-all %.1f us%s, other communication %.1f us -> %.1f us\n",
+           r.compute_us, r.ep_comm_us, r.ep_comm_us > 0 ? " (overlapped when two micro-batches run)" : "",
+           r.other_comm_us, r.step_us);
+}
+
+}  // namespace
+
+std::string format_text(const PlanContext& c, const PlanResult& p, const std::vector<SweepRow>& sweeps, bool show_ops) {
+  const auto& m = *c.model;
+  const auto& hw = *c.hw;
+  const auto& r = *c.req;
+  const auto& l = p.layout;
+  std::string o;
+  o += fmt("dsa plan: %s on %d x %s (%s)\n", m.name.c_str(), l.devices(), hw.name.c_str(), hw.description.c_str());
+  o += fmt("layout    tp %d x dp %d x pp %d = %d devices; experts ep %d (%d routed experts per device)\n", l.tp, l.dp, l.pp,
+           l.devices(), l.ep, m.cfg.n_routed_experts / std::max(1, l.ep));
+  o += fmt("dtypes    weights %s, kv cache %s, attention %s, mtp %d", weight_name(r.opt.weight), cache_name(r.opt.cache),
+           m.has_indexer ? "sparse (DSA, top-k)" : "dense MLA", r.opt.mtp);
+  if (r.opt.mtp > 0) o += fmt(" (acceptance %.2f -> %.2f tokens per step)", r.acceptance, p.tokens_per_step);
+  o += "\n";
+  o += fmt("workload  batch %s%s, input %s, output %s, decode depth %s\n\n", grouped(p.batch).c_str(),
+           p.batch_auto ? " (auto: what fits, at most 128 per device)" : "", grouped(r.input_len).c_str(),
+           grouped(r.output_len).c_str(), grouped(p.context).c_str());
+
+  const auto& mem = p.memory;
+  const auto& w = mem.weights;
+  o += "memory per device\n";
+  o += fmt("  capacity %.1f GiB, usable %.1f GiB, reserve %.1f GiB\n", mem.capacity_bytes / kGiB, mem.usable_bytes / kGiB,
+           mem.reserve_bytes / kGiB);
+  o += fmt("  weights %.2f GiB (attention %.2f, indexer %.2f, dense mlp %.2f, routed experts %.2f, shared %.2f, "
+           "embed+head %.2f, mtp %.2f, other %.2f)\n",
+           w.total() / kGiB, w.attention / kGiB, w.indexer / kGiB, w.dense_mlp / kGiB, w.routed_experts / kGiB,
+           w.shared_experts / kGiB, w.embed_head / kGiB, w.mtp / kGiB, (w.router + w.norms) / kGiB);
+  o += fmt("  activation workspace %.2f GiB; kv cache budget %.2f GiB%s\n", mem.workspace_bytes / kGiB,
+           mem.cache_budget_bytes / kGiB, mem.fits ? "" : "  ** DOES NOT FIT: add devices or use more parallelism **");
+  o += fmt("  cache %s B per token (%s B on each device); max %s cached tokens per device = %s sequences of %s tokens "
+           "in the deployment\n\n",
+           grouped(int64_t(mem.cache_bytes_per_token)).c_str(), grouped(int64_t(mem.cache_bytes_per_token_per_device)).c_str(),
+           grouped(mem.max_cached_tokens_per_device).c_str(),
+           grouped(mem.max_cached_tokens_per_device / (r.input_len + r.output_len) * l.dp).c_str(),
+           grouped(r.input_len + r.output_len).c_str());
+
+  if (show_ops) {
+    o += fmt("prefill: %s sequence(s) x %s tokens per dp group, one device\n", grouped(p.prefill.step.seqs).c_str(),
+             grouped(p.prefill.step.new_tokens).c_str());
+    phase_table(o, p.prefill);
+    o += fmt("\ndecode: %s sequences x %s token(s) at depth %s per dp group, one device\n", grouped(p.decode.step.seqs).c_str(),
+             grouped(p.decode.step.new_tokens).c_str(), grouped(p.decode.step.context).c_str());
+    phase_table(o, p.decode);
+    o += "\n";
+  }
+  o += "results\n";
+  o += fmt("  TTFT %.2f ms   TPOT %.2f ms (%.1f tokens/s per sequence)\n", p.ttft_ms, p.tpot_ms, 1e3 / p.tpot_ms);
+  o += fmt("  prefill %s tokens/s per device, decode %s tokens/s per device\n",
+           grouped(int64_t(std::lround(p.prefill_tokens_per_s_per_device))).c_str(),
+           grouped(int64_t(std::lround(p.decode_tokens_per_s_per_device))).c_str());
+  o += fmt("  prefill and decode on the same devices: %s output tokens/s per device\n",
+           grouped(int64_t(std::lround(p.e2e_output_tokens_per_s_per_device))).c_str());
+  if (p.price_per_hour > 0)
+    o += fmt("  at $%.2f per device-hour: $%.4f per million prompt tokens, $%.4f per million output tokens\n",
+             p.price_per_hour, p.prefill_cost_per_m, p.decode_cost_per_m);
+  for (const char* axis : {"context", "batch"}) {
+    bool header = false;
+    for (const auto& s : sweeps) {
+      if (s.axis != axis) continue;
+      if (!header) {
+        o += fmt("\nsweep over %s\n  %10s %10s %16s %14s %14s\n", axis, axis, "TPOT ms", "decode tok/s/dev",
+                 "decode $/M", "prefill $/M");
+        header = true;
+      }
+      o += fmt("  %10s %10.2f %16.0f %14.4f %14.4f%s\n", grouped(s.value).c_str(), s.tpot_ms,
+               s.decode_tokens_per_s_per_device, s.decode_cost_per_m, s.prefill_cost_per_m,
+               s.fits ? "" : "  (cache does not fit)");
+    }
+  }
+  return o;
+}
+
+std::string format_json(const PlanContext& c, const PlanResult& p, const std::vector<SweepRow>& sweeps) {
+  using nlohmann::json;
+  const auto& r = *c.req;
+  const auto& mem = p.memory;
+  json ops = json::array();
+  for (const PhaseResult* ph : {&p.prefill, &p.decode})
+    for (const auto& t : ph->ops)
+      ops.push_back({{"name", t.op.name}, {"phase", phase_name(t.op.phase)}, {"flops", t.op.flops},
+                     {"bytes", t.op.bytes}, {"comm_bytes", t.op.comm_intra + t.op.comm_inter}, {"time_us", t.time_us},
+                     {"bound", t.bound}, {"count", t.op.count}, {"class", op_class_name(t.op.cls)},
+                     {"shape", t.op.shape}, {"compute_us", t.compute_us}, {"memory_us", t.memory_us}});
+  json sw = json::array();
+  for (const auto& s : sweeps)
+    sw.push_back({{"axis", s.axis}, {"value", s.value}, {"tpot_ms", s.tpot_ms},
+                  {"decode_tokens_per_s_per_device", s.decode_tokens_per_s_per_device},
+                  {"decode_cost_per_million_tokens", s.decode_cost_per_m},
+                  {"prefill_cost_per_million_tokens", s.prefill_cost_per_m}, {"fits", s.fits}});
+  const auto& w = mem.weights;
+  json j = {
+      {"model", c.model->name},
+      {"hardware", c.hw->name},
+      {"has_indexer", c.model->has_indexer},
+      {"devices", p.layout.devices()},
+      {"layout", {{"tp", p.layout.tp}, {"dp", p.layout.dp}, {"ep", p.layout.ep}, {"pp", p.layout.pp}}},
+      {"weight_dtype", weight_name(r.opt.weight)},
+      {"kv_cache", cache_name(r.opt.cache)},
+      {"mtp", r.opt.mtp},
+      {"acceptance", r.acceptance},
+      {"tokens_per_step", p.tokens_per_step},
+      {"batch", p.batch},
+      {"batch_auto", p.batch_auto},
+      {"input_len", r.input_len},
+      {"output_len", r.output_len},
+      {"context", p.context},
+      {"prefill_batch", r.prefill_batch},
+      {"ttft_ms", p.ttft_ms},
+      {"tpot_ms", p.tpot_ms},
+      {"prefill_tokens_per_s_per_device", p.prefill_tokens_per_s_per_device},
+      {"decode_tokens_per_s_per_device", p.decode_tokens_per_s_per_device},
+      {"e2e_output_tokens_per_s_per_device", p.e2e_output_tokens_per_s_per_device},
+      {"prefill_step_us", p.prefill.step_us},
+      {"decode_step_us", p.decode.step_us},
+      {"price_per_device_hour", p.price_per_hour},
+      {"prefill_cost_per_million_tokens", p.prefill_cost_per_m},
+      {"decode_cost_per_million_tokens", p.decode_cost_per_m},
+      {"cache_bytes_per_token", mem.cache_bytes_per_token},
+      {"cache_bytes_per_token_per_device", mem.cache_bytes_per_token_per_device},
+      {"max_cached_tokens_per_device", mem.max_cached_tokens_per_device},
+      {"memory",
+       {{"capacity_bytes", mem.capacity_bytes}, {"usable_bytes", mem.usable_bytes}, {"reserve_bytes", mem.reserve_bytes},
+        {"weight_bytes", w.total()}, {"workspace_bytes", mem.workspace_bytes},
+        {"cache_budget_bytes", mem.cache_budget_bytes}, {"fits", mem.fits},
+        {"weights", {{"attention", w.attention}, {"indexer", w.indexer}, {"dense_mlp", w.dense_mlp},
+                     {"routed_experts", w.routed_experts}, {"shared_experts", w.shared_experts}, {"router", w.router},
+                     {"embed_head", w.embed_head}, {"norms", w.norms}, {"mtp", w.mtp}}}}},
+      {"ops", ops},
+      {"sweeps", sw},
+  };
+  return j.dump(2);
+}
+
+std::string svg_line_plot(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                          const std::vector<Series>& series, bool log_x) {
+  const double W = 760, H = 460, L = 80, R = 30, T = 50, B = 60;
+  double x0 = 1e300, x1 = -1e300, y1 = 0;
+  for (const auto& s : series)
+    for (const auto& [x, y] : s.points) {
+      x0 = std::min(x0, x);
+      x1 = std::max(x1, x);
+      y1 = std::max(y1, y);
+    }
+  if (!(x1 > x0)) x1 = x0 + 1;
+  if (!(y1 > 0)) y1 = 1;
+  auto fx = [&](double x) {
+    const double t = log_x ? (std::log(x) - std::log(x0)) / (std::log(x1) - std::log(x0)) : (x - x0) / (x1 - x0);
+    return L + t * (W - L - R);
+  };
+  // y ticks at 1, 2 or 5 x 10^k, about five of them.
+  const double raw = y1 / 5;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double step = raw / mag < 2 ? 2 * mag : raw / mag < 5 ? 5 * mag : 10 * mag;
+  const double ymax = std::ceil(y1 * 1.05 / step) * step;
+  auto fy = [&](double y) { return H - B - y / ymax * (H - T - B); };
+  std::string o = fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+                      "font-family=\"sans-serif\" font-size=\"12\">\n",
+                      W, H, W, H);
+  o += fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", W, H);
+  o += fmt("<text x=\"%.0f\" y=\"28\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n", W / 2, title.c_str());
+  for (double y = 0; y <= ymax + step / 2; y += step) {
+    o += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, fy(y), W - R, fy(y));
+    o += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", L - 6, fy(y) + 4, y);
+  }
+  std::vector<double> xt;
+  if (log_x) {
+    for (double x = std::pow(2.0, std::floor(std::log2(x0))); x <= x1 * 1.0001; x *= 2)
+      if (x >= x0 * 0.9999) xt.push_back(x);
+    while (xt.size() > 10) {
+      std::vector<double> v;
+      for (size_t i = 0; i < xt.size(); i += 2) v.push_back(xt[i]);
+      xt = v;
+    }
+  } else {
+    for (int i = 0; i <= 8; ++i) xt.push_back(x0 + (x1 - x0) * i / 8);
+  }
+  for (double x : xt) {
+    o += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", fx(x), T, fx(x), H - B);
+    const std::string label = x >= 1024 && std::fmod(x, 1024) == 0 ? fmt("%gK", x / 1024) : fmt("%g", x);
+    o += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", fx(x), H - B + 18, label.c_str());
+  }
+  o += fmt("<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
+  o += fmt("<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
+  o += fmt("<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", (L + W - R) / 2, H - 18, xlabel.c_str());
+  o += fmt("<text x=\"18\" y=\"%.0f\" text-anchor=\"middle\" transform=\"rotate(-90 18 %.0f)\">%s</text>\n", (T + H - B) / 2,
+           (T + H - B) / 2, ylabel.c_str());
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+  for (size_t i = 0; i < series.size(); ++i) {
+    const auto& s = series[i];
+    const char* col = colors[i % 6];
+    std::string pts;
+    for (const auto& [x, y] : s.points) pts += fmt("%.1f,%.1f ", fx(x), fy(y));
+    o += fmt("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"%s\"/>\n", col,
+             s.dashed ? " stroke-dasharray=\"6 4\"" : "", pts.c_str());
+    for (const auto& [x, y] : s.points) o += fmt("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", fx(x), fy(y), col);
+    const double ly = T + 14 + 18.0 * double(i);
+    o += fmt("<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>\n", L + 14, ly, L + 40,
+             ly, col, s.dashed ? " stroke-dasharray=\"6 4\"" : "");
+    o += fmt("<text x=\"%.0f\" y=\"%.1f\">%s</text>\n", L + 46, ly + 4, s.name.c_str());
+  }
+  o += "</svg>\n";
+  return o;
+}
+
+}  // namespace dsa::sim

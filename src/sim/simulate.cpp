@@ -1,0 +1,207 @@
+#include "sim/simulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace dsa::sim {
+
+const double* KernelTable::find(const std::string& op, const std::string& shape) const {
+  auto it = latency_us.find({op, shape});
+  return it == latency_us.end() ? nullptr : &it->second;
+}
+
+KernelTable kernel_table_from_csv(const std::string& text, const std::string& where) {
+  KernelTable t;
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    std::string x;
+    while (std::getline(ls, x, ',')) f.push_back(x);
+    if (f.size() != 3) throw Error(where + ":" + std::to_string(n) + ": expected 3 fields op,shape,latency_us");
+    if (f[0] == "op" && n == 1) continue;  // header
+    char* end = nullptr;
+    const double us = std::strtod(f[2].c_str(), &end);
+    if (end == f[2].c_str() || !(us >= 0)) throw Error(where + ":" + std::to_string(n) + ": latency_us is not a number");
+    t.latency_us[{f[0], f[1]}] = us;
+  }
+  return t;
+}
+
+KernelTable load_kernel_table(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot open kernel table '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return kernel_table_from_csv(ss.str(), path);
+}
+
+static double efficiency(const Hardware& hw, const Op& op) {
+  switch (op.cls) {
+    case OpClass::AttentionDense:
+      return op.phase == Phase::Prefill ? hw.eff.attention_dense_prefill : hw.eff.attention_dense;
+    case OpClass::AttentionSparse:
+      return op.phase == Phase::Prefill ? hw.eff.attention_sparse_prefill : hw.eff.attention_sparse_decode;
+    default: return hw.eff.gemm;
+  }
+}
+
+OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt) {
+  OpTime t;
+  t.op = op;
+  if (kt) {
+    if (const double* us = kt->find(op.name, op.shape)) {
+      t.time_us = *us * op.count;
+      t.bound = "measured";
+      return t;
+    }
+  }
+  const bool is_comm = op.cls == OpClass::CommTP || op.cls == OpClass::CommEP || op.cls == OpClass::CommPP;
+  if (is_comm) {
+    const double intra = hw.intra_node_bandwidth_gbps > 0 ? op.comm_intra / (hw.intra_node_bandwidth_gbps * 1e9 * hw.eff.comm) : 0;
+    const double inter = hw.inter_node_bandwidth_gbps > 0 ? op.comm_inter / (hw.inter_node_bandwidth_gbps * 1e9 * hw.eff.comm) : 0;
+    const double lat = op.comm_inter > 0 ? hw.inter_node_latency_us : hw.intra_node_latency_us;
+    // NVLink and NIC transfers proceed in parallel; each round pays one hop latency.
+    t.comm_us = std::max(intra, inter) * 1e6 + op.comm_hops * lat;
+    t.time_us = t.comm_us;
+    t.bound = "communication";
+    return t;
+  }
+  const double work = op.flops + op.weight_elems * hw.dequant_flops_per_weight;
+  t.compute_us = work / (hw.peak_flops(op.bits) * efficiency(hw, op)) * 1e6;
+  t.memory_us = op.bytes / (hw.memory_bandwidth_gbps * 1e9 * hw.eff.memory) * 1e6;
+  t.time_us = std::max(t.compute_us, t.memory_us) + hw.launch_overhead_us * op.count;
+  t.bound = t.compute_us >= t.memory_us ? "compute" : "memory";
+  return t;
+}
+
+PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
+                      const KernelTable* kt, bool overlap) {
+  PhaseResult r;
+  r.step = s;
+  for (const Op& op : op_plan(m, s, l, o)) {
+    OpTime t = time_op(op, hw, kt);
+    if (op.cls == OpClass::CommEP) r.ep_comm_us += t.time_us;
+    else if (op.cls == OpClass::CommTP || op.cls == OpClass::CommPP) r.other_comm_us += t.time_us;
+    else r.compute_us += t.time_us;
+    r.ops.push_back(std::move(t));
+  }
+  r.step_us = (overlap ? std::max(r.compute_us, r.ep_comm_us) : r.compute_us + r.ep_comm_us) + r.other_comm_us;
+  return r;
+}
+
+Layout resolve_layout(const PlanRequest& r, const Hardware& hw) {
+  Layout l;
+  l.devices_per_node = std::max(1, hw.devices_per_node);
+  l.tp = std::max(1, r.tp);
+  l.pp = std::max(1, r.pp);
+  // Default: one node (at most 8 devices; 1 for the local CPU), or what tp/dp/pp imply.
+  int devices = r.devices;
+  if (devices <= 0) devices = r.dp > 0 ? l.tp * r.dp * l.pp : std::max(std::min(l.devices_per_node, 8), l.tp * l.pp);
+  if (devices % (l.tp * l.pp) != 0)
+    throw Error("--devices " + std::to_string(devices) + " is not a multiple of tp*pp = " + std::to_string(l.tp * l.pp));
+  l.dp = r.dp > 0 ? r.dp : devices / (l.tp * l.pp);
+  if (l.tp * l.dp * l.pp != devices)
+    throw Error("tp*dp*pp = " + std::to_string(l.tp * l.dp * l.pp) + " does not match --devices " + std::to_string(devices));
+  l.ep = r.ep > 0 ? r.ep : l.tp * l.dp;
+  l.validate();
+  return l;
+}
+
+static double tokens_per_step(const PlanRequest& r) {
+  double t = 1, a = 1;
+  for (int i = 0; i < r.opt.mtp; ++i) {
+    a *= r.acceptance;
+    t += a;
+  }
+  return t;
+}
+
+PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r, const KernelTable* kt) {
+  if (r.input_len < 1 || r.output_len < 1) throw Error("--input-len and --output-len must be positive");
+  if (r.prefill_batch < 1) throw Error("--prefill-batch must be positive");
+  if (r.opt.mtp < 0) throw Error("--mtp must not be negative");
+  if (r.opt.mtp > 0 && !(r.acceptance >= 0 && r.acceptance <= 1)) throw Error("--acceptance must be in [0, 1]");
+  PlanResult p;
+  p.layout = resolve_layout(r, hw);
+  const Layout& l = p.layout;
+  const int devices = l.devices();
+  p.context = r.context >= 0 ? r.context : r.input_len + r.output_len / 2;
+  p.tokens_per_step = tokens_per_step(r);
+  p.price_per_hour = r.price_per_hour >= 0 ? r.price_per_hour : hw.price_per_hour;
+
+  // Memory first: the automatic batch is what fits (sequences of input+output tokens), at
+  // most 128 per device (DeepSeek's decode profile runs 128 per GPU; beyond it decode is
+  // compute-bound and only latency grows).
+  const int64_t cap_batch = int64_t(128) * devices;
+  const int64_t probe_seqs = (r.batch > 0 ? r.batch : cap_batch);
+  const int64_t step_tokens = (probe_seqs + l.dp * l.pp - 1) / (l.dp * l.pp) * (1 + r.opt.mtp);
+  p.memory = plan_memory(m, hw, l, r.opt, step_tokens, r.prefill_batch * r.input_len, 0);
+  if (r.batch > 0) {
+    p.batch = r.batch;
+  } else {
+    p.batch_auto = true;
+    const int64_t per_group = p.memory.max_cached_tokens_per_device / (r.input_len + r.output_len);
+    p.batch = std::clamp<int64_t>(per_group * l.dp, 1, cap_batch);
+  }
+
+  // Prefill: each data-parallel group runs prefill_batch prompts of input_len tokens.
+  const Step ps{Phase::Prefill, r.prefill_batch, r.input_len, 0};
+  p.prefill = cost_step(m, hw, l, r.opt, ps, kt, r.overlap);
+  p.ttft_ms = p.prefill.step_us * l.pp / 1e3;
+  p.prefill_tokens_per_s_per_device =
+      double(r.prefill_batch) * double(r.input_len) * l.dp / (p.prefill.step_us / 1e6) / devices;
+
+  // Decode: the batch is spread over dp groups and pp micro-batches; each step verifies
+  // 1 + mtp tokens per sequence and keeps tokens_per_step of them on average.
+  const int64_t seqs = std::max<int64_t>(1, (p.batch + l.dp * l.pp - 1) / (l.dp * l.pp));
+  const Step ds{Phase::Decode, seqs, 1 + r.opt.mtp, p.context};
+  p.decode = cost_step(m, hw, l, r.opt, ds, kt, r.overlap);
+  const double round_s = p.decode.step_us * l.pp / 1e6;  // every sequence advances once
+  p.tpot_ms = round_s * 1e3 / p.tokens_per_step;
+  p.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * p.tokens_per_step / round_s / devices;
+
+  // Prefill and decode sharing the same devices (no disaggregation): every sequence costs
+  // its share of a prefill step and output_len/tokens_per_step decode rounds.
+  const double prefill_s = double(seqs) * l.pp / double(r.prefill_batch) * p.prefill.step_us / 1e6;
+  const double decode_s = double(r.output_len) / p.tokens_per_step * round_s;
+  p.e2e_output_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * double(r.output_len) / (prefill_s + decode_s) / devices;
+
+  auto cost = [&](double tps) { return tps > 0 ? p.price_per_hour / 3600.0 / tps * 1e6 : 0.0; };
+  p.prefill_cost_per_m = cost(p.prefill_tokens_per_s_per_device);
+  p.decode_cost_per_m = cost(p.decode_tokens_per_s_per_device);
+  return p;
+}
+
+PositionCost cost_at_position(const SimModel& m, const Hardware& hw, const PlanRequest& r, const PlanResult& base,
+                              int64_t position, const KernelTable* kt, int64_t chunk) {
+  const Layout& l = base.layout;
+  const int devices = l.devices();
+  PositionCost c;
+  c.position = position;
+  const int64_t n = std::max<int64_t>(1, std::min(chunk, position));
+  const Step ps{Phase::Prefill, r.prefill_batch, n, std::max<int64_t>(0, position - n)};
+  const PhaseResult pr = cost_step(m, hw, l, r.opt, ps, kt, r.overlap);
+  const double prefill_tps = double(r.prefill_batch) * double(n) * l.dp / (pr.step_us / 1e6) / devices;
+  const int64_t seqs = std::max<int64_t>(1, (base.batch + l.dp * l.pp - 1) / (l.dp * l.pp));
+  const Step ds{Phase::Decode, seqs, 1 + r.opt.mtp, position};
+  const PhaseResult dr = cost_step(m, hw, l, r.opt, ds, kt, r.overlap);
+  const double round_s = dr.step_us * l.pp / 1e6;
+  c.tpot_ms = round_s * 1e3 / base.tokens_per_step;
+  c.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * base.tokens_per_step / round_s / devices;
+  auto cost = [&](double tps) { return tps > 0 ? base.price_per_hour / 3600.0 / tps * 1e6 : 0.0; };
+  c.prefill_cost_per_m = cost(prefill_tps);
+  c.decode_cost_per_m = cost(c.decode_tokens_per_s_per_device);
+  return c;
+}
+
+}  // namespace dsa::sim

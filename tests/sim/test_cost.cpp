@@ -1,0 +1,246 @@
+// FLOP and byte formulas of every operator, checked against arithmetic written out from the
+// shapes of the tiny config (tiny.h), plus the cache sizes of the real models.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+#include "sim/cost.h"
+#include "tiny.h"
+
+using namespace dsa::sim;
+using dsa::sim::test::tiny;
+
+namespace {
+
+std::map<std::string, Op> by_name(const std::vector<Op>& ops) {
+  std::map<std::string, Op> m;
+  for (const auto& o : ops) m[o.name] = o;
+  return m;
+}
+
+const double WB = 1.0 + 4.0 / 16384.0;  // fp8 weight byte incl. its share of a 128x128 block scale
+constexpr double kRel = 1e-12;
+
+#define EXPECT_REL(a, b) EXPECT_NEAR((a), (b), std::abs(b) * kRel + 1e-9)
+
+}  // namespace
+
+TEST(SimCost, SumKeys) {
+  EXPECT_EQ(sum_keys(0, 5, 1000), 1 + 2 + 3 + 4 + 5);
+  EXPECT_EQ(sum_keys(10, 3, 12), 11 + 12 + 12);
+  EXPECT_EQ(sum_keys(20, 4, 16), 4 * 16);
+  EXPECT_EQ(sum_keys(0, 20, 16), (1 + 16) * 16 / 2 + 4 * 16);
+  EXPECT_EQ(sum_keys(5, 0, 16), 0);
+}
+
+TEST(SimCost, CacheBytesPerToken) {
+  const SimModel t = tiny();
+  // latent 128 fp8 + one fp32 scale per 128 + 16 bf16 rope = 164; indexer 128 + 4 = 132.
+  EXPECT_EQ(mla_cache_bytes(t, CacheDtype::FP8), 128 + 4 + 32);
+  EXPECT_EQ(mla_cache_bytes(t, CacheDtype::BF16), (128 + 16) * 2);
+  EXPECT_EQ(cache_bytes_per_token(t, Options{}), 3 * (164 + 132));
+  Options mtp;
+  mtp.mtp = 1;
+  EXPECT_EQ(cache_bytes_per_token(t, mtp), 4 * (164 + 132));
+  EXPECT_EQ(cache_bytes_per_token(load_model("deepseek-v3.2"), Options{}), 61 * (656 + 132));  // 48,068
+  Options bf;
+  bf.cache = CacheDtype::BF16;
+  EXPECT_EQ(cache_bytes_per_token(load_model("deepseek-v3.2"), bf), 61 * (1152 + 132));  // 78,324
+  EXPECT_EQ(cache_bytes_per_token(load_model("glm-5.2"), Options{}), 78 * 656 + 21 * 132);  // 53,940
+  EXPECT_EQ(cache_bytes_per_token(load_model("deepseek-v3"), Options{}), 61 * 656);  // no indexer keys
+}
+
+TEST(SimCost, DecodeOpsSingleSequence) {
+  const SimModel t = tiny();
+  const int64_t c = 100;  // beyond top-k 16: sparse attention reads 16 rows, the indexer all 101
+  const auto ops = by_name(op_plan(t, Step{Phase::Decode, 1, 1, c}, Layout{}, Options{}));
+  const double L = 3, Lmoe = 2;
+  // Projections: 2*M*N*K FLOPs; bytes = fp8 weights + fp8 input + bf16 output.
+  EXPECT_REL(ops.at("attn.q_a_proj").flops, L * 2 * 1 * 64 * 256);
+  EXPECT_REL(ops.at("attn.q_a_proj").bytes, L * (64 * 256 * WB + 256 * 1 + 64 * 2));
+  EXPECT_EQ(ops.at("attn.q_a_proj").count, 3);
+  EXPECT_REL(ops.at("attn.kv_a_proj").flops, L * 2 * (128 + 16) * 256);
+  EXPECT_REL(ops.at("attn.q_b_proj").flops, L * 2 * (4 * 48) * 64);
+  EXPECT_REL(ops.at("attn.q_b_proj").bytes, L * (4 * 48 * 64 * WB + 64 + 4 * 48 * 2));
+  EXPECT_REL(ops.at("attn.q_absorb").flops, L * 2 * 4 * 32 * 128);
+  EXPECT_REL(ops.at("attn.q_absorb").bytes, L * (4 * 32 * 128 * WB + 4 * 32 * 2 + 4 * 128 * 2));
+  // Absorbed MQA core over 16 keys: QK over 128+16 dims, PV over 128, per head.
+  EXPECT_REL(ops.at("attn.core").flops, L * 16 * 2 * 4 * (2 * 128 + 16));
+  EXPECT_REL(ops.at("attn.core").bytes, L * (16 * 164 + 4 * (128 + 16) * 2 + 4 * 128 * 2));
+  EXPECT_EQ(ops.at("attn.core").cls, OpClass::AttentionSparse);
+  EXPECT_REL(ops.at("attn.v_up").flops, L * 2 * 4 * 128 * 32);
+  EXPECT_REL(ops.at("attn.o_proj").flops, L * 2 * 256 * (4 * 32));
+  EXPECT_REL(ops.at("attn.cache_write").bytes, L * 164);
+  // Indexer: q from the q latent, one key, bf16 head weights, fp8 q.k over all 101 keys.
+  EXPECT_REL(ops.at("indexer.wq_b").flops, L * 2 * (2 * 128) * 64);
+  EXPECT_REL(ops.at("indexer.wk").flops, L * 2 * 128 * 256);
+  EXPECT_REL(ops.at("indexer.wk").bytes, L * (128 * 256 * WB + 256 + 128 * 2 + 132));
+  EXPECT_REL(ops.at("indexer.weights_proj").bytes, L * (2 * 256 * 2 + 256 * 2 + 2 * 2));
+  EXPECT_REL(ops.at("indexer.score").flops, L * 101 * 2 * 2 * 128);
+  EXPECT_REL(ops.at("indexer.score").bytes, L * (101 * 132 + 2 * 128 + 101 * 4));
+  EXPECT_EQ(ops.at("indexer.score").bits, 8);
+  EXPECT_REL(ops.at("indexer.topk").bytes, L * 101 * 4);
+  // Dense layer 0.
+  EXPECT_EQ(ops.at("mlp.gate_up").count, 1);
+  EXPECT_REL(ops.at("mlp.gate_up").flops, 2 * 1024 * 256);
+  EXPECT_REL(ops.at("mlp.down").bytes, 256 * 512 * WB + 512 + 256 * 2);
+  // MoE layers 1, 2: one token picks 2 of 8 experts, so 2 experts' weights are read.
+  EXPECT_REL(ops.at("moe.router").flops, Lmoe * 2 * 8 * 256);
+  EXPECT_REL(ops.at("moe.router").bytes, Lmoe * (8 * 256 * 2 + 256 * 2 + 8 * 2));
+  const double hit = 8 * (1 - (1 - 2.0 / 8));  // = 2
+  EXPECT_REL(ops.at("moe.experts_gate_up").flops, Lmoe * 2 * 2 * 128 * 256);
+  EXPECT_REL(ops.at("moe.experts_gate_up").bytes, Lmoe * (hit * 128 * 256 * WB + 2 * 256 + 2 * 128 * 2));
+  EXPECT_REL(ops.at("moe.experts_down").flops, Lmoe * 2 * 2 * 256 * 64);
+  EXPECT_REL(ops.at("moe.experts_down").bytes, Lmoe * (hit * 256 * 64 * WB + 2 * 64 + 2 * 256 * 2));
+  EXPECT_REL(ops.at("moe.shared_gate_up").flops, Lmoe * 2 * 128 * 256);
+  EXPECT_REL(ops.at("moe.shared_down").flops, Lmoe * 2 * 256 * 64);
+  EXPECT_EQ(ops.count("moe.dispatch"), 0u);  // ep 1: no all-to-all
+  EXPECT_EQ(ops.count("tp.allreduce"), 0u);
+  // Head: bf16 lm_head.
+  EXPECT_REL(ops.at("lm_head").flops, 2 * 1000 * 256);
+  EXPECT_REL(ops.at("lm_head").bytes, 1000 * 256 * 2 + 256 * 2 + 1000 * 2);
+  EXPECT_REL(ops.at("embed").bytes, 256 * 2 * 2);
+  EXPECT_REL(ops.at("layer.norms").bytes, L * (2 * 256 + 64 + 128) * 4);
+}
+
+TEST(SimCost, DecodeBytesGrowOnlyThroughTheIndexerPastTopK) {
+  const SimModel t = tiny();
+  // Past top-k every extra cached token costs: its indexer key (132), its fp32 logit written
+  // (4) and read by top-k (4), in each of the 3 layers. Sparse attention stays at 16 rows.
+  EXPECT_REL(decode_bytes_per_token(t, 1100) - decode_bytes_per_token(t, 100), 1000.0 * 3 * (132 + 4 + 4));
+  const SimModel v3 = load_model("deepseek-v3");
+  // Dense MLA instead reads every latent row (656 B) and has no indexer.
+  EXPECT_REL(decode_bytes_per_token(v3, 2000) - decode_bytes_per_token(v3, 1000), 1000.0 * 61 * 656);
+}
+
+TEST(SimCost, PrefillChoosesMhaForShortPromptsAndSparseForLongOnes) {
+  const SimModel t = tiny();
+  {
+    // 8 tokens: MHA form costs 36 keys x 2*4*(48+32) + expansion 8 x 2*4*64*128 < absorbed.
+    const auto ops = by_name(op_plan(t, Step{Phase::Prefill, 1, 8, 0}, Layout{}, Options{}));
+    ASSERT_EQ(ops.count("attn.kv_b_proj"), 1u);
+    EXPECT_EQ(ops.count("attn.q_absorb"), 0u);
+    EXPECT_REL(ops.at("attn.core").flops, 3.0 * 36 * 2 * 4 * (48 + 32));
+    EXPECT_REL(ops.at("attn.kv_b_proj").flops, 3.0 * 2 * 8 * (4 * 64) * 128);
+    EXPECT_EQ(ops.at("attn.core").cls, OpClass::AttentionDense);
+    EXPECT_REL(ops.at("lm_head").flops, 2.0 * 1 * 1000 * 256);  // only the last prompt token
+    EXPECT_REL(ops.at("indexer.score").flops, 3.0 * 36 * 2 * 2 * 128);
+  }
+  {
+    // 512 tokens with top-k 16: sparse keys 136 + 496*16 = 8072; MHA would need 131,328.
+    const auto ops = by_name(op_plan(t, Step{Phase::Prefill, 1, 512, 0}, Layout{}, Options{}));
+    ASSERT_EQ(ops.count("attn.q_absorb"), 1u);
+    EXPECT_REL(ops.at("attn.core").flops, 3.0 * 8072 * 2 * 4 * (2 * 128 + 16));
+    EXPECT_REL(ops.at("attn.core").bytes, 3.0 * (8072 * 164 + 512 * 4 * 144 * 2 + 512 * 4 * 128 * 2));
+    EXPECT_REL(ops.at("indexer.score").flops, 3.0 * (512 * 513 / 2) * 2 * 2 * 128);
+  }
+  // The helper agrees with the plan.
+  EXPECT_REL(prefill_flops_per_token(t, 8), plan_total_flops(op_plan(t, Step{Phase::Prefill, 1, 8, 0}, Layout{}, Options{})) / 8);
+}
+
+TEST(SimCost, DenseModelDecodeReadsEveryKey) {
+  const SimModel v3 = load_model("deepseek-v3");
+  ASSERT_FALSE(v3.has_indexer);
+  const auto ops = by_name(op_plan(v3, Step{Phase::Decode, 2, 1, 999}, Layout{}, Options{}));
+  EXPECT_EQ(ops.count("indexer.score"), 0u);
+  EXPECT_REL(ops.at("attn.core").flops, 61.0 * 2 * 1000 * 2 * 128 * (2 * 512 + 64));
+  EXPECT_EQ(ops.at("attn.core").cls, OpClass::AttentionDense);
+}
+
+TEST(SimCost, TensorAndExpertParallelSplitsAndCommunication) {
+  const SimModel t = tiny();
+  Layout l;
+  l.tp = 2;
+  l.ep = 2;
+  l.devices_per_node = 8;
+  const double T = 4;  // 4 sequences x 1 token
+  const auto ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, l, Options{}));
+  EXPECT_REL(ops.at("attn.q_b_proj").flops, 3 * 2 * T * (2 * 48) * 64);  // 2 of 4 heads
+  EXPECT_REL(ops.at("attn.q_a_proj").flops, 3 * 2 * T * 64 * 256);       // replicated
+  EXPECT_REL(ops.at("mlp.gate_up").flops, 2 * T * (2 * 256) * 256);      // intermediate / 2
+  // Experts: 4 tokens x 2 picks spread over 2 ranks -> 4 assignments, each full expert (moe_tp 1).
+  EXPECT_REL(ops.at("moe.experts_gate_up").flops, 2 * 2 * 4 * 128 * 256);
+  const double hit = 4 * (1 - std::pow(1 - 2.0 / 8, 4));
+  EXPECT_REL(ops.at("moe.experts_gate_up").bytes, 2 * (hit * 128 * 256 * WB + 4 * 256 + 4 * 128 * 2));
+  // Ring all-reduce after attention and after the MLP: 2(tp-1)/tp of 4 x 256 bf16.
+  EXPECT_REL(ops.at("tp.allreduce").comm_intra, 3 * 2 * (2.0 * 1 / 2 * T * 256 * 2));
+  EXPECT_EQ(ops.at("tp.allreduce").comm_inter, 0);
+  // Dispatch: each device sends its 2 tokens x 2 picks x 1/2 remote, fp8 + scale; combine bf16.
+  EXPECT_REL(ops.at("moe.dispatch").comm_intra, 2 * (2 * 2 * 0.5 * 256 * (1 + 4.0 / 128)));
+  EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (2 * 2 * 0.5 * 256 * 2));
+}
+
+TEST(SimCost, ExpertParallelAcrossNodesUsesTheNetwork) {
+  const SimModel t = tiny();
+  Layout l;
+  l.dp = 8;
+  l.ep = 8;
+  l.devices_per_node = 4;  // two nodes
+  // Prefill (normal kernels): per token 2 picks x 3/8 go to other local ranks over NVLink;
+  // the other node is hit with probability 1-(1/2)^2 and gets one RDMA copy.
+  const auto pre = by_name(op_plan(t, Step{Phase::Prefill, 1, 1, 0}, l, Options{}));
+  EXPECT_REL(pre.at("moe.dispatch").comm_intra, 2 * (2 * 3.0 / 8) * 256 * (1 + 4.0 / 128));
+  EXPECT_REL(pre.at("moe.dispatch").comm_inter, 2 * (1 - 0.25) * 256 * (1 + 4.0 / 128));
+  // Decode (low-latency kernels): every remote copy, 2 x 7/8, over RDMA.
+  const auto dec = by_name(op_plan(t, Step{Phase::Decode, 1, 1, 10}, l, Options{}));
+  EXPECT_EQ(dec.at("moe.dispatch").comm_intra, 0);
+  EXPECT_REL(dec.at("moe.dispatch").comm_inter, 2 * (2 * 7.0 / 8) * 256 * (1 + 4.0 / 128));
+  EXPECT_REL(dec.at("moe.combine").comm_inter, 2 * (2 * 7.0 / 8) * 256 * 2);
+}
+
+TEST(SimCost, MtpAddsDraftPassesAndVerifyTokens) {
+  const SimModel t = tiny();
+  Options o;
+  o.mtp = 2;
+  const auto ops = by_name(op_plan(t, Step{Phase::Decode, 1, 3, 50}, Layout{}, o));
+  // Verify: 3 tokens through the main model, each with 16 sparse keys.
+  EXPECT_REL(ops.at("attn.q_a_proj").flops, 3 * 2 * 3 * 64 * 256);
+  EXPECT_REL(ops.at("attn.core").flops, 3 * (3 * 16) * 2 * 4 * 272);
+  // Draft: the MTP layer (a MoE layer with its own indexer) twice, one token each.
+  EXPECT_EQ(ops.at("mtp.attn.q_a_proj").count, 2);
+  EXPECT_REL(ops.at("mtp.attn.q_a_proj").flops, 2 * 2 * 64 * 256);
+  EXPECT_REL(ops.at("mtp.eh_proj").flops, 2 * 2 * 256 * 512);
+  EXPECT_REL(ops.at("mtp.lm_head").flops, 2 * 2 * 1000 * 256);
+  EXPECT_REL(ops.at("mtp.indexer.score").flops, 2 * 51 * 2 * 2 * 128);
+  EXPECT_EQ(ops.count("mtp.mlp.gate_up"), 0u);
+  EXPECT_THROW(op_plan(load_model("v32-mini"), Step{Phase::Decode, 1, 2, 0}, Layout{}, o), dsa::Error);
+}
+
+TEST(SimCost, NvFp4KeepsAttentionInFp8) {
+  const SimModel t = tiny();
+  Options o;
+  o.weight = WeightDtype::NVFP4;
+  const auto ops = by_name(op_plan(t, Step{Phase::Decode, 1, 1, 0}, Layout{}, o));
+  EXPECT_EQ(ops.at("attn.q_b_proj").bits, 8);
+  EXPECT_EQ(ops.at("moe.experts_gate_up").bits, 4);
+  EXPECT_REL(ops.at("moe.shared_down").bytes, 2 * (256 * 64 * (0.5 + 1.0 / 16) + 64 + 256 * 2));
+}
+
+TEST(SimCost, LayoutErrors) {
+  const SimModel t = tiny();
+  Layout l;
+  l.tp = 3;
+  EXPECT_THROW(op_plan(t, Step{}, l, Options{}), dsa::Error);  // 4 heads
+  Layout e;
+  e.dp = 2;
+  e.ep = 3;
+  EXPECT_THROW(op_plan(t, Step{}, e, Options{}), dsa::Error);
+}
+
+TEST(SimCost, BuiltinModels) {
+  for (const auto& n : builtin_model_names()) EXPECT_NO_THROW(load_model(n)) << n;
+  EXPECT_FALSE(load_model("deepseek-v3").has_indexer);
+  EXPECT_TRUE(load_model("deepseek-v3.2").has_indexer);
+  EXPECT_EQ(load_model("glm-5.2").cfg.num_full_indexer_layers(), 21);
+  EXPECT_EQ(load_model("glm-5").cfg.num_full_indexer_layers(), 78);
+  const SimModel mini = load_model("v32-mini");
+  EXPECT_EQ(mini.cfg.num_hidden_layers, 8);
+  EXPECT_EQ(mini.cfg.n_routed_experts, 64);
+  EXPECT_EQ(mini.cfg.first_k_dense_replace, 1);
+  EXPECT_THROW(load_model("no-such-model"), dsa::Error);
+  // A V3/R1 config.json is accepted and costed without indexer.
+  const SimModel r1 = model_from_json_text(builtin_model_json("deepseek-v3"), "r1");
+  EXPECT_FALSE(r1.has_indexer);
+}

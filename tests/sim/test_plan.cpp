@@ -1,0 +1,276 @@
+// Memory planner (hand-computed weights, workspace and cache capacity), hardware profiles,
+// the per-op timing rule, the serving figures, the JSON contract and the probes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "sim/memory.h"
+#include "sim/probe.h"
+#include "sim/report.h"
+#include "sim/simulate.h"
+#include "tiny.h"
+
+using namespace dsa::sim;
+using dsa::sim::test::tiny;
+
+namespace {
+
+const double WB = 1.0 + 4.0 / 16384.0;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+#define EXPECT_REL(a, b) EXPECT_NEAR((a), (b), std::abs(b) * 1e-12 + 1e-9)
+
+// A made-up device with round numbers so that times can be written down by hand.
+Hardware toy() {
+  return hardware_from_json_text(R"({"name": "toy", "bf16_tflops": 1, "fp8_tflops": 2, "memory_bandwidth_gbps": 100,
+    "memory_gib": 1, "memory_usable_fraction": 0.5, "memory_reserve_gib": 0.125, "devices_per_node": 4,
+    "intra_node_bandwidth_gbps": 100, "intra_node_latency_us": 3, "inter_node_bandwidth_gbps": 10,
+    "inter_node_latency_us": 7, "launch_overhead_us": 1, "price_per_hour": 3.6,
+    "efficiency": {"gemm": 0.5, "memory": 0.8, "comm": 0.8, "attention_sparse_decode": 0.25}})",
+                                 "toy");
+}
+
+}  // namespace
+
+TEST(SimMemory, WeightsPerDevice) {
+  const SimModel t = tiny();
+  const WeightBytes w = weight_bytes_per_device(t, Layout{}, Options{});
+  // q_a [64,256], kv_a [144,256], q_b [4*48,64], kv_b [4*64,128], o [256,4*32] per layer.
+  EXPECT_REL(w.attention, 3 * WB * (256 * 64 + 256 * 144 + 64 * 4 * 48 + 128 * 4 * 64 + 4 * 32 * 256));
+  // wq_b [256,64], wk [128,256] fp8; weights_proj [2,256] bf16; k_norm weight+bias fp32.
+  EXPECT_REL(w.indexer, 3 * (WB * (64 * 256 + 256 * 128) + 2 * 256 * 2 + 4 * 2 * 128));
+  EXPECT_REL(w.dense_mlp, WB * 3 * 256 * 512);
+  EXPECT_REL(w.routed_experts, 2 * WB * 3 * 256 * 64 * 8);
+  EXPECT_REL(w.shared_experts, 2 * WB * 3 * 256 * 64);
+  EXPECT_REL(w.router, 2 * (2 * 8 * 256 + 4 * 8));
+  EXPECT_REL(w.embed_head, 2 * 1000 * 256 * 2);
+  EXPECT_REL(w.norms, 3 * 2 * (2 * 256 + 64 + 128) + 2 * 256);
+  EXPECT_EQ(w.mtp, 0);
+
+  Layout ep;
+  ep.dp = 2;
+  ep.ep = 2;
+  const WeightBytes we = weight_bytes_per_device(t, ep, Options{});
+  EXPECT_REL(we.routed_experts, w.routed_experts / 2);  // 4 of 8 experts per device
+  EXPECT_REL(we.attention, w.attention);                // attention replicated under dp
+
+  Layout tp;
+  tp.tp = 2;
+  tp.ep = 2;
+  const WeightBytes wt = weight_bytes_per_device(t, tp, Options{});
+  EXPECT_REL(wt.attention, 3 * WB * (256 * 64 + 256 * 144 + 64 * 2 * 48 + 128 * 2 * 64 + 2 * 32 * 256));
+  EXPECT_REL(wt.embed_head, w.embed_head / 2);
+
+  Options bf;
+  bf.weight = WeightDtype::BF16;
+  EXPECT_REL(weight_bytes_per_device(t, Layout{}, bf).dense_mlp, 2.0 * 3 * 256 * 512);
+}
+
+TEST(SimMemory, RealModelWeightsAreAboutTheCheckpointSize) {
+  // DeepSeek-V3.2 main layers in fp8 hold about 671B parameters, i.e. roughly 640-690 GB on
+  // one device's worth of weights (embed and head bf16).
+  const double total = weight_bytes_per_device(load_model("deepseek-v3.2"), Layout{}, Options{}).total();
+  EXPECT_GT(total, 640e9);
+  EXPECT_LT(total, 700e9);
+}
+
+TEST(SimMemory, WorkspaceAndCacheCapacity) {
+  const SimModel t = tiny();
+  // Per token: 2*(4*256 + 4*48 + 144 + 4*32 + max(2*512, 2*2*64)) + 2*2*256 = 6048 bytes;
+  // 16 prefill tokens, plus fp32 logits of 4 decode tokens, plus 16x16 fp32 indexer logits.
+  const double ws = activation_workspace_bytes(t, Layout{}, Options{}, 4, 16, 0);
+  EXPECT_REL(ws, 16 * 6048.0 + 4 * 1000 * 4.0 + 16 * 16 * 4.0);
+  const MemoryPlan p = plan_memory(t, toy(), Layout{}, Options{}, 4, 16, 0);
+  const double weights = weight_bytes_per_device(t, Layout{}, Options{}).total();
+  EXPECT_REL(p.usable_bytes, 0.5 * kGiB);
+  EXPECT_REL(p.cache_budget_bytes, 0.5 * kGiB - 0.125 * kGiB - weights - ws);
+  EXPECT_EQ(p.cache_bytes_per_token, 3 * (164 + 132));
+  EXPECT_EQ(p.max_cached_tokens_per_device, int64_t(std::floor(p.cache_budget_bytes / 888.0)));
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.max_seqs_per_device(1000, 1), p.max_cached_tokens_per_device / 1000);
+  Layout pp;
+  pp.pp = 3;
+  EXPECT_EQ(plan_memory(t, toy(), pp, Options{}, 4, 16, 0).cache_bytes_per_token_per_device, 296);
+  // The full DeepSeek-V3.2 does not fit on one toy device.
+  const MemoryPlan big = plan_memory(load_model("deepseek-v3.2"), toy(), Layout{}, Options{}, 1, 1, 0);
+  EXPECT_FALSE(big.fits);
+  EXPECT_EQ(big.max_cached_tokens_per_device, 0);
+}
+
+TEST(SimHardware, BuiltinsAndUserProfiles) {
+  for (const auto& n : builtin_hardware_names()) {
+    if (n == "local") continue;
+    const Hardware h = load_hardware(n);
+    EXPECT_GT(h.bf16_tflops, 0) << n;
+    EXPECT_GT(h.price_per_hour, 0) << n;
+    // Round trip through the JSON a user would edit.
+    EXPECT_EQ(hardware_from_json_text(hardware_to_json(h), n).memory_bandwidth_gbps, h.memory_bandwidth_gbps);
+  }
+  EXPECT_EQ(load_hardware("Ascend 910B").name, "ascend-910b");
+  EXPECT_EQ(load_hardware("H200").memory_bandwidth_gbps, 4800);
+  EXPECT_THROW(load_hardware("tpu-v9"), dsa::Error);
+  EXPECT_THROW(hardware_from_json_text(R"({"bf16_tflops": 1, "memory_bandwidth_gbps": 1, "memory_gib": 1,
+                                          "efficiency": {"gemm": 1.5}})", "x"), dsa::Error);
+  EXPECT_THROW(hardware_from_json_text(R"({"memory_bandwidth_gbps": 1, "memory_gib": 1})", "x"), dsa::Error);
+  const Hardware t = toy();
+  EXPECT_EQ(t.peak_flops(16), 1e12);
+  EXPECT_EQ(t.peak_flops(8), 2e12);
+  EXPECT_EQ(t.peak_flops(4), 2e12);  // no fp4 units: fp8 rate
+}
+
+TEST(SimTiming, RooflinePlusOverheadCommAndKernelTable) {
+  const Hardware hw = toy();
+  Op op;
+  op.name = "x";
+  op.cls = OpClass::Gemm;
+  op.bits = 8;
+  op.count = 2;
+  op.flops = 1e9;
+  op.bytes = 1e6;
+  // compute 1e9 / (2e12 * 0.5) = 1000 us; memory 1e6 / (100e9 * 0.8) = 12.5 us; + 2 launches.
+  OpTime t = time_op(op, hw, nullptr);
+  EXPECT_REL(t.compute_us, 1000.0);
+  EXPECT_REL(t.memory_us, 12.5);
+  EXPECT_REL(t.time_us, 1002.0);
+  EXPECT_EQ(t.bound, "compute");
+  op.flops = 1e6;
+  t = time_op(op, hw, nullptr);
+  EXPECT_EQ(t.bound, "memory");
+  EXPECT_REL(t.time_us, 12.5 + 2);
+  Hardware cpu = hw;
+  cpu.dequant_flops_per_weight = 8;
+  op.weight_elems = 1e8;  // + 8e8 FLOP-equivalents of widening
+  EXPECT_REL(time_op(op, cpu, nullptr).compute_us, (1e6 + 8e8) / (2e12 * 0.5) * 1e6);
+
+  Op c;
+  c.name = "moe.dispatch";
+  c.cls = OpClass::CommEP;
+  c.count = 1;
+  c.comm_intra = 1e9;
+  c.comm_hops = 2;
+  EXPECT_REL(time_op(c, hw, nullptr).time_us, 1e9 / (100e9 * 0.8) * 1e6 + 2 * 3);
+  c.comm_inter = 1e8;  // network: 1e8 / (10e9 * 0.8) = 12500 us, in parallel with NVLink's 12500
+  EXPECT_REL(time_op(c, hw, nullptr).time_us, 12500.0 + 2 * 7);
+
+  const KernelTable kt = kernel_table_from_csv("op,shape,latency_us\nx,M=1;N=2;K=3,7.5\n", "t.csv");
+  op.shape = "M=1;N=2;K=3";
+  t = time_op(op, hw, &kt);
+  EXPECT_EQ(t.bound, "measured");
+  EXPECT_REL(t.time_us, 15.0);
+  op.shape = "M=2;N=2;K=3";
+  EXPECT_NE(time_op(op, hw, &kt).bound, "measured");
+  EXPECT_THROW(kernel_table_from_csv("x,1\n", "t.csv"), dsa::Error);
+}
+
+TEST(SimPlan, ServingFigures) {
+  const SimModel t = tiny();
+  const Hardware hw = toy();
+  PlanRequest r;
+  r.devices = 2;
+  r.batch = 6;
+  r.input_len = 64;
+  r.output_len = 32;
+  r.opt.mtp = 1;
+  r.acceptance = 0.5;
+  const PlanResult p = simulate(t, hw, r);
+  EXPECT_EQ(p.layout.dp, 2);
+  EXPECT_EQ(p.layout.ep, 2);
+  EXPECT_EQ(p.context, 64 + 16);
+  EXPECT_REL(p.tokens_per_step, 1.5);
+  EXPECT_EQ(p.decode.step.seqs, 3);
+  EXPECT_EQ(p.decode.step.new_tokens, 2);
+  EXPECT_REL(p.tpot_ms, p.decode.step_us / 1e3 / 1.5);
+  EXPECT_REL(p.decode_tokens_per_s_per_device, 6 * 1.5 / (p.decode.step_us / 1e6) / 2);
+  EXPECT_REL(p.prefill_tokens_per_s_per_device, 64.0 * 2 / (p.prefill.step_us / 1e6) / 2);
+  EXPECT_REL(p.ttft_ms, p.prefill.step_us / 1e3);
+  // $3.6 per hour = $0.001 per second.
+  EXPECT_REL(p.decode_cost_per_m, 0.001 / p.decode_tokens_per_s_per_device * 1e6);
+  // Step time with overlap: max(compute, all-to-all) + other communication.
+  EXPECT_REL(p.decode.step_us, std::max(p.decode.compute_us, p.decode.ep_comm_us) + p.decode.other_comm_us);
+  r.overlap = false;
+  const PlanResult q = simulate(t, hw, r);
+  EXPECT_REL(q.decode.step_us, q.decode.compute_us + q.decode.ep_comm_us + q.decode.other_comm_us);
+  EXPECT_GE(q.tpot_ms, p.tpot_ms);
+
+  PlanRequest bad = r;
+  bad.devices = 3;
+  bad.tp = 2;
+  EXPECT_THROW(simulate(t, hw, bad), dsa::Error);
+}
+
+TEST(SimPlan, SparseDecodeCostIsFlatAndDenseGrowsWithContext) {
+  // DeepSeek's decode deployment shape: 128 H800s, EP128, 128 sequences per device.
+  const Hardware h800 = load_hardware("h800");
+  PlanRequest r;
+  r.devices = 128;
+  r.batch = 128 * 128;
+  r.input_len = 1024;
+  r.output_len = 1024;
+  const SimModel v32 = load_model("deepseek-v3.2"), v3 = load_model("deepseek-v3");
+  const PlanResult b32 = simulate(v32, h800, r), b3 = simulate(v3, h800, r);
+  const auto s32 = [&](int64_t pos) { return cost_at_position(v32, h800, r, b32, pos).decode_cost_per_m; };
+  const auto s3 = [&](int64_t pos) { return cost_at_position(v3, h800, r, b3, pos).decode_cost_per_m; };
+  EXPECT_GT(s3(131072) / s3(8192), 5.0);                         // dense attention grows with the position
+  EXPECT_LT(s32(131072) / s32(8192), 0.5 * s3(131072) / s3(8192));  // the indexer grows far slower
+  EXPECT_GT(s3(131072) / s32(131072), 3.0);
+}
+
+TEST(SimReport, JsonContract) {
+  const SimModel m = load_model("v32-mini");
+  const Hardware hw = load_hardware("h100");
+  PlanRequest r;
+  r.batch = 1;
+  r.context = 4096;
+  r.input_len = 512;
+  const PlanResult p = simulate(m, hw, r);
+  const PlanContext c{&m, &hw, &r};
+  const auto j = nlohmann::json::parse(format_json(c, p, {}));
+  for (const char* k : {"prefill_tokens_per_s_per_device", "decode_tokens_per_s_per_device", "ttft_ms", "tpot_ms",
+                        "cache_bytes_per_token", "max_cached_tokens_per_device"})
+    EXPECT_TRUE(j.contains(k) && j[k].is_number()) << k;
+  ASSERT_TRUE(j["ops"].is_array());
+  bool saw_prefill = false, saw_decode = false;
+  for (const auto& op : j["ops"]) {
+    for (const char* k : {"name", "phase", "flops", "bytes", "time_us", "bound"}) EXPECT_TRUE(op.contains(k)) << k;
+    saw_prefill |= op["phase"] == "prefill";
+    saw_decode |= op["phase"] == "decode";
+  }
+  EXPECT_TRUE(saw_prefill && saw_decode);
+  EXPECT_EQ(j["cache_bytes_per_token"].get<double>(), 8 * (656 + 132));
+  EXPECT_NE(format_text(c, p, {}, true).find("attn.core"), std::string::npos);
+  const std::string svg = svg_line_plot("t", "x", "y", {{"a", {{1, 1}, {2, 3}}, false}}, false);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("polyline"), std::string::npos);
+}
+
+TEST(SimProbe, MeasuresSomething) {
+  // Values depend on the machine; only check that the probes run and report a rate.
+  EXPECT_GT(measure_read_bandwidth_gbps(1), 0.0);
+  EXPECT_GT(measure_peak_gflops(1), 0.0);
+  EXPECT_GT(physical_memory_bytes(), 0.0);
+}
+
+TEST(SimCli, PlanJsonContract) {
+  const std::string cmd = std::string(DSA_BINARY) +
+                          " plan --model v32-mini --hardware h100 --batch 1 --context 16384 --input-len 512 --json";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(f), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["context"], 16384);
+  EXPECT_GT(j["decode_tokens_per_s_per_device"].get<double>(), 0);
+  FILE* g = popen((std::string(DSA_BINARY) + " plan --model nope 2>&1").c_str(), "r");
+  ASSERT_NE(g, nullptr);
+  out.clear();
+  while ((n = fread(buf, 1, sizeof buf, g)) > 0) out.append(buf, n);
+  EXPECT_NE(pclose(g), 0);
+  EXPECT_NE(out.find("unknown model"), std::string::npos) << out;
+}

@@ -1,0 +1,177 @@
+// `dsa plan`: deployment planner and operator-level performance simulator. Answers how many
+// devices, which layout, how much cache per user, TTFT/TPOT and cost per million tokens from
+// a model config and a hardware profile, operator by operator.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "core/error.h"
+#include "sim/report.h"
+#include "sim/simulate.h"
+
+namespace {
+
+using namespace dsa::sim;
+
+struct Args {
+  std::string model = "deepseek-v3.2";
+  std::string hardware = "h200";
+  std::string weight = "fp8", cache = "fp8";
+  std::string kernel_table, svg_cost, svg_throughput, compare;
+  std::vector<int64_t> sweep_context, sweep_batch;
+  bool json = false, no_ops = false, no_overlap = false, list = false, show_hardware = false;
+  PlanRequest req;
+};
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  if (!out) throw dsa::Error("cannot write '" + path + "'");
+  out << text;
+}
+
+std::vector<SweepRow> run_sweeps(const SimModel& m, const Hardware& hw, const PlanRequest& req, const PlanResult& base,
+                                 const Args& a, const KernelTable* kt) {
+  std::vector<SweepRow> rows;
+  const int64_t group_seqs = (base.batch + base.layout.dp - 1) / base.layout.dp;
+  for (int64_t ctx : a.sweep_context) {
+    const PositionCost c = cost_at_position(m, hw, req, base, ctx, kt);
+    rows.push_back({"context", ctx, c.tpot_ms, c.decode_tokens_per_s_per_device, c.decode_cost_per_m, c.prefill_cost_per_m,
+                    group_seqs * ctx <= base.memory.max_cached_tokens_per_device});
+  }
+  for (int64_t b : a.sweep_batch) {
+    PlanRequest r = req;
+    r.batch = b;
+    const PlanResult p = simulate(m, hw, r, kt);
+    const int64_t seqs = (b + p.layout.dp - 1) / p.layout.dp;
+    rows.push_back({"batch", b, p.tpot_ms, p.decode_tokens_per_s_per_device, p.decode_cost_per_m, p.prefill_cost_per_m,
+                    seqs * p.context <= p.memory.max_cached_tokens_per_device});
+  }
+  return rows;
+}
+
+void cost_plot(const SimModel& m, const Hardware& hw, const PlanRequest& req, const PlanResult& base, const Args& a,
+               const KernelTable* kt) {
+  std::vector<int64_t> positions = {1024};
+  for (int64_t p = 8192; p <= 131072; p += 8192) positions.push_back(p);
+  std::vector<Series> series;
+  auto add = [&](const SimModel& mm, bool dashed) {
+    PlanRequest r = req;
+    r.batch = base.batch;
+    const PlanResult b = simulate(mm, hw, r, kt);
+    Series pre{mm.name + " prefill", {}, dashed}, dec{mm.name + " decode", {}, dashed};
+    for (int64_t p : positions) {
+      const PositionCost c = cost_at_position(mm, hw, r, b, p, kt);
+      pre.points.emplace_back(double(p), c.prefill_cost_per_m);
+      dec.points.emplace_back(double(p), c.decode_cost_per_m);
+    }
+    series.push_back(pre);
+    series.push_back(dec);
+  };
+  add(m, false);
+  if (!a.compare.empty()) add(load_model(a.compare), true);
+  char title[256];
+  std::snprintf(title, sizeof title, "Cost per million tokens vs token position: %d x %s, $%.2f/device-hour, batch %lld",
+                base.layout.devices(), hw.name.c_str(), base.price_per_hour, (long long)base.batch);
+  write_file(a.svg_cost, svg_line_plot(title, "token position", "$ per million tokens", series, false));
+}
+
+void throughput_plot(const SimModel& m, const Hardware& hw, const PlanRequest& req, const PlanResult& base, const Args& a,
+                     const KernelTable* kt) {
+  Series s{"decode tokens/s per device", {}, false};
+  const int devices = base.layout.devices();
+  for (int64_t per = 1; per <= 256; per *= 2) {
+    PlanRequest r = req;
+    r.batch = per * devices;
+    const PlanResult p = simulate(m, hw, r, kt);
+    s.points.emplace_back(double(per), p.decode_tokens_per_s_per_device);
+  }
+  char title[256];
+  std::snprintf(title, sizeof title, "%s on %d x %s: decode throughput vs batch (depth %lld)", m.name.c_str(), devices,
+                hw.name.c_str(), (long long)base.context);
+  write_file(a.svg_throughput, svg_line_plot(title, "sequences per device", "tokens/s per device", {s}, true));
+}
+
+void run(const Args& a) {
+  if (a.list) {
+    std::printf("models:");
+    for (const auto& n : builtin_model_names()) std::printf(" %s", n.c_str());
+    std::printf("\nhardware:");
+    for (const auto& n : builtin_hardware_names()) std::printf(" %s", n.c_str());
+    std::printf("\n");
+    return;
+  }
+  const Hardware hw = load_hardware(a.hardware);
+  if (a.show_hardware) {
+    std::printf("%s\n", hardware_to_json(hw).c_str());
+    return;
+  }
+  const SimModel m = load_model(a.model);
+  PlanRequest req = a.req;
+  req.opt.weight = parse_weight_dtype(a.weight);
+  req.opt.cache = parse_cache_dtype(a.cache);
+  req.overlap = !a.no_overlap;
+  std::unique_ptr<KernelTable> kt;
+  if (!a.kernel_table.empty()) kt = std::make_unique<KernelTable>(load_kernel_table(a.kernel_table));
+  const PlanResult p = simulate(m, hw, req, kt.get());
+  const std::vector<SweepRow> sweeps = run_sweeps(m, hw, req, p, a, kt.get());
+  if (!a.svg_cost.empty()) cost_plot(m, hw, req, p, a, kt.get());
+  if (!a.svg_throughput.empty()) throughput_plot(m, hw, req, p, a, kt.get());
+  const PlanContext ctx{&m, &hw, &req};
+  if (a.json) std::printf("%s\n", format_json(ctx, p, sweeps).c_str());
+  else std::printf("%s", format_text(ctx, p, sweeps, !a.no_ops).c_str());
+}
+
+void setup_plan(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "plan",
+      "Plan a deployment: simulate prefill and decode operator by operator on a hardware profile\n"
+      "(TTFT, TPOT, tokens/s per device, cost per million tokens, memory and cache capacity).\n"
+      "With no options: DeepSeek-V3.2 on one 8 x H200 node.");
+  cmd->add_option("--model", a->model,
+                  "Built-in model (deepseek-v3.2, deepseek-v3.2-exp, deepseek-v3, glm-5, glm-5.2, v32-mini), "
+                  "a model directory or a config.json")
+      ->capture_default_str();
+  cmd->add_option("--hardware", a->hardware,
+                  "Hardware profile: h800, h100, h200, h20, b200, gb200, mi300x, ascend-910b, ascend-910c, "
+                  "local (measure this CPU), or a profile JSON file")
+      ->capture_default_str();
+  cmd->add_option("--devices", a->req.devices, "Devices in total (default: one node, or tp*dp*pp)");
+  cmd->add_option("--tp", a->req.tp, "Tensor-parallel ways for attention and dense layers")->capture_default_str();
+  cmd->add_option("--dp", a->req.dp, "Data-parallel attention groups (default: devices / (tp*pp))");
+  cmd->add_option("--ep", a->req.ep, "Expert-parallel ways for MoE (default: every device of a pipeline stage)");
+  cmd->add_option("--pp", a->req.pp, "Pipeline stages")->capture_default_str();
+  cmd->add_option("--batch", a->req.batch,
+                  "Concurrent sequences in the whole deployment (default: what fits in memory, at most 128 per device)");
+  cmd->add_option("--input-len", a->req.input_len, "Prompt tokens per request")->capture_default_str();
+  cmd->add_option("--output-len", a->req.output_len, "Generated tokens per request")->capture_default_str();
+  cmd->add_option("--context", a->req.context, "Cached tokens at which decode is evaluated (default: input + output/2)");
+  cmd->add_option("--prefill-batch", a->req.prefill_batch, "Prompts per data-parallel group in one prefill step")
+      ->capture_default_str();
+  cmd->add_option("--weight-dtype", a->weight, "Weights: fp8 (128x128 blocks), bf16, or nvfp4 (MLP/experts in fp4)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache", a->cache, "MLA latent cache: fp8 (656 B/token/layer) or bf16 (1152)")->capture_default_str();
+  cmd->add_option("--mtp", a->req.opt.mtp, "Multi-token-prediction draft tokens per decode step")->capture_default_str();
+  cmd->add_option("--acceptance", a->req.acceptance, "Acceptance rate of each draft token")->capture_default_str();
+  cmd->add_option("--price", a->req.price_per_hour, "$ per device-hour (default: the profile's assumption)");
+  cmd->add_flag("--no-overlap", a->no_overlap, "Do not overlap expert all-to-all with compute (single micro-batch)");
+  cmd->add_option("--kernel-table", a->kernel_table,
+                  "CSV of measured latencies (op,shape,latency_us) that override the roofline where they match");
+  cmd->add_option("--sweep-context", a->sweep_context, "Decode depths to sweep (comma-separated)")->delimiter(',');
+  cmd->add_option("--sweep-batch", a->sweep_batch, "Deployment batch sizes to sweep (comma-separated)")->delimiter(',');
+  cmd->add_option("--svg-cost", a->svg_cost, "Write an SVG of cost per million tokens vs token position");
+  cmd->add_option("--svg-throughput", a->svg_throughput, "Write an SVG of decode throughput vs batch");
+  cmd->add_option("--compare", a->compare, "Second model for the cost plot (e.g. deepseek-v3 against deepseek-v3.2)");
+  cmd->add_flag("--json", a->json, "Print one JSON object (all figures, per-op table, sweeps) instead of text");
+  cmd->add_flag("--no-ops", a->no_ops, "Leave the per-operator tables out of the text report");
+  cmd->add_flag("--list", a->list, "List built-in models and hardware profiles");
+  cmd->add_flag("--show-hardware", a->show_hardware, "Print the hardware profile as JSON (a template for your own)");
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace
+
+DSA_COMMAND(80, setup_plan);
