@@ -1,0 +1,96 @@
+// `dsa tokenize` as external checks use it: JSON lines in, JSON lines out, clear errors.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "fixtures.h"
+#include "jsonl.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Runs the dsa binary with `args`, stdin from a temp file; stdout/stderr captured to files.
+Result run_dsa(const std::string& args, const std::string& input) {
+  const fs::path dir = fs::temp_directory_path() / ("dsa_tok_cli_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+                                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::create_directories(dir);
+  { std::ofstream(dir / "in", std::ios::binary) << input; }
+  // Built with append(): GCC 12 reports a false -Wrestrict on `"literal" + std::string`.
+  std::string cmd;
+  for (const std::string& part : {std::string("'"), dsa::test::dsa_binary(), std::string("' "), args,
+                                  std::string(" < '"), (dir / "in").string(), std::string("' > '"),
+                                  (dir / "out").string(), std::string("' 2> '"), (dir / "err").string(),
+                                  std::string("'")})
+    cmd.append(part);
+  const int rc = std::system(cmd.c_str());
+  Result r{rc, slurp(dir / "out"), slurp(dir / "err")};
+  fs::remove_all(dir);
+  return r;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> v;
+  size_t i = 0;
+  for (size_t j; (j = s.find('\n', i)) != std::string::npos; i = j + 1) v.push_back(s.substr(i, j - i));
+  return v;
+}
+
+TEST(TokenizeCli, EncodesAndDecodesTheGoldenLines) {
+  const std::string dir = dsa::test::tokenizer_dir();
+  DSA_REQUIRE_FIXTURE(dir + "/golden.jsonl");
+  // Only tokenizer.json in the model directory: no weights, no config.
+  const fs::path model = fs::temp_directory_path() / "dsa_tok_cli_model";
+  fs::create_directories(model);
+  fs::copy_file(dir + "/tokenizer.json", model / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const auto golden = dsa::test::read_jsonl(dir + "/golden.jsonl");
+  std::string texts, idss;
+  for (const auto& l : golden) {
+    texts += l["text"].dump() + "\n";
+    idss += l["ids"].dump() + "\n";
+  }
+  const Result enc = run_dsa(std::string("tokenize --model ").append(model.string()), texts);
+  ASSERT_EQ(enc.status, 0) << enc.err;
+  const auto got = lines_of(enc.out);
+  ASSERT_EQ(got.size(), golden.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(nlohmann::json::parse(got[i]), golden[i]["ids"]) << golden[i]["name"];
+
+  const Result dec = run_dsa(std::string("tokenize --decode --model ").append(model.string()), idss);
+  ASSERT_EQ(dec.status, 0) << dec.err;
+  const auto back = lines_of(dec.out);
+  ASSERT_EQ(back.size(), golden.size());
+  for (size_t i = 0; i < back.size(); ++i)
+    EXPECT_EQ(nlohmann::json::parse(back[i]), golden[i]["text"]) << golden[i]["name"];
+
+  // Ids whose bytes are not UTF-8 on their own still give valid JSON strings.
+  std::string arbitrary;
+  for (int k = 0; k < 300; ++k)
+    arbitrary.append("[").append(std::to_string(k)).append(", ").append(std::to_string(100 + k)).append("]\n");
+  const Result odd = run_dsa(std::string("tokenize --decode --model ").append(model.string()), arbitrary);
+  ASSERT_EQ(odd.status, 0) << odd.err;
+  for (const auto& line : lines_of(odd.out)) EXPECT_TRUE(nlohmann::json::accept(line)) << line;
+
+  // A bad line: an error naming the line, non-zero exit.
+  const Result bad = run_dsa(std::string("tokenize --model ").append(model.string()), "\"a\"\n\"b\"\n[1, 2]\n\"c\"\n");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("line 3"), std::string::npos) << bad.err;
+  const Result bad_id = run_dsa(std::string("tokenize --decode --model ").append(model.string()), "[1]\n[-5]\n");
+  EXPECT_NE(bad_id.status, 0);
+  EXPECT_NE(bad_id.err.find("line 2"), std::string::npos) << bad_id.err;
+  fs::remove_all(model);
+}
+
+}  // namespace
