@@ -35,7 +35,7 @@ void run(const Args& a) {
   std::printf("text: %s, %zu bytes -> %zu tokens (%.2f bytes/token)\n",
               a.file.empty() ? "built-in mix" : a.file.c_str(), r.bytes, r.tokens,
               r.tokens ? static_cast<double>(r.bytes) / static_cast<double>(r.tokens) : 0.0);
-  std::printf("encode, 1 thread: %.2f MB/s (first pass, cold word cache: %.2f MB/s)\n", r.mb_per_s, r.first_mb_per_s);
+  std::printf("encode, 1 thread: %.2f MB/s per CPU-second (first pass, cold word cache: %.2f MB/s)\n", r.mb_per_s, r.first_mb_per_s);
 }
 
 void setup_bench_tokenizer(CLI::App& app) {

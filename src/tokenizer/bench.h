@@ -13,7 +13,7 @@ struct TokenizerBench {
   size_t tokens = 0;
 };
 
-// Encodes `text` `repeats` times on the calling thread.
+// Encodes `text` `repeats` times on the calling thread; rates are per CPU-second of that thread.
 TokenizerBench bench_tokenizer(const Tokenizer& tok, const std::string& text, int repeats);
 double bench_tokenizer_mb_per_s(const Tokenizer& tok, const std::string& text, int repeats);
 

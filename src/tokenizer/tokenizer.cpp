@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <climits>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +115,44 @@ private:
   std::array<bool, 256> first_{};
 };
 
+// Open-addressing hash map (left id, right id) -> (rank, merged id). BPE spends most of its
+// time on these lookups; a flat table with a multiplicative hash is several times faster
+// than std::unordered_map's node chasing.
+class MergeTable {
+public:
+  struct Value { int32_t rank, id; };
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, Value{0, 0});
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(cap));
+  }
+  static uint64_t key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  // Keeps the first insertion of a key (the lowest rank), as the reference does.
+  void insert(uint64_t k, Value v) {
+    for (size_t i = slot(k);; i = (i + 1) & (keys_.size() - 1)) {
+      if (keys_[i] == k) return;
+      if (keys_[i] == kEmpty) { keys_[i] = k; vals_[i] = v; return; }
+    }
+  }
+  const Value* find(uint64_t k) const {
+    for (size_t i = slot(k);; i = (i + 1) & (keys_.size() - 1)) {
+      if (keys_[i] == k) return &vals_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+
+private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are non-negative, so never a real key
+  size_t slot(uint64_t k) const { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ULL) >> shift_); }
+  std::vector<uint64_t> keys_{kEmpty};
+  std::vector<Value> vals_{Value{0, 0}};
+  unsigned shift_ = 64;
+};
+
 struct Segment {
   std::string_view text;  // valid when id < 0
   int32_t id = -1;
@@ -146,7 +185,7 @@ struct Tokenizer::Impl {
   tok::PreTokenizer pre;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> bytes_to_id;  // vocab
   std::array<int32_t, 256> byte_id{};                                                   // single-byte tokens
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged)
+  MergeTable merges;  // (left, right) -> (rank, merged)
   std::vector<std::string> token_bytes;
   std::vector<uint8_t> valid, special;
   std::vector<AddedToken> added;
@@ -161,12 +200,15 @@ struct Tokenizer::Impl {
   mutable std::mutex cache_mu;
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
   static constexpr size_t kCacheMax = 1 << 17;
+  static constexpr size_t kCacheWordMin = 12;
   static constexpr size_t kCacheWordMax = 128;
 
   void split_added(std::string_view text, std::vector<Segment>& out) const;
   void split_with(const Trie& trie, std::string_view text, std::vector<Segment>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
+  void bpe_small(std::string_view word, std::vector<int32_t>& out) const;
+  static constexpr size_t kSmallWord = 24;
 };
 
 void Tokenizer::Impl::split_with(const Trie& trie, std::string_view text, std::vector<Segment>& out) const {
@@ -222,6 +264,10 @@ void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<int32_t>& 
     auto it = bytes_to_id.find(word);
     if (it != bytes_to_id.end()) { out.push_back(it->second); return; }
   }
+  if (word.size() <= kSmallWord) {
+    bpe_small(word, out);
+    return;
+  }
   // Symbols in a doubly linked list; a min-heap of candidate merges ordered by (rank,
   // position), as tokenizers' Word::merge_all does. Stale heap entries are skipped.
   struct Sym { int32_t id, prev, next, len; };
@@ -241,12 +287,11 @@ void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<int32_t>& 
   struct Cand { int32_t rank, pos, new_id; };
   auto worse = [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
   std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
-  auto key = [](int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); };
   auto push_pair = [&](int32_t pos) {
     const int32_t nx = sym[static_cast<size_t>(pos)].next;
     if (nx < 0) return;
-    auto it = merges.find(key(sym[static_cast<size_t>(pos)].id, sym[static_cast<size_t>(nx)].id));
-    if (it != merges.end()) heap.push({it->second.first, pos, it->second.second});
+    const MergeTable::Value* v = merges.find(MergeTable::key(sym[static_cast<size_t>(pos)].id, sym[static_cast<size_t>(nx)].id));
+    if (v) heap.push({v->rank, pos, v->id});
   };
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) push_pair(i);
   while (!heap.empty()) {
@@ -255,8 +300,8 @@ void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<int32_t>& 
     Sym& a = sym[static_cast<size_t>(c.pos)];
     if (a.len == 0 || a.next < 0) continue;
     Sym& b = sym[static_cast<size_t>(a.next)];
-    auto it = merges.find(key(a.id, b.id));
-    if (it == merges.end() || it->second.second != c.new_id) continue;  // pair changed since push
+    const MergeTable::Value* v = merges.find(MergeTable::key(a.id, b.id));
+    if (!v || v->id != c.new_id) continue;  // pair changed since push
     a.id = c.new_id;
     a.len += b.len;
     b.len = 0;
@@ -269,12 +314,42 @@ void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<int32_t>& 
     out.push_back(sym[static_cast<size_t>(i)].id);
 }
 
+void Tokenizer::Impl::bpe_small(std::string_view word, std::vector<int32_t>& out) const {
+  // Short words: rescan all adjacent pairs and merge the lowest (rank, position) each round.
+  // That is the same order the heap below produces, without allocating.
+  int32_t ids[kSmallWord];
+  int32_t n = 0;
+  for (char ch : word) {
+    const int32_t id = byte_id[static_cast<unsigned char>(ch)];
+    if (id >= 0) ids[n++] = id;
+    else if (unk_id >= 0) out.push_back(unk_id);
+  }
+  for (;;) {
+    int32_t best_rank = INT32_MAX, best_pos = -1, best_id = -1;
+    for (int32_t i = 0; i + 1 < n; ++i) {
+      const MergeTable::Value* v = merges.find(MergeTable::key(ids[i], ids[i + 1]));
+      if (v && v->rank < best_rank) {
+        best_rank = v->rank;
+        best_pos = i;
+        best_id = v->id;
+      }
+    }
+    if (best_pos < 0) break;
+    ids[best_pos] = best_id;
+    for (int32_t i = best_pos + 1; i + 1 < n; ++i) ids[i] = ids[i + 1];
+    --n;
+  }
+  out.insert(out.end(), ids, ids + n);
+}
+
 void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) const {
   if (word.size() == 1 && byte_id[static_cast<unsigned char>(word[0])] >= 0) {
     out.push_back(byte_id[static_cast<unsigned char>(word[0])]);
     return;
   }
-  const bool cacheable = word.size() <= kCacheWordMax;
+  // Short words are cheaper to merge again than to look up (hashing, a cache miss into a
+  // large table, an allocation on insert), so only longer ones go through the cache.
+  const bool cacheable = word.size() > kCacheWordMin && word.size() <= kCacheWordMax;
   if (cacheable) {
     std::lock_guard<std::mutex> lk(cache_mu);
     auto it = cache.find(word);
@@ -374,7 +449,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
 
     // Merges: "a b" strings (older files) or ["a", "b"] pairs (tokenizers >= 0.20).
     const auto& merges = model.at("merges");
-    m.merges.reserve(merges.size() * 2);
+    m.merges.reserve(merges.size());
     std::string joined;
     int32_t rank = 0;
     for (const auto& mg : merges) {
@@ -396,8 +471,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
       auto ia = str_to_id.find(a), ib = str_to_id.find(b), ij = str_to_id.find(joined);
       if (ia == str_to_id.end() || ib == str_to_id.end() || ij == str_to_id.end())
         throw Error("merge '" + a + " " + b + "' uses a token that is not in the vocabulary");
-      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
-      m.merges.emplace(key, std::make_pair(rank, ij->second));  // first (lowest) rank wins
+      m.merges.insert(MergeTable::key(ia->second, ib->second), {rank, ij->second});
       ++rank;
     }
 
