@@ -1,0 +1,169 @@
+#include "sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+
+namespace dsa {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Descending logit, then ascending id: a strict total order, so sorting and selection
+// give the same result with any standard library.
+bool before(const Sampler::Candidate& a, const Sampler::Candidate& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+}  // namespace
+
+Sampler::Sampler(int vocab_size, const SamplerParams& params) : vocab_(vocab_size), p_(params) {
+  if (vocab_size <= 0) throw Error("sampler: vocabulary size must be positive");
+  if (!(p_.top_p > 0.0f)) throw Error("sampler: top_p must be > 0, got " + std::to_string(p_.top_p));
+  if (p_.min_p > 1.0f) throw Error("sampler: min_p must be <= 1, got " + std::to_string(p_.min_p));
+  if (!(p_.repeat_penalty > 0.0f)) throw Error("sampler: repeat penalty must be > 0, got " + std::to_string(p_.repeat_penalty));
+  if (p_.penalty_last_n < -1) throw Error("sampler: penalty_last_n must be >= -1");
+  const auto V = size_t(vocab_size);
+  work_.resize(V);
+  cand_.resize(V);
+  banned_.assign(V, 0);
+  count_.assign(V, 0);
+  slot_.assign(V, -1);
+  distinct_.reserve(V);
+  if (p_.penalty_last_n > 0) ring_.resize(size_t(p_.penalty_last_n));
+  reset();
+}
+
+void Sampler::reset() {
+  rng_.seed(p_.seed);
+  for (int32_t id : distinct_) {
+    count_[size_t(id)] = 0;
+    slot_[size_t(id)] = -1;
+  }
+  distinct_.clear();
+  ring_pos_ = ring_len_ = 0;
+}
+
+void Sampler::set_banned(std::span<const int32_t> ids) {
+  for (int32_t id : ids)
+    if (id >= 0 && id < vocab_) banned_[size_t(id)] = 1;
+}
+
+void Sampler::forget(int32_t id) {
+  if (--count_[size_t(id)] > 0) return;
+  // Swap-remove from the distinct list.
+  const int32_t s = slot_[size_t(id)], last = distinct_.back();
+  distinct_[size_t(s)] = last;
+  slot_[size_t(last)] = s;
+  distinct_.pop_back();
+  slot_[size_t(id)] = -1;
+}
+
+void Sampler::accept(int32_t id) {
+  if (id < 0 || id >= vocab_ || p_.penalty_last_n == 0) return;
+  if (p_.penalty_last_n > 0) {
+    if (ring_len_ == ring_.size()) forget(ring_[ring_pos_]);  // oldest leaves the window
+    else ++ring_len_;
+    ring_[ring_pos_] = id;
+    ring_pos_ = (ring_pos_ + 1) % ring_.size();
+  }
+  if (count_[size_t(id)]++ == 0) {
+    slot_[size_t(id)] = int32_t(distinct_.size());
+    distinct_.push_back(id);  // capacity is vocab: never reallocates
+  }
+}
+
+void Sampler::apply_penalties(float* logits) const {
+  const bool rep = p_.repeat_penalty != 1.0f;
+  if (!rep && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f) return;
+  for (int32_t id : distinct_) {
+    float& l = logits[size_t(id)];
+    if (rep) l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+    l -= float(count_[size_t(id)]) * p_.frequency_penalty + p_.presence_penalty;
+  }
+}
+
+double Sampler::next_uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
+
+std::span<const Sampler::Candidate> Sampler::prepare(const float* logits) {
+  std::copy_n(logits, size_t(vocab_), work_.begin());
+  apply_penalties(work_.data());
+  const float inv_t = is_greedy() ? 1.0f : 1.0f / p_.temperature;
+
+  size_t n = 0;
+  for (int32_t i = 0; i < vocab_; ++i) {
+    const float l = work_[size_t(i)];
+    if (banned_[size_t(i)] || std::isnan(l) || l == kNegInf) continue;
+    cand_[n++] = Candidate{i, l * inv_t, 0.0f};
+  }
+  if (n == 0) throw Error("sampler: every token has probability zero");
+  auto* c = cand_.data();
+
+  // top-k: the k best, in order.
+  if (p_.top_k > 0 && size_t(p_.top_k) < n) {
+    std::nth_element(c, c + p_.top_k, c + n, before);
+    n = size_t(p_.top_k);
+  }
+  // Probabilities against the full normalizer of the current set.
+  const float mx = std::max_element(c, c + n, [](const Candidate& a, const Candidate& b) { return before(b, a); })->logit;
+  double z = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    c[i].p = std::exp(c[i].logit - mx);
+    z += c[i].p;
+  }
+  // min-p keeps p >= min_p * p_max whatever top-p removes (top-p cuts only the tail, and
+  // the ratio to the max survives renormalization), so it can run first and shrink the sort.
+  size_t keep_min_p = n;
+  if (p_.min_p > 0.0f) {
+    const float thr = p_.min_p;  // p / p_max = exp(logit - mx) = c.p before normalizing
+    keep_min_p = size_t(std::partition(c, c + n, [thr](const Candidate& a) { return a.p >= thr; }) - c);
+  }
+  std::sort(c, c + keep_min_p, before);
+  size_t keep = keep_min_p;
+  if (p_.top_p < 1.0f) {
+    // The top-p prefix over the full distribution (normalizer z); if it reaches further
+    // than the min-p survivors, min-p is the binding cut.
+    double cum = 0.0;
+    for (size_t i = 0; i < keep_min_p; ++i) {
+      cum += c[i].p;
+      if (cum >= double(p_.top_p) * z) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double zk = 0.0;
+  for (size_t i = 0; i < keep; ++i) zk += c[i].p;
+  for (size_t i = 0; i < keep; ++i) c[i].p = float(c[i].p / zk);
+  return {c, keep};
+}
+
+int32_t Sampler::sample(const float* logits) {
+  if (is_greedy()) {
+    // Argmax of the penalized logits (banned ids excluded), lowest id on ties.
+    std::copy_n(logits, size_t(vocab_), work_.begin());
+    apply_penalties(work_.data());
+    int32_t best = -1;
+    for (int32_t i = 0; i < vocab_; ++i) {
+      const float l = work_[size_t(i)];
+      if (banned_[size_t(i)] || std::isnan(l)) continue;
+      if (best < 0 || l > work_[size_t(best)]) best = i;
+    }
+    if (best < 0) throw Error("sampler: every token has probability zero");
+    return best;
+  }
+  const auto c = prepare(logits);
+  const double u = next_uniform();
+  double cum = 0.0;
+  for (const Candidate& x : c) {
+    cum += x.p;
+    if (u < cum) return x.id;
+  }
+  return c.back().id;  // u within rounding of 1
+}
+
+}  // namespace dsa

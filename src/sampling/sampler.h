@@ -1,0 +1,85 @@
+#pragma once
+// Token sampling: penalties, temperature, top-k, top-p, min-p and a seeded draw, with
+// every buffer sized for the vocabulary once so that sampling a token never allocates.
+//
+// Order of the steps (the HF transformers / vLLM order, so top-p and min-p act on the
+// distribution that is actually sampled; llama.cpp applies temperature last instead):
+//   1. penalties on the raw logits, over the tokens passed to accept() (the last
+//      penalty_last_n of them): repetition (logit / r if > 0, logit * r otherwise, once
+//      per distinct token), presence (- presence once per distinct token), frequency
+//      (- frequency * count). 2. greedy (argmax) when greedy or temperature <= 0.
+//   3. logits / temperature. 4. top-k. 5. top-p (smallest prefix of the descending
+//   order whose probability reaches top_p). 6. min-p (drop p < min_p * p_max).
+//   7. draw from the renormalized survivors with the sampler's own mt19937_64.
+// Ties are broken by the lower token id everywhere, so a seed gives the same tokens on
+// every platform and standard library (mt19937_64 is fully specified by the standard;
+// the uniform float is derived by hand, not with std::uniform_real_distribution).
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace dsa {
+
+struct SamplerParams {
+  bool greedy = false;
+  float temperature = 0.8f;   // <= 0 means greedy
+  int top_k = 40;             // <= 0 or >= vocab: off
+  float top_p = 0.95f;        // >= 1: off
+  float min_p = 0.05f;        // <= 0: off
+  float repeat_penalty = 1.0f;     // 1: off
+  float presence_penalty = 0.0f;   // 0: off
+  float frequency_penalty = 0.0f;  // 0: off
+  int penalty_last_n = 64;    // tokens of history the penalties see; -1: all, 0: off
+  uint64_t seed = 0;
+};
+
+class Sampler {
+public:
+  struct Candidate {
+    int32_t id;
+    float logit;  // after penalties and temperature
+    float p;      // renormalized probability among the survivors (filled by prepare)
+  };
+
+  Sampler(int vocab_size, const SamplerParams& params);
+
+  // Records a token in the penalty history (prompt tokens and sampled ones alike).
+  void accept(int32_t id);
+  // Forgets the history and reseeds the generator with params.seed.
+  void reset();
+  // Tokens that may never be sampled (their logits are treated as -inf), e.g. ids the
+  // checkpoint has but the tokenizer does not. Call during setup.
+  void set_banned(std::span<const int32_t> ids);
+
+  // Samples from logits [vocab]; does not call accept().
+  int32_t sample(const float* logits);
+
+  // The pieces of sample(), exposed for tests and for callers that want the distribution.
+  // apply_penalties: logits (in place) as step 1 above.
+  void apply_penalties(float* logits) const;
+  // Steps 1 and 3-6 on a copy of logits; returns the survivors, most probable first.
+  std::span<const Candidate> prepare(const float* logits);
+
+  const SamplerParams& params() const { return p_; }
+  int vocab_size() const { return vocab_; }
+  bool is_greedy() const { return p_.greedy || p_.temperature <= 0.0f; }
+  // Uniform double in [0, 1) from the next 53 bits of the generator.
+  double next_uniform();
+
+private:
+  void forget(int32_t id);
+
+  int vocab_;
+  SamplerParams p_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;             // [vocab] penalized logits
+  std::vector<Candidate> cand_;         // [vocab]
+  std::vector<uint8_t> banned_;         // [vocab]
+  // Penalty history: counts per token, the distinct tokens with count > 0 (and each
+  // one's slot in that list, for O(1) removal) and a ring of the last penalty_last_n ids.
+  std::vector<int32_t> count_, distinct_, slot_, ring_;
+  size_t ring_pos_ = 0, ring_len_ = 0;
+};
+
+}  // namespace dsa

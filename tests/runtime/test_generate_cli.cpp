@@ -1,0 +1,181 @@
+// `dsa run`, `dsa chat` and `dsa perplexity` through the binary: the --ids/--print-ids
+// contract on every golden model (greedy ids are the argmax of the teacher-forced
+// logits), and the text commands on the tiny model with the synthetic tokenizer.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "cli_util.h"
+#include "fixtures.h"
+#include "model/teacher_forcing.h"
+#include "tiny_model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fs = std::filesystem;
+using namespace dsa;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+// stdout and stderr separately (stderr through a temp file).
+Result sh(const std::string& cmd) {
+  static int k = 0;
+  const std::string errf = (fs::temp_directory_path() / ("dsa_gen_err_" + std::to_string(::getpid()) + "_" + std::to_string(k++))).string();
+  Result r{-1, "", ""};
+  FILE* p = ::popen((cmd + " 2>" + errf).c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(errf);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(errf);
+  return r;
+}
+
+std::string join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+TEST(RunCli, GreedyIdsAreTheTeacherForcedArgmaxOnEveryGoldenModel) {
+  std::error_code ec;
+  int cases = 0;
+  for (const auto& e : fs::directory_iterator(test::golden_dir(), ec)) {
+    if (!fs::exists(e.path() / "case.json")) continue;
+    ++cases;
+    SCOPED_TRACE(e.path().filename().string());
+    std::ifstream in(e.path() / "case.json");
+    const auto cj = nlohmann::json::parse(in);
+    const int plen = cj["prompt_len"].get<int>();
+    const std::vector<int32_t> all = cj["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> prompt(all.begin(), all.begin() + plen);
+    const std::string model_dir = (e.path() / "model").string();
+    const auto r = sh(test::dsa_binary() + " run --model " + model_dir + " --ids " + join(prompt) + " --print-ids -n 4 --greedy");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // stdout is exactly one line of ids.
+    ASSERT_FALSE(r.out.empty());
+    EXPECT_EQ(r.out.back(), '\n');
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    const std::vector<int32_t> gen = cli::parse_ids(trim(r.out), "stdout");
+    auto model = Model::load(model_dir, false, false);
+    const auto& eos = model->config.eos_token_ids;
+    const bool ended = std::find(eos.begin(), eos.end(), gen.back()) != eos.end();
+    EXPECT_TRUE(gen.size() == 4u || (ended && gen.size() < 4u)) << r.out;
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), gen.begin(), gen.end());
+    const auto tf = run_teacher_forced(*model, seq, plen, CacheType::FP8, false, false);
+    const int V = tf.vocab;
+    for (size_t k = 0; k < gen.size(); ++k) {
+      const float* row = &tf.logits[(size_t(plen) - 1 + k) * size_t(V)];
+      EXPECT_EQ(gen[k], int32_t(std::max_element(row, row + V) - row)) << "token " << k;
+    }
+  }
+  if (cases == 0) GTEST_SKIP() << "no golden cases under " << test::golden_dir();
+}
+
+TEST(RunCli, IdsErrors) {
+  const std::string dir = test::tiny_model_dir();
+  for (const char* args : {"--ids 1,2,x --print-ids", "--ids 1,2,99999 --print-ids", "--ids 1,2", "-p hi --ids 1,2 --print-ids",
+                           "--ids 1,2 --print-ids --stop x"}) {
+    const auto r = sh(test::dsa_binary() + " run --model " + dir + " " + args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
+  }
+}
+
+TEST(RunCli, TextInTextOut) {
+  const std::string dir = test::tiny_model_dir();
+  const Tokenizer tok = Tokenizer::from_dir(dir);
+  const std::string base = test::dsa_binary() + " run --model " + dir + " -p 'Once upon a time' -n 12 --ignore-eos";
+  const auto ids = sh(base + " --greedy --print-ids");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  const auto text = sh(base + " --greedy");
+  ASSERT_EQ(text.code, 0) << text.err;
+  const std::vector<int32_t> gen = cli::parse_ids(trim(ids.out), "stdout");
+  EXPECT_EQ(gen.size(), 12u);
+  EXPECT_EQ(trim(text.out), trim(tok.decode(gen)));
+  for (const char* s : {"load:", "prompt:", "tok/s", "generated: 12 tokens"}) EXPECT_NE(text.err.find(s), std::string::npos) << text.err;
+
+  // A seed reproduces a sampled run; the seed used is printed when none is given.
+  const auto s1 = sh(base + " --seed 7"), s2 = sh(base + " --seed 7"), s3 = sh(base);
+  ASSERT_EQ(s1.code, 0) << s1.err;
+  EXPECT_EQ(s1.out, s2.out);
+  EXPECT_NE(s3.err.find("seed: "), std::string::npos) << s3.err;
+
+  // A stop string from the middle of the greedy text ends the output right before it.
+  const std::string t = trim(text.out);
+  if (t.size() >= 6) {
+    const std::string stop = t.substr(t.size() / 2, 2);
+    if (stop.find('\'') == std::string::npos && stop.find('\\') == std::string::npos) {
+      const auto st = sh(base + " --greedy --stop '" + stop + "'");
+      ASSERT_EQ(st.code, 0) << st.err;
+      EXPECT_EQ(trim(st.out), t.substr(0, t.find(stop)));
+      EXPECT_NE(st.err.find("stop string"), std::string::npos) << st.err;
+    }
+  }
+  const auto chat = sh(test::dsa_binary() + " run --model " + dir + " -p hi -n 3 --thinking --seed 1");
+  EXPECT_EQ(chat.code, 0) << chat.err;
+}
+
+TEST(ChatCli, TwoTurnsThroughAPipe) {
+  const std::string dir = test::tiny_model_dir();
+  const auto r = sh("printf 'Hello there\\nHow are you?\\n' | " + test::dsa_binary() + " chat --model " + dir +
+                    " -n 8 --seed 3 --thinking --system 'Be brief.'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::regex turn(R"(\[prompt: (\d+) tokens \((\d+) reused\))");
+  std::vector<std::pair<int, int>> turns;
+  for (std::sregex_iterator it(r.err.begin(), r.err.end(), turn), end; it != end; ++it)
+    turns.emplace_back(std::stoi((*it)[1]), std::stoi((*it)[2]));
+  ASSERT_EQ(turns.size(), 2u) << r.err;
+  EXPECT_EQ(turns[0].second, 0);
+  EXPECT_GT(turns[1].first, turns[0].first);
+  EXPECT_GT(turns[1].second, 0);  // the second turn reuses the first turn's cache
+  // /reset clears the conversation: the next prompt is short again, /exit stops reading.
+  const auto rr = sh("printf 'Hello there\\n/reset\\nHello there\\n/exit\\nnot read\\n' | " + test::dsa_binary() +
+                     " chat --model " + dir + " -n 4 --greedy");
+  ASSERT_EQ(rr.code, 0) << rr.err;
+  std::vector<std::pair<int, int>> t2;
+  for (std::sregex_iterator it(rr.err.begin(), rr.err.end(), turn), end; it != end; ++it)
+    t2.emplace_back(std::stoi((*it)[1]), std::stoi((*it)[2]));
+  ASSERT_EQ(t2.size(), 2u) << rr.err;
+  EXPECT_EQ(t2[0].first, t2[1].first);
+  EXPECT_NE(rr.err.find("cleared"), std::string::npos);
+}
+
+TEST(PerplexityCli, ReportsPplWithError) {
+  const std::string dir = test::tiny_model_dir();
+  const std::string file = dir + "/text.txt";
+  {
+    std::ofstream f(file);
+    for (int i = 0; i < 10; ++i) f << "The quick brown fox jumps over the lazy dog. Hello, how are you today? ";
+  }
+  const auto r = sh(test::dsa_binary() + " perplexity --model " + dir + " -f " + file + " --ctx 32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(perplexity: ([0-9.]+) ± ([0-9.]+))"))) << r.out;
+  const double ppl = std::stod(m[1]), se = std::stod(m[2]);
+  EXPECT_GT(ppl, 1.0);
+  EXPECT_TRUE(std::isfinite(ppl));
+  EXPECT_GT(se, 0.0);
+  EXPECT_NE(r.err.find("ppl"), std::string::npos) << r.err;
+  const auto bad = sh(test::dsa_binary() + " perplexity --model " + dir + " -f " + file + " --ctx 100000");
+  EXPECT_NE(bad.code, 0);
+}
+
+}  // namespace
