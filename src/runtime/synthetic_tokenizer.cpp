@@ -31,7 +31,18 @@ constexpr const char* kCorpus =
     "Because the weights of this model are random, the text it writes is noise; it exists to try the engine. "
     "People often ask which of these things matter most: time, money, health, friends, work or home. "
     "There are many different kinds of information that can be found in the world, and there is "
-    "nothing better than learning something new every day from good books, teachers and each other.";
+    "nothing better than learning something new every day from good books, teachers and each other. "
+    "Mathematics, physics, chemistry, biology, history, geography, literature, philosophy, economics, "
+    "engineering and medicine are subjects taught at universities around the country. Students write "
+    "programs, compile software, debug errors, measure performance, compare results, publish papers, "
+    "review documents, organize meetings, schedule interviews, travel abroad and discover beautiful "
+    "mountains, rivers, oceans, islands, deserts, cities, villages, gardens, castles and museums. "
+    "Yesterday afternoon my neighbour painted his kitchen yellow, repaired the broken window, cooked "
+    "delicious vegetable soup with potatoes, carrots, onions, tomatoes, garlic and pepper, then played "
+    "guitar, piano and violin until midnight. Children laughed, dogs barked, birds whistled, engines "
+    "roared, trains arrived, passengers hurried, markets opened, shops closed, prices increased quickly. "
+    "Important questions remain: whether computers understand language, why experiments sometimes "
+    "fail, how memory, attention, probability, statistics, algorithms and hardware interact together.";
 
 // GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 onwards.
 std::vector<std::string> byte_alphabet() {
