@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/kernels.h"
+#include "model/weights.h"
 
 namespace dsa {
 namespace {
@@ -94,6 +96,59 @@ State::State(const ModelConfig& cfg, const StateOptions& o) : opt(o) {
   xg.resize(T * k * H); g.resize(gu); u.resize(gu); d.resize(T * k * H);
   if (opt.mtp) mtp_cat.resize(T * 2 * H);
   logits.resize(size_t(opt.max_logit_rows) * size_t(cfg.vocab_size));
+}
+
+void fill_cache_synthetic(const ModelConfig& cfg, State& s, int depth, uint64_t seed) {
+  if (depth < 0 || depth > s.opt.max_ctx) throw Error("synthetic depth " + std::to_string(depth) + " exceeds the cache capacity");
+  const int L = cfg.kv_lora_rank, R = cfg.qk_rope_head_dim;
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  auto next = [&x] {  // xorshift64*: cheap and plenty for filler values
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    return float(double((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53 * 3.4 - 1.7);
+  };
+  std::vector<float> lat(static_cast<size_t>(L)), kr(static_cast<size_t>(R)), ik(128);
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    LayerCache& c = s.layers[l];
+    for (int t = 0; t < depth; ++t) {
+      for (float& v : lat) v = next();
+      for (float& v : kr) v = next();
+      kernels::mla_cache_write(c.view, t, lat.data(), kr.data());
+      if (!c.index_k.empty()) {
+        for (float& v : ik) v = next();
+        kernels::act_quant_fp8(ik.data(), 128, 128, true, &c.index_k[size_t(t) * 128], &c.index_scale[size_t(t)]);
+      }
+    }
+  }
+  s.n_past = depth;
+}
+
+double decode_bytes_read(const Model& m, const State& s, int64_t context) {
+  const ModelConfig& c = m.config;
+  const ModelWeights& w = m.weights;
+  auto vec_bytes = [](const Vec& v) { return double(v.n) * double(dtype_size(v.dtype)); };
+  auto mlp_bytes = [](const MlpWeights& p) { return double(p.gate_proj.bytes() + p.up_proj.bytes() + p.down_proj.bytes()); };
+  double b = double(w.embed_tokens.cols) * double(dtype_size(w.embed_tokens.dtype)) + vec_bytes(w.norm) + double(w.lm_head.bytes());
+  const double keys = double(std::min<int64_t>(context, c.index_topk));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    const MlaWeights& a = L.self_attn;
+    b += vec_bytes(L.input_layernorm) + vec_bytes(L.post_attention_layernorm) + vec_bytes(a.q_a_layernorm) + vec_bytes(a.kv_a_layernorm);
+    b += double(a.q_a_proj.bytes() + a.q_b_proj.bytes() + a.kv_a_proj_with_mqa.bytes() + a.kv_b_proj.bytes() + a.o_proj.bytes());
+    if (L.has_indexer) {
+      const IndexerWeights& x = L.indexer;
+      b += double(x.wq_b.bytes() + x.wk.bytes() + x.weights_proj.bytes()) + vec_bytes(x.k_norm_weight) + vec_bytes(x.k_norm_bias);
+      b += double(context) * 132.0;  // every cached indexer key: 128 fp8 + one f32 scale
+    }
+    b += keys * double(s.layers[size_t(l)].view.token_bytes());
+    if (L.is_moe) {
+      b += double(L.moe.gate.bytes()) + vec_bytes(L.moe.e_score_correction_bias);
+      b += double(c.num_experts_per_tok) * mlp_bytes(L.moe.experts[0]);
+      if (L.moe.has_shared) b += mlp_bytes(L.moe.shared_experts);
+    } else {
+      b += mlp_bytes(L.mlp);
+    }
+  }
+  return b;
 }
 
 }  // namespace dsa

@@ -9,6 +9,8 @@
 
 namespace dsa {
 
+struct Model;
+
 struct StateOptions {
   int max_ctx = 4096;        // cache capacity in tokens
   int max_tokens = 512;      // tokens per forward call (prefill chunk)
@@ -68,5 +70,18 @@ struct State {
   // Output
   std::vector<float> logits;                 // [max_logit_rows, vocab]
 };
+
+// Fills cache positions [0, depth) of every layer with random latents (unit RMS, like
+// kv_a_layernorm output), rope keys and fp8 indexer keys, and sets n_past = depth. Used by
+// `dsa bench` to measure decode and prefill at depth without a long prefill first: the
+// cost of a step does not depend on the cached values (every indexer key is scanned and
+// exactly min(index_topk, context) latents are read).
+void fill_cache_synthetic(const ModelConfig& cfg, State& s, int depth, uint64_t seed);
+
+// Bytes a decode step reads at `context` cached tokens, counted from the bound weights of
+// this model (actual dtypes and scales): attention and indexer projections, the router,
+// the shared and num_experts_per_tok routed experts, dense MLPs, lm_head, one embedding
+// row, and the cache (all indexer keys, min(index_topk, context) latents per layer).
+double decode_bytes_read(const Model& m, const State& s, int64_t context);
 
 }  // namespace dsa

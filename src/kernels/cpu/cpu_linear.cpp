@@ -77,57 +77,203 @@ inline float block_scale(const Linear& w, int r, int c0) {
   return w.scale[size_t(r / w.block_rows) * size_t(w.scale_cols()) + size_t(c0 / w.block_cols)] * kFp8HalfScale;
 }
 
-__attribute__((target("avx2,fma"))) inline float dot_avx2(const float* a, const float* b, int n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+
+// ---- decode: fused dequantize + FMA GEMV, four rows at a time -------------------------
+// e4m3 -> half bits in three ops: sign-extend the byte to 16 bits, shift left by 7 (the
+// exponent and mantissa land where a half's do; the extended sign fills bits 14..15),
+// then clear bit 14. The value is 2^-8 of the e4m3 value (see kFp8HalfScale).
+__attribute__((target("avx2,fma,f16c"))) inline void fp8x16_to_f32(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16(int16_t(0xBFFF)));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  float r = _mm_cvtss_f32(h);
-  for (; i < n; ++i) r += a[i] * b[i];
-  return r;
+  return _mm_cvtss_f32(h);
 }
 
-inline float dot_scalar(const float* a, const float* b, int n) {
-  float r = 0;
-  for (int i = 0; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
-
-// y[:, r] for rows [r_begin, r_end): each weight row is dequantized once (one scale
-// block at a time) and applied to every token, so a row is read from memory once per call.
-template <bool kAvx>
-void linear_rows(const Linear& w, const float* x, int n, float* y, int row0, int nrows, int r_begin, int r_end, float* wbuf) {
-  const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : w.cols;
-  for (int r = r_begin; r < r_end; ++r) {
-    const int wr = row0 + r;
-    if (n == 1) {
-      float acc = 0;
-      for (int c0 = 0; c0 < w.cols; c0 += bc) {
-        const int len = std::min(bc, w.cols - c0);
-        if constexpr (kAvx) load_row_avx2(w, wr, c0, len, wbuf); else load_row_scalar(w, wr, c0, len, wbuf);
-        acc += block_scale(w, wr, c0) * (kAvx ? dot_avx2(wbuf, x + c0, len) : dot_scalar(wbuf, x + c0, len));
+// y[r] for rows [r0, r1) of an fp8 weight, one token. Full 128-column blocks go through
+// the vector loop with the block scale applied once per block; a ragged tail block and
+// leftover rows use the scalar path.
+// Rows are absolute (the scale lookup needs them); y[r - base] receives row r.
+__attribute__((target("avx2,fma,f16c"))) void gemv_fp8_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
+  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols();
+  const int kfull = bc % 16 == 0 ? (K / bc) * bc : 0;  // columns covered by full blocks
+  int r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const uint8_t* wr[4];
+    for (int j = 0; j < 4; ++j) wr[j] = w.data + size_t(r + j) * size_t(K);
+    for (int c0 = 0; c0 < kfull; c0 += bc) {
+      __m256 a[4][2];
+      for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm256_setzero_ps();
+      for (int c = c0; c < c0 + bc; c += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+        for (int j = 0; j < 4; ++j) {
+          __m256 lo, hi;
+          fp8x16_to_f32(wr[j] + c, lo, hi);
+          a[j][0] = _mm256_fmadd_ps(lo, x0, a[j][0]);
+          a[j][1] = _mm256_fmadd_ps(hi, x1, a[j][1]);
+        }
       }
-      y[r] = acc;
+      for (int j = 0; j < 4; ++j) {
+        const float s = w.scale[size_t((r + j) / w.block_rows) * size_t(sc) + size_t(c0 / bc)];
+        tot[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_set1_ps(s), tot[j]);
+      }
+    }
+    for (int j = 0; j < 4; ++j) {
+      float acc = hsum8(tot[j]) * kFp8HalfScale;
+      for (int c = kfull; c < K; ++c)
+        acc += fp8_e4m3_to_f32(wr[j][c]) * w.scale[size_t((r + j) / w.block_rows) * size_t(sc) + size_t(c / bc)] * x[c];
+      y[r + j - base] = acc;
+    }
+  }
+  for (; r < r1; ++r) {
+    float acc = 0;
+    for (int c = 0; c < K; ++c)
+      acc += fp8_e4m3_to_f32(w.data[size_t(r) * size_t(K) + size_t(c)]) * w.scale[size_t(r / w.block_rows) * size_t(sc) + size_t(c / bc)] * x[c];
+    y[r - base] = acc;
+  }
+}
+
+// bf16 rows: widen to 32 bits and shift into the high half; four rows share x loads.
+__attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
+  const int K = w.cols, k16 = K / 16 * 16;
+  int r = r0;
+  auto row_tail = [&](const uint16_t* p, int from) {
+    float acc = 0;
+    for (int c = from; c < K; ++c) acc += bf16_to_f32(p[c]) * x[c];
+    return acc;
+  };
+  for (; r + 4 <= r1; r += 4) {
+    __m256 a[4][2];
+    const uint16_t* wr[4];
+    for (int j = 0; j < 4; ++j) {
+      wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
+      a[j][0] = a[j][1] = _mm256_setzero_ps();
+    }
+    for (int c = 0; c < k16; c += 16) {
+      const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + c));
+        const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
+        const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+        a[j][0] = _mm256_fmadd_ps(lo, x0, a[j][0]);
+        a[j][1] = _mm256_fmadd_ps(hi, x1, a[j][1]);
+      }
+    }
+    for (int j = 0; j < 4; ++j) y[r + j - base] = hsum8(_mm256_add_ps(a[j][0], a[j][1])) + row_tail(wr[j], k16);
+  }
+  for (; r < r1; ++r) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
+    y[r - base] = row_tail(p, 0);
+  }
+}
+
+// ---- prefill: packed GEMM ------------------------------------------------------------
+// A block of 16 weight rows is dequantized (scale applied) into a k-major panel
+// pk[k][16] that stays in L2, then a 6x16 register-blocked FMA kernel runs every token
+// against it: 12 accumulators, two panel loads and six broadcasts per k.
+constexpr int kNr = 16, kMr = 6, kKc = 2048;
+
+void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool avx) {
+  float row[kKc];
+  for (int j = 0; j < kNr; ++j) {
+    if (j >= nr) {
+      for (int k = 0; k < kc; ++k) pk[k * kNr + j] = 0.0f;
       continue;
     }
-    for (int c0 = 0; c0 < w.cols; c0 += bc) {
-      const int len = std::min(bc, w.cols - c0);
-      if constexpr (kAvx) load_row_avx2(w, wr, c0, len, wbuf + c0); else load_row_scalar(w, wr, c0, len, wbuf + c0);
-      const float s = block_scale(w, wr, c0);
-      for (int c = 0; c < len; ++c) wbuf[c0 + c] *= s;
+    const int r = r0 + j;
+    const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : kc;
+    for (int c0 = k0; c0 < k0 + kc;) {
+      const int blk_end = w.dtype == DType::F8_E4M3 ? std::min(k0 + kc, (c0 / bc + 1) * bc) : k0 + kc;
+      const int len = blk_end - c0;
+      if (avx) load_row_avx2(w, r, c0, len, row + (c0 - k0)); else load_row_scalar(w, r, c0, len, row + (c0 - k0));
+      const float s = block_scale(w, r, c0);
+      for (int k = c0 - k0; k < blk_end - k0; ++k) pk[k * kNr + j] = row[k] * s;
+      c0 = blk_end;
     }
-    for (int i = 0; i < n; ++i) {
-      const float* xi = x + size_t(i) * size_t(w.cols);
-      y[size_t(i) * size_t(nrows) + size_t(r)] = kAvx ? dot_avx2(wbuf, xi, w.cols) : dot_scalar(wbuf, xi, w.cols);
+  }
+}
+
+// xp: one block of MR tokens packed k-major, xp[k * MR + i], so the six broadcasts of
+// a step read one cache line instead of six rows 8 KB apart (which alias in L1).
+template <int MR>
+__attribute__((target("avx2,fma"))) inline void micro_6x16(const float* pk, int kc, const float* xp, float* y, int ldy, int nr,
+                                                          bool accumulate) {
+  // Twelve named accumulators: GCC keeps an accumulator array in memory when its
+  // address escapes, which halves the FMA rate.
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int k = 0; k < kc; ++k) {
+    const __m256 w0 = _mm256_load_ps(pk + k * kNr), w1 = _mm256_load_ps(pk + k * kNr + 8);
+    const float* xk = xp + k * MR;
+    __m256 b = _mm256_broadcast_ss(xk);
+    c00 = _mm256_fmadd_ps(b, w0, c00); c01 = _mm256_fmadd_ps(b, w1, c01);
+    if constexpr (MR > 1) { b = _mm256_broadcast_ss(xk + 1); c10 = _mm256_fmadd_ps(b, w0, c10); c11 = _mm256_fmadd_ps(b, w1, c11); }
+    if constexpr (MR > 2) { b = _mm256_broadcast_ss(xk + 2); c20 = _mm256_fmadd_ps(b, w0, c20); c21 = _mm256_fmadd_ps(b, w1, c21); }
+    if constexpr (MR > 3) { b = _mm256_broadcast_ss(xk + 3); c30 = _mm256_fmadd_ps(b, w0, c30); c31 = _mm256_fmadd_ps(b, w1, c31); }
+    if constexpr (MR > 4) { b = _mm256_broadcast_ss(xk + 4); c40 = _mm256_fmadd_ps(b, w0, c40); c41 = _mm256_fmadd_ps(b, w1, c41); }
+    if constexpr (MR > 5) { b = _mm256_broadcast_ss(xk + 5); c50 = _mm256_fmadd_ps(b, w0, c50); c51 = _mm256_fmadd_ps(b, w1, c51); }
+  }
+  alignas(32) float t[kMr][16];
+  _mm256_store_ps(t[0], c00); _mm256_store_ps(t[0] + 8, c01);
+  _mm256_store_ps(t[1], c10); _mm256_store_ps(t[1] + 8, c11);
+  _mm256_store_ps(t[2], c20); _mm256_store_ps(t[2] + 8, c21);
+  _mm256_store_ps(t[3], c30); _mm256_store_ps(t[3] + 8, c31);
+  _mm256_store_ps(t[4], c40); _mm256_store_ps(t[4] + 8, c41);
+  _mm256_store_ps(t[5], c50); _mm256_store_ps(t[5] + 8, c51);
+  for (int i = 0; i < MR; ++i) {
+    float* yi = y + size_t(i) * size_t(ldy);
+    if (accumulate)
+      for (int j = 0; j < nr; ++j) yi[j] += t[i][j];
+    else
+      for (int j = 0; j < nr; ++j) yi[j] = t[i][j];
+  }
+}
+
+// Packs tokens [0, n) of x[:, k0 : k0 + kc] into blocks of kMr tokens (the last block
+// holds the remainder), each k-major.
+void pack_x(const float* x, int n, int ldx, int k0, int kc, float* xp) {
+  for (int i0 = 0; i0 < n; i0 += kMr) {
+    const int mr = std::min(kMr, n - i0);
+    float* b = xp + size_t(i0) * size_t(kc);
+    for (int i = 0; i < mr; ++i) {
+      const float* xi = x + size_t(i0 + i) * size_t(ldx) + size_t(k0);
+      for (int k = 0; k < kc; ++k) b[k * mr + i] = xi[k];
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void gemm_panel_avx2(const float* pk, int kc, const float* xp, int n, float* y, int ldy,
+                                                        int nr, bool accumulate) {
+  for (int i0 = 0; i0 < n; i0 += kMr) {
+    const float* b = xp + size_t(i0) * size_t(kc);
+    float* yr = y + size_t(i0) * size_t(ldy);
+    switch (std::min(kMr, n - i0)) {
+      case 6: micro_6x16<6>(pk, kc, b, yr, ldy, nr, accumulate); break;
+      case 5: micro_6x16<5>(pk, kc, b, yr, ldy, nr, accumulate); break;
+      case 4: micro_6x16<4>(pk, kc, b, yr, ldy, nr, accumulate); break;
+      case 3: micro_6x16<3>(pk, kc, b, yr, ldy, nr, accumulate); break;
+      case 2: micro_6x16<2>(pk, kc, b, yr, ldy, nr, accumulate); break;
+      default: micro_6x16<1>(pk, kc, b, yr, ldy, nr, accumulate); break;
+    }
+  }
+}
+
+void gemm_panel_scalar(const float* pk, int kc, const float* xp, int n, float* y, int ldy, int nr, bool accumulate) {
+  for (int i = 0; i < n; ++i) {
+    const int i0 = i / kMr * kMr, mr = std::min(kMr, n - i0);
+    const float* b = xp + size_t(i0) * size_t(kc);
+    for (int j = 0; j < nr; ++j) {
+      float acc = 0;
+      for (int k = 0; k < kc; ++k) acc += pk[k * kNr + j] * b[k * mr + (i - i0)];
+      float& out = y[size_t(i) * size_t(ldy) + size_t(j)];
+      out = accumulate ? out + acc : acc;
     }
   }
 }
@@ -138,17 +284,41 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   if (nrows < 0) nrows = w.rows - row0;
   if (n <= 0 || nrows <= 0) return;
   const bool avx = has_avx2_fma();
-  // Split rows across threads; each thread has a row buffer on its stack-sized scratch.
-  const int grain = std::max(1, nrows / (8 * omp_get_max_threads()));
+  if (n < 4 && avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16)) {
+    // Memory-bound GEMV: each thread streams a contiguous range of rows (a multiple of
+    // four), enough rows per thread that the fork is worth it.
+    const int nt = std::min(omp_get_max_threads(), std::max(1, nrows / 64));
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int rb = (nrows / 4 * t / T) * 4, re = t == T - 1 ? nrows : (nrows / 4 * (t + 1) / T) * 4;
+      for (int i = 0; i < n; ++i) {
+        const float* xi = x + size_t(i) * size_t(w.cols);
+        float* yi = y + size_t(i) * size_t(nrows);
+        if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xi, yi, row0, row0 + rb, row0 + re);
+        else gemv_bf16_avx2(w, xi, yi, row0, row0 + rb, row0 + re);
+      }
+    }
+    return;
+  }
+  // GEMM: K in chunks of kKc; per chunk the tokens are packed once (shared), then
+  // 16-row weight panels are dequantized and multiplied across threads.
+  static std::vector<float> xpack;  // grows to the largest prefill chunk, then stays
+  if (xpack.size() < size_t(n) * size_t(std::min(kKc, w.cols))) xpack.resize(size_t(n) * size_t(std::min(kKc, w.cols)));
+  const int n_panels = (nrows + kNr - 1) / kNr;
+  for (int k0 = 0; k0 < w.cols; k0 += kKc) {
+    const int kc = std::min(kKc, w.cols - k0);
+    pack_x(x, n, w.cols, k0, kc, xpack.data());
 #pragma omp parallel
-  {
-    thread_local std::vector<float> wbuf;
-    if (wbuf.size() < size_t(w.cols)) wbuf.resize(size_t(w.cols));
+    {
+      alignas(32) static thread_local float pk[kKc * kNr];
 #pragma omp for schedule(dynamic, 1)
-    for (int rb = 0; rb < nrows; rb += grain) {
-      const int re = std::min(nrows, rb + grain);
-      if (avx) linear_rows<true>(w, x, n, y, row0, nrows, rb, re, wbuf.data());
-      else linear_rows<false>(w, x, n, y, row0, nrows, rb, re, wbuf.data());
+      for (int p = 0; p < n_panels; ++p) {
+        const int r0 = p * kNr, nr = std::min(kNr, nrows - r0);
+        pack_panel(w, row0 + r0, nr, k0, kc, pk, avx);
+        if (avx) gemm_panel_avx2(pk, kc, xpack.data(), n, y + r0, nrows, nr, k0 > 0);
+        else gemm_panel_scalar(pk, kc, xpack.data(), n, y + r0, nrows, nr, k0 > 0);
+      }
     }
   }
 }

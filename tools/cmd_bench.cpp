@@ -1,0 +1,130 @@
+// `dsa bench`: prefill and decode speed of a checkpoint on this machine, as medians of
+// repeats, and as fractions of the machine's own measured limits: streaming-read
+// bandwidth for decode (memory-bound) and FMA peak for prefill (compute-bound). Bytes and
+// FLOPs per token come from the operator plan shared with `dsa plan`.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "command.h"
+#include "model/forward.h"
+#include "sim/cost.h"
+#include "sim/probe.h"
+
+namespace {
+
+struct Args {
+  std::string model, kv_cache = "fp8";
+  int prompt = 512, gen = 128, depth = 0, threads = 0, repeat = 3;
+  bool json = false;
+  uint64_t seed = 1;
+};
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void run(const Args& a) {
+  using namespace dsa;
+  if (a.prompt < 0 || a.gen < 0 || a.depth < 0 || a.repeat < 1) throw Error("bench: -p, -n, --depth must be >= 0 and --repeat >= 1");
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const int threads = omp_get_max_threads();
+  const double t0 = now();
+  auto m = Model::load(a.model, false, !a.json);
+  const double load_s = now() - t0;
+  const ModelConfig& c = m->config;
+
+  StateOptions so;
+  so.max_ctx = a.depth + std::max(a.prompt, 1) + a.gen + 1;
+  so.max_tokens = std::max(a.prompt, 1);
+  so.cache = cli::parse_cache_type(a.kv_cache);
+  State st(c, so);
+  std::vector<int32_t> ids(size_t(std::max(a.prompt, a.gen)) + 1);
+  uint64_t x = a.seed;
+  for (auto& id : ids) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = int32_t((x >> 33) % uint64_t(c.vocab_size));
+  }
+  if (!a.json) std::fprintf(stderr, "filling %d cached tokens ...\n", a.depth);
+  fill_cache_synthetic(c, st, a.depth, a.seed);
+
+  std::vector<double> pp, tg;
+  for (int r = 0; r < a.repeat; ++r) {
+    if (a.prompt > 0) {
+      st.n_past = a.depth;
+      const double s = now();
+      forward(*m, st, ids.data(), a.prompt, {});
+      pp.push_back(a.prompt / (now() - s));
+      if (!a.json) std::fprintf(stderr, "  prefill %d @ depth %d: %.1f tok/s\n", a.prompt, a.depth, pp.back());
+    }
+    if (a.gen > 0) {
+      st.n_past = a.depth;
+      forward(*m, st, ids.data(), 1, {});  // warm the step (caches, thread pool)
+      st.n_past = a.depth;
+      const double s = now();
+      for (int i = 0; i < a.gen; ++i) forward(*m, st, &ids[size_t(i)], 1, {});
+      tg.push_back(a.gen / (now() - s));
+      if (!a.json) std::fprintf(stderr, "  decode %d @ depth %d: %.1f tok/s\n", a.gen, a.depth, tg.back());
+    }
+  }
+
+  const double bw = sim::measure_read_bandwidth_gbps(threads), peak = sim::measure_peak_gflops(threads);
+  const sim::SimModel sm = sim::model_from_config(c, a.model);
+  const int64_t mid = a.depth + a.gen / 2;  // the decode run's average context
+  const double bytes = sim::decode_bytes_per_token(sm, mid);
+  const double engine_bytes = decode_bytes_read(*m, st, mid);
+  const double flops = a.prompt > 0 ? sim::prefill_flops_per_token(sm, a.prompt) : 0;
+  const double pps = median(pp), tgs = median(tg);
+  nlohmann::json j = {{"model", a.model},
+                      {"threads", threads},
+                      {"depth", a.depth},
+                      {"prompt_tokens", a.prompt},
+                      {"gen_tokens", a.gen},
+                      {"repeat", a.repeat},
+                      {"kv_cache", a.kv_cache},
+                      {"load_s", load_s},
+                      {"prefill_tokens_per_s", pps},
+                      {"decode_tokens_per_s", tgs},
+                      {"decode_bytes_per_token", bytes},
+                      {"decode_bytes_per_token_engine", engine_bytes},
+                      {"read_bandwidth_gbps", bw},
+                      {"decode_roofline_fraction", tgs * bytes / (bw * 1e9)},
+                      {"prefill_flops_per_token", flops},
+                      {"peak_gflops", peak},
+                      {"prefill_peak_fraction", pps * flops / (peak * 1e9)}};
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("model %s, %d threads, depth %d, kv cache %s\n", a.model.c_str(), threads, a.depth, a.kv_cache.c_str());
+  std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
+              flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);
+  std::printf("decode  %4d tokens: %8.1f tok/s  (%.1f MB/token, %.1f GB/s = %.2f of the %.1f GB/s read bandwidth)\n", a.gen, tgs,
+              bytes / 1e6, tgs * bytes / 1e9, tgs * bytes / (bw * 1e9), bw);
+}
+
+void setup_bench(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against this machine's bandwidth and FMA peak");
+  cmd->add_option("--model", a->model, "Model directory")->required();
+  cmd->add_option("-p,--prompt", a->prompt, "Prefill tokens (0: skip)")->capture_default_str();
+  cmd->add_option("-n,--gen", a->gen, "Decode tokens (0: skip)")->capture_default_str();
+  cmd->add_option("--depth", a->depth, "Tokens already in the cache before prefill and decode (filled synthetically)")->capture_default_str();
+  cmd->add_option("-t,--threads", a->threads, "Threads (default: OpenMP's, the cores)");
+  cmd->add_option("--repeat", a->repeat, "Repeats; medians are reported")->capture_default_str();
+  cmd->add_option("--kv-cache", a->kv_cache, "f32 | bf16 | fp8 | fp8-656")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Seed for the random prompt and cache")->capture_default_str();
+  cmd->add_flag("--json", a->json, "Print one JSON object");
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace
+
+DSA_COMMAND(70, setup_bench);
