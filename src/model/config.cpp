@@ -221,6 +221,7 @@ void ModelConfig::validate() const {
   pos("num_attention_heads", num_attention_heads);
   pos("q_lora_rank", q_lora_rank);
   pos("kv_lora_rank", kv_lora_rank);
+  if (kv_lora_rank > 1024) bad("kv_lora_rank", "at most 1024 supported, got " + std::to_string(kv_lora_rank));
   pos("qk_nope_head_dim", qk_nope_head_dim);
   pos("v_head_dim", v_head_dim);
   pos("index_n_heads", index_n_heads);

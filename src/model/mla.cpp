@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "core/error.h"
+
 #include "kernels/kernels.h"
 #include "model/forward.h"
 
@@ -49,6 +51,10 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
     for (int i = 0; i < n; ++i) tap->ints("indexer.topk." + std::to_string(layer), pos0 + i, &s.topk[size_t(i) * size_t(K)], K);
 
   const float scale = float(c.softmax_scale());
+  // s.kv doubles as scratch for the absorbed path: [n, nope] + [n, kv_lora] + [n, v] fit
+  // in its [n, heads * (nope + v)] for every supported shape.
+  DSA_CHECK(size_t(nope + Lr + vd) <= size_t(nh) * size_t(nope + vd) * 2 && s.kv.size() >= size_t(n) * size_t(nope + Lr + vd),
+            "kv scratch too small for the absorbed path");
   if (pos0 == 0) {
     // Prefill of a fresh sequence: expand the chunk's cached latents through kv_b once
     // (MHA form, compute-friendly), then each query attends to its selected keys.
@@ -62,20 +68,30 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
                                   &s.attn[size_t(i) * size_t(nh) * size_t(vd)]);
   } else {
     // Absorbed (MQA) form over the cached latent: q_nope goes through the k part of kv_b,
-    // attention runs in the kv_lora_rank space, the result through the v part.
-    for (int i = 0; i < n; ++i) {
-      float* qlat = &s.q_lat[size_t(i) * size_t(nh) * size_t(Lr)];
-      float* qpe = &s.q_pe[size_t(i) * size_t(nh) * size_t(R)];
-      float* olat = &s.o_lat[size_t(i) * size_t(nh) * size_t(Lr)];
-      for (int h = 0; h < nh; ++h) {
-        const float* qh = &s.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk)];
-        kernels::linear_t(a.kv_b_proj, qh, 1, qlat + size_t(h) * size_t(Lr), h * (nope + vd), nope);
-        std::memcpy(qpe + size_t(h) * size_t(R), qh + nope, size_t(R) * sizeof(float));
+    // attention runs in the kv_lora_rank space, the result through the v part. Per head,
+    // all tokens of the call go through kv_b together (one pass over its rows).
+    float* qn = s.kv.data();                         // [n, nope] one head's q_nope
+    float* lat = s.kv.data() + size_t(n) * size_t(nope);  // [n, kv_lora] one head's latents
+    for (int h = 0; h < nh; ++h) {
+      for (int i = 0; i < n; ++i)
+        std::memcpy(qn + size_t(i) * size_t(nope), &s.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk)], size_t(nope) * sizeof(float));
+      kernels::linear_t(a.kv_b_proj, qn, n, lat, h * (nope + vd), nope);
+      for (int i = 0; i < n; ++i) {
+        std::memcpy(&s.q_lat[(size_t(i) * size_t(nh) + size_t(h)) * size_t(Lr)], lat + size_t(i) * size_t(Lr), size_t(Lr) * sizeof(float));
+        std::memcpy(&s.q_pe[(size_t(i) * size_t(nh) + size_t(h)) * size_t(R)], &s.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk) + size_t(nope)],
+                    size_t(R) * sizeof(float));
       }
-      kernels::mla_sparse_decode(cache.view, qlat, qpe, nh, &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale, olat);
-      for (int h = 0; h < nh; ++h)
-        kernels::linear(a.kv_b_proj, olat + size_t(h) * size_t(Lr), 1, &s.attn[(size_t(i) * size_t(nh) + size_t(h)) * size_t(vd)],
-                        h * (nope + vd) + nope, vd);
+    }
+    for (int i = 0; i < n; ++i)
+      kernels::mla_sparse_decode(cache.view, &s.q_lat[size_t(i) * size_t(nh) * size_t(Lr)], &s.q_pe[size_t(i) * size_t(nh) * size_t(R)], nh,
+                                 &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale, &s.o_lat[size_t(i) * size_t(nh) * size_t(Lr)]);
+    float* ov = lat + size_t(n) * size_t(Lr);  // [n, v] one head's output, after the latents
+    for (int h = 0; h < nh; ++h) {
+      for (int i = 0; i < n; ++i)
+        std::memcpy(lat + size_t(i) * size_t(Lr), &s.o_lat[(size_t(i) * size_t(nh) + size_t(h)) * size_t(Lr)], size_t(Lr) * sizeof(float));
+      kernels::linear(a.kv_b_proj, lat, n, ov, h * (nope + vd) + nope, vd);
+      for (int i = 0; i < n; ++i)
+        std::memcpy(&s.attn[(size_t(i) * size_t(nh) + size_t(h)) * size_t(vd)], ov + size_t(i) * size_t(vd), size_t(vd) * sizeof(float));
     }
   }
   kernels::linear(a.o_proj, s.attn.data(), n, s.proj.data());

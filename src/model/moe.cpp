@@ -34,7 +34,9 @@ void route(const ModelConfig& c, const float* sig, const Vec& bias, int32_t* ids
       gscore[g] = b1 + b2;
       gorder[g] = g;
     }
-    std::stable_sort(gorder, gorder + G, [&](int a, int b) { return gscore[a] > gscore[b]; });
+    // std::sort with an index tie-break: same order as a stable sort, and no temporary
+    // buffer (stable_sort allocates, and this runs in the decode loop).
+    std::sort(gorder, gorder + G, [&](int a, int b) { return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b); });
     for (int r = c.topk_group; r < G; ++r)
       for (int e = gorder[r] * per; e < (gorder[r] + 1) * per; ++e) eligible[e] = false;
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu.h"
@@ -13,7 +14,8 @@
 namespace dsa::kernels::cpu {
 namespace {
 
-// e4m3 codes -> f32 through the half-precision bit trick (see cpu_linear.cpp), times 2^8.
+// e4m3 codes -> f32 through the half-precision bit trick (see cpu_linear.cpp): the
+// result is 2^-8 times the e4m3 value.
 __attribute__((target("avx2,fma,f16c"))) inline __m256 fp8x8_to_f32_scaled(const uint8_t* p) {
   const __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8),
@@ -115,59 +117,112 @@ __attribute__((target("avx2,fma"))) inline void axpy8(float a, const float* x, f
 }
 }  // namespace
 
+namespace {
+
+// One cached token as f32 [latent | rope]: a view for the f32 cache, else dequantized
+// into buf with the same bit tricks as the weight kernels.
+__attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheView& c, int32_t t, float* buf) {
+  const uint8_t* p = c.data + size_t(t) * c.token_bytes();
+  const int L = c.kv_lora, R = c.rope;
+  switch (c.type) {
+    case CacheType::F32: return reinterpret_cast<const float*>(p);
+    case CacheType::BF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+      int i = 0;
+      for (; i + 8 <= L + R; i += 8)
+        _mm256_storeu_ps(buf + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))), 16)));
+      for (; i < L + R; ++i) buf[i] = bf16_to_f32(h[i]);
+      return buf;
+    }
+    case CacheType::FP8:
+    case CacheType::FP8_656: {
+      const int nb = (L + 127) / 128;
+      int i = 0;
+      for (; i + 8 <= L; i += 8) {
+        float s;
+        std::memcpy(&s, p + L + 4 * (i / 128), 4);
+        _mm256_storeu_ps(buf + i, _mm256_mul_ps(fp8x8_to_f32_scaled(p + i), _mm256_set1_ps(s * 256.0f)));
+      }
+      for (; i < L; ++i) {
+        float s;
+        std::memcpy(&s, p + L + 4 * (i / 128), 4);
+        buf[i] = fp8_e4m3_to_f32(p[i]) * s;
+      }
+      const uint8_t* r = p + L + 4 * nb;
+      if (c.type == CacheType::FP8) std::memcpy(buf + L, r, size_t(R) * 4);
+      else
+        for (int k = 0; k < R; ++k) { uint16_t h; std::memcpy(&h, r + 2 * k, 2); buf[L + k] = bf16_to_f32(h); }
+      return buf;
+    }
+  }
+  return buf;
+}
+
+}  // namespace
+
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat) {
-  if (!has_avx2_fma()) {
+  if (!has_avx2_fma() || n_heads > 256 || c.kv_lora + c.rope > 2048) {
     ref::mla_sparse_decode(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
     return;
   }
-  const int L = c.kv_lora, R = c.rope;
-  // Online softmax over the selected tokens, one token dequantized at a time and shared
-  // by all heads (MQA: one latent serves every head). Threads split the heads.
-  const int nt = std::min(n_heads, omp_get_max_threads());
+  const int L = c.kv_lora, R = c.rope, H = n_heads;
+  // Split-K across threads (flash-decoding): each thread takes a range of the selected
+  // tokens, dequantizes each token once for all heads (MQA: one latent serves every
+  // head), computes exact softmax partials in two passes, and the partials are merged.
+  const int nt = std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
+  static thread_local std::vector<float> scores, tok;
+  static std::vector<float> part_o, part_m, part_l;  // [nt][H][L], [nt][H]
+  if (part_o.size() < size_t(nt) * size_t(H) * size_t(L)) part_o.resize(size_t(nt) * size_t(H) * size_t(L));
+  if (part_m.size() < size_t(nt) * size_t(H)) { part_m.resize(size_t(nt) * size_t(H)); part_l.resize(size_t(nt) * size_t(H)); }
 #pragma omp parallel num_threads(nt)
   {
-    const int tid = omp_get_thread_num();
-    const int h0 = n_heads * tid / nt, h1 = n_heads * (tid + 1) / nt;
-    alignas(32) float lat[1024], kr[256], m[128], l[128];
-    DSA_CHECK(L <= 1024 && R <= 256 && h1 - h0 <= 128, "mla_sparse_decode: dims too large");
-    for (int h = h0; h < h1; ++h) {
-      m[h - h0] = -INFINITY;
-      l[h - h0] = 0;
-      std::fill(o_lat + size_t(h) * size_t(L), o_lat + size_t(h + 1) * size_t(L), 0.0f);
+    const int t = omp_get_thread_num();
+    const int j0 = int(int64_t(n_idx) * t / nt), j1 = int(int64_t(n_idx) * (t + 1) / nt), nj = j1 - j0;
+    // Sized once for DeepSeek's index_topk (2048) so growing contexts never reallocate.
+    if (scores.size() < size_t(H) * size_t(std::max(nj, 2048))) scores.resize(size_t(H) * size_t(std::max(nj, 2048)));
+    if (tok.size() < size_t(L + R)) tok.resize(size_t(L + R));
+    float* o = &part_o[size_t(t) * size_t(H) * size_t(L)];
+    float* m = &part_m[size_t(t) * size_t(H)];
+    float* l = &part_l[size_t(t) * size_t(H)];
+    for (int j = 0; j < nj; ++j) {
+      const float* k = load_token(c, idx[j0 + j], tok.data());
+      for (int h = 0; h < H; ++h)
+        scores[size_t(h) * size_t(nj) + size_t(j)] =
+            (dot8(q_lat + size_t(h) * size_t(L), k, L) + dot8(q_rope + size_t(h) * size_t(R), k + L, R)) * scale;
     }
-    for (int j = 0; j < n_idx; ++j) {
-      const float* lp;
-      const float* rp;
-      if (c.type == CacheType::F32) {
-        lp = reinterpret_cast<const float*>(c.data + size_t(idx[j]) * c.token_bytes());
-        rp = lp + L;
-      } else {
-        ref::mla_cache_read(c, idx[j], lat, kr);
-        lp = lat;
-        rp = kr;
-      }
-      for (int h = h0; h < h1; ++h) {
-        const float s = (dot8(q_lat + size_t(h) * size_t(L), lp, L) + dot8(q_rope + size_t(h) * size_t(R), rp, R)) * scale;
-        float* o = o_lat + size_t(h) * size_t(L);
-        float& mh = m[h - h0];
-        float& lh = l[h - h0];
-        if (s > mh) {
-          const float corr = std::exp(mh - s);
-          for (int d = 0; d < L; ++d) o[d] *= corr;
-          lh *= corr;
-          mh = s;
-        }
-        const float p = std::exp(s - mh);
-        lh += p;
-        axpy8(p, lp, o, L);
-      }
+    for (int h = 0; h < H; ++h) {
+      float* sh = &scores[size_t(h) * size_t(nj)];
+      float mx = -INFINITY;
+      for (int j = 0; j < nj; ++j) mx = std::max(mx, sh[j]);
+      float sum = 0;
+      for (int j = 0; j < nj; ++j) sum += (sh[j] = std::exp(sh[j] - mx));
+      m[h] = mx;
+      l[h] = sum;
+      std::fill(o + size_t(h) * size_t(L), o + size_t(h + 1) * size_t(L), 0.0f);
     }
-    for (int h = h0; h < h1; ++h) {
-      const float inv = 1.0f / l[h - h0];
-      float* o = o_lat + size_t(h) * size_t(L);
-      for (int d = 0; d < L; ++d) o[d] *= inv;
+    for (int j = 0; j < nj; ++j) {
+      const float* k = load_token(c, idx[j0 + j], tok.data());
+      for (int h = 0; h < H; ++h) axpy8(scores[size_t(h) * size_t(nj) + size_t(j)], k, o + size_t(h) * size_t(L), L);
     }
+  }
+  // Merge: o = Σ_t e^(m_t - M) o_t / Σ_t e^(m_t - M) l_t.
+  for (int h = 0; h < H; ++h) {
+    float M = -INFINITY;
+    for (int t = 0; t < nt; ++t) M = std::max(M, part_m[size_t(t) * size_t(H) + size_t(h)]);
+    float denom = 0;
+    float* out = o_lat + size_t(h) * size_t(L);
+    std::fill(out, out + L, 0.0f);
+    for (int t = 0; t < nt; ++t) {
+      const float lt = part_l[size_t(t) * size_t(H) + size_t(h)];
+      if (lt == 0) continue;
+      const float w = std::exp(part_m[size_t(t) * size_t(H) + size_t(h)] - M);
+      denom += w * lt;
+      axpy8(w, &part_o[(size_t(t) * size_t(H) + size_t(h)) * size_t(L)], out, L);
+    }
+    const float inv = 1.0f / denom;
+    for (int d = 0; d < L; ++d) out[d] *= inv;
   }
 }
 

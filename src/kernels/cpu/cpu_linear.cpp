@@ -107,8 +107,12 @@ __attribute__((target("avx2,fma,f16c"))) void gemv_fp8_avx2(const Linear& w, con
   for (; r + 4 <= r1; r += 4) {
     __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const uint8_t* wr[4];
-    for (int j = 0; j < 4; ++j) wr[j] = w.data + size_t(r + j) * size_t(K);
-    for (int c0 = 0; c0 < kfull; c0 += bc) {
+    const float* srow[4];  // each row's scale row, looked up once (no division per block)
+    for (int j = 0; j < 4; ++j) {
+      wr[j] = w.data + size_t(r + j) * size_t(K);
+      srow[j] = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
+    }
+    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
       __m256 a[4][2];
       for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm256_setzero_ps();
       for (int c = c0; c < c0 + bc; c += 16) {
@@ -120,10 +124,8 @@ __attribute__((target("avx2,fma,f16c"))) void gemv_fp8_avx2(const Linear& w, con
           a[j][1] = _mm256_fmadd_ps(hi, x1, a[j][1]);
         }
       }
-      for (int j = 0; j < 4; ++j) {
-        const float s = w.scale[size_t((r + j) / w.block_rows) * size_t(sc) + size_t(c0 / bc)];
-        tot[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_set1_ps(s), tot[j]);
-      }
+      for (int j = 0; j < 4; ++j)
+        tot[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_set1_ps(srow[j][blk]), tot[j]);
     }
     for (int j = 0; j < 4; ++j) {
       float acc = hsum8(tot[j]) * kFp8HalfScale;

@@ -44,10 +44,12 @@ void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, cons
     case CacheType::FP8:
     case CacheType::FP8_656: {
       // [kv_lora e4m3 | ceil(kv_lora/128) f32 scales | rope f32 (FP8) or bf16 (FP8_656)]
+      // Runs every decode step: no heap allocation (kv_lora_rank <= 1024 is validated).
       const int nb = (c.kv_lora + 127) / 128;
-      std::vector<float> scales(static_cast<size_t>(nb));
-      act_quant_fp8(latent, c.kv_lora, 128, c.ue8m0, p, scales.data());
-      std::memcpy(p + c.kv_lora, scales.data(), size_t(nb) * 4);
+      float scales[8];
+      DSA_CHECK(nb <= 8, "kv_lora_rank above 1024");
+      act_quant_fp8(latent, c.kv_lora, 128, c.ue8m0, p, scales);
+      std::memcpy(p + c.kv_lora, scales, size_t(nb) * 4);
       uint8_t* r = p + c.kv_lora + 4 * nb;
       if (c.type == CacheType::FP8) std::memcpy(r, k_rope, size_t(c.rope) * 4);
       else

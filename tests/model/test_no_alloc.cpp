@@ -1,0 +1,65 @@
+// The decode loop must not touch the heap: a counting global operator new, armed after a
+// warm-up step, sees zero allocations over further decode steps (main model and MTP layer,
+// every cache layout).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <new>
+
+#include "model/forward.h"
+#include "model/make_model.h"
+
+namespace {
+std::atomic<bool> g_armed{false};
+std::atomic<long> g_allocs{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_armed.load(std::memory_order_relaxed)) {
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+    if (std::getenv("DSA_NOALLOC_TRAP")) __builtin_trap();  // run under a debugger to see where
+  }
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace dsa;
+
+TEST(NoAlloc, DecodeStepsDoNotAllocate) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("dsa_noalloc_" + std::to_string(::getpid()))).string();
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.out_dir = dir;
+  o.verbose = false;
+  make_model(o);
+  auto m = Model::load(dir, true);
+  for (CacheType cache : {CacheType::FP8, CacheType::FP8_656, CacheType::BF16, CacheType::F32}) {
+    StateOptions so;
+    so.max_ctx = 64;
+    so.max_tokens = 16;
+    so.cache = cache;
+    so.mtp = true;
+    State st(m->config, so);
+    std::vector<int32_t> ids(40);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % 1000);
+    forward(*m, st, ids.data(), 16, {});
+    forward_mtp(*m, st, st.h_final.data(), ids.data() + 1, 15, {});
+    forward(*m, st, &ids[16], 1, {});  // warm-up step (thread pool, first-use buffers)
+    g_allocs = 0;
+    g_armed = true;
+    for (int t = 17; t < 40; ++t) {
+      forward(*m, st, &ids[size_t(t)], 1, {});
+      forward_mtp(*m, st, st.h_final.data(), &ids[size_t(t)], 1, {});
+    }
+    g_armed = false;
+    EXPECT_EQ(g_allocs.load(), 0) << "heap allocations inside the decode loop (cache type " << int(cache) << ")";
+  }
+  std::filesystem::remove_all(dir);
+}
