@@ -130,7 +130,7 @@ class CacheTwin : public ::testing::TestWithParam<CacheType> {};
 
 TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   const CacheType type = GetParam();
-  const int L = 160, R = 16, heads = 5, ctx = 40, nope = 24, vd = 20;
+  const int L = 160, R = 16, heads = 8, ctx = 300, nope = 24, vd = 20;
   MlaCacheView c;
   c.type = type;
   c.kv_lora = L;
@@ -154,6 +154,16 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), int(idx.size()), 0.3f, a.data());
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), int(idx.size()), 0.3f, b.data());
   EXPECT_LE(max_rel(a, b), 1e-5);
+  // A long selection: split across threads and tiles, partials merged.
+  std::vector<int32_t> many;
+  for (int t = ctx - 1; t >= 0; t -= 3) many.push_back(t);
+  kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, a.data());
+  kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, b.data());
+  EXPECT_LE(max_rel(a, b), 1e-5);
+  // Odd head counts take the portable path; it must agree too.
+  kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, a.data());
+  kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, b.data());
+  EXPECT_LE(max_rel(std::vector<float>(a.begin(), a.begin() + 5 * L), std::vector<float>(b.begin(), b.begin() + 5 * L)), 1e-5);
 
   const auto q = randv(size_t(heads) * (nope + R), 25), kv = randv(size_t(ctx) * heads * (nope + vd), 26);
   std::vector<float> e(size_t(heads) * vd), f(e.size());

@@ -161,18 +161,73 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
 
 }  // namespace
 
+namespace {
+
+// scores[h][j] = (q[h] . k[j]) * scale for 4 heads x 4 tokens at once: 8 loads feed 16
+// FMAs (a plain dot product needs two loads per FMA and starves the FMA units).
+// q rows have stride dq, k rows stride dk; d (the shared length) is a multiple of 8.
+__attribute__((target("avx2,fma"))) inline void scores_4x4(const float* q, size_t dq, const float* const* k, int d, float* out,
+                                                          size_t ldo) {
+  __m256 acc[4][4];
+  for (int h = 0; h < 4; ++h)
+    for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
+  for (int i = 0; i < d; i += 8) {
+    const __m256 k0 = _mm256_loadu_ps(k[0] + i), k1 = _mm256_loadu_ps(k[1] + i), k2 = _mm256_loadu_ps(k[2] + i),
+                 k3 = _mm256_loadu_ps(k[3] + i);
+    for (int h = 0; h < 4; ++h) {
+      const __m256 qh = _mm256_loadu_ps(q + size_t(h) * dq + size_t(i));
+      acc[h][0] = _mm256_fmadd_ps(qh, k0, acc[h][0]);
+      acc[h][1] = _mm256_fmadd_ps(qh, k1, acc[h][1]);
+      acc[h][2] = _mm256_fmadd_ps(qh, k2, acc[h][2]);
+      acc[h][3] = _mm256_fmadd_ps(qh, k3, acc[h][3]);
+    }
+  }
+  for (int h = 0; h < 4; ++h)
+    for (int j = 0; j < 4; ++j) out[size_t(h) * ldo + size_t(j)] += hsum(acc[h][j]);
+}
+
+// o[h][0:d] += Σ_j p[h][j] k[j][0:d] for 4 heads over nj tokens, 16 columns at a time
+// held in registers across the whole token loop.
+__attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p, size_t ldp, const float* kbuf, size_t ldk, int nj,
+                                                                 int d, float* o, size_t ldo) {
+  for (int c = 0; c < d; c += 16) {
+    __m256 acc[4][2];
+    for (int h = 0; h < 4; ++h) {
+      acc[h][0] = _mm256_loadu_ps(o + size_t(h) * ldo + size_t(c));
+      acc[h][1] = _mm256_loadu_ps(o + size_t(h) * ldo + size_t(c) + 8);
+    }
+    for (int j = 0; j < nj; ++j) {
+      const float* kj = kbuf + size_t(j) * ldk + size_t(c);
+      const __m256 k0 = _mm256_loadu_ps(kj), k1 = _mm256_loadu_ps(kj + 8);
+      for (int h = 0; h < 4; ++h) {
+        const __m256 ph = _mm256_broadcast_ss(p + size_t(h) * ldp + size_t(j));
+        acc[h][0] = _mm256_fmadd_ps(ph, k0, acc[h][0]);
+        acc[h][1] = _mm256_fmadd_ps(ph, k1, acc[h][1]);
+      }
+    }
+    for (int h = 0; h < 4; ++h) {
+      _mm256_storeu_ps(o + size_t(h) * ldo + size_t(c), acc[h][0]);
+      _mm256_storeu_ps(o + size_t(h) * ldo + size_t(c) + 8, acc[h][1]);
+    }
+  }
+}
+
+}  // namespace
+
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat) {
-  if (!has_avx2_fma() || n_heads > 256 || c.kv_lora + c.rope > 2048) {
+  const int L = c.kv_lora, R = c.rope, H = n_heads;
+  if (!has_avx2_fma() || H % 4 != 0 || L % 16 != 0 || R % 8 != 0 || L + R > 2048) {
     ref::mla_sparse_decode(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
     return;
   }
-  const int L = c.kv_lora, R = c.rope, H = n_heads;
   // Split-K across threads (flash-decoding): each thread takes a range of the selected
-  // tokens, dequantizes each token once for all heads (MQA: one latent serves every
-  // head), computes exact softmax partials in two passes, and the partials are merged.
+  // tokens, dequantizes them once into a tile shared by all heads (MQA: one latent
+  // serves every head), computes exact softmax partials in two register-blocked passes,
+  // and the partials are merged.
+  constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 KB (L2)
   const int nt = std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
-  static thread_local std::vector<float> scores, tok;
+  static thread_local std::vector<float> scores, tile;
   static std::vector<float> part_o, part_m, part_l;  // [nt][H][L], [nt][H]
   if (part_o.size() < size_t(nt) * size_t(H) * size_t(L)) part_o.resize(size_t(nt) * size_t(H) * size_t(L));
   if (part_m.size() < size_t(nt) * size_t(H)) { part_m.resize(size_t(nt) * size_t(H)); part_l.resize(size_t(nt) * size_t(H)); }
@@ -181,30 +236,58 @@ void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q
     const int t = omp_get_thread_num();
     const int j0 = int(int64_t(n_idx) * t / nt), j1 = int(int64_t(n_idx) * (t + 1) / nt), nj = j1 - j0;
     // Sized once for DeepSeek's index_topk (2048) so growing contexts never reallocate.
-    if (scores.size() < size_t(H) * size_t(std::max(nj, 2048))) scores.resize(size_t(H) * size_t(std::max(nj, 2048)));
-    if (tok.size() < size_t(L + R)) tok.resize(size_t(L + R));
+    if (scores.size() < size_t(H) * size_t(std::max(nj + 4, 2048))) scores.resize(size_t(H) * size_t(std::max(nj + 4, 2048)));
+    if (tile.size() < size_t(kTile) * size_t(L + R)) tile.resize(size_t(kTile) * size_t(L + R));
+    const size_t lds = size_t(nj + 4), ldt = size_t(L + R);
     float* o = &part_o[size_t(t) * size_t(H) * size_t(L)];
     float* m = &part_m[size_t(t) * size_t(H)];
     float* l = &part_l[size_t(t) * size_t(H)];
-    for (int j = 0; j < nj; ++j) {
-      const float* k = load_token(c, idx[j0 + j], tok.data());
-      for (int h = 0; h < H; ++h)
-        scores[size_t(h) * size_t(nj) + size_t(j)] =
-            (dot8(q_lat + size_t(h) * size_t(L), k, L) + dot8(q_rope + size_t(h) * size_t(R), k + L, R)) * scale;
+    std::fill(scores.begin(), scores.begin() + ptrdiff_t(size_t(H) * lds), 0.0f);
+    std::fill(o, o + size_t(H) * size_t(L), 0.0f);
+    auto load_tile = [&](int jt, int cnt, const float** rows) {
+      for (int j = 0; j < 4 * ((cnt + 3) / 4); ++j) {
+        float* dst = &tile[size_t(j) * ldt];
+        if (j < cnt) {
+          const float* src = load_token(c, idx[j0 + jt + j], dst);
+          rows[j] = src;
+        } else {
+          rows[j] = rows[0];  // padding columns of the last 4-block: computed, never used
+        }
+      }
+    };
+    const float* rows[kTile];
+    // Pass 1: scores for every (head, token).
+    for (int jt = 0; jt < nj; jt += kTile) {
+      const int cnt = std::min(kTile, nj - jt);
+      load_tile(jt, cnt, rows);
+      for (int jb = 0; jb < cnt; jb += 4)
+        for (int h = 0; h < H; h += 4) {
+          float* out = &scores[size_t(h) * lds + size_t(jt + jb)];
+          scores_4x4(q_lat + size_t(h) * size_t(L), size_t(L), rows + jb, L, out, lds);
+          const float* kr[4] = {rows[jb] + L, rows[jb + 1] + L, rows[jb + 2] + L, rows[jb + 3] + L};
+          scores_4x4(q_rope + size_t(h) * size_t(R), size_t(R), kr, R, out, lds);
+        }
     }
     for (int h = 0; h < H; ++h) {
-      float* sh = &scores[size_t(h) * size_t(nj)];
+      float* sh = &scores[size_t(h) * lds];
       float mx = -INFINITY;
-      for (int j = 0; j < nj; ++j) mx = std::max(mx, sh[j]);
+      for (int j = 0; j < nj; ++j) mx = std::max(mx, sh[j] *= scale);
       float sum = 0;
       for (int j = 0; j < nj; ++j) sum += (sh[j] = std::exp(sh[j] - mx));
       m[h] = mx;
       l[h] = sum;
-      std::fill(o + size_t(h) * size_t(L), o + size_t(h + 1) * size_t(L), 0.0f);
     }
-    for (int j = 0; j < nj; ++j) {
-      const float* k = load_token(c, idx[j0 + j], tok.data());
-      for (int h = 0; h < H; ++h) axpy8(scores[size_t(h) * size_t(nj) + size_t(j)], k, o + size_t(h) * size_t(L), L);
+    // Pass 2: o[h] += p[h][j] latent[j], the tile dequantized again (cheaper than
+    // keeping every selected latent resident).
+    for (int jt = 0; jt < nj; jt += kTile) {
+      const int cnt = std::min(kTile, nj - jt);
+      load_tile(jt, cnt, rows);
+      if (c.type != CacheType::F32)
+        for (int h = 0; h < H; h += 4)
+          accumulate_4heads(&scores[size_t(h) * lds + size_t(jt)], lds, tile.data(), ldt, cnt, L, o + size_t(h) * size_t(L), size_t(L));
+      else
+        for (int j = 0; j < cnt; ++j)
+          for (int h = 0; h < H; ++h) axpy8(scores[size_t(h) * lds + size_t(jt + j)], rows[j], o + size_t(h) * size_t(L), L);
     }
   }
   // Merge: o = Σ_t e^(m_t - M) o_t / Σ_t e^(m_t - M) l_t.

@@ -325,10 +325,44 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   }
 }
 
+// Panel for the transposed direction: output columns [c0, c0 + nc) of W over rows
+// [row0 + k0, row0 + k0 + kc), i.e. pk[k][j] = W[row0 + k0 + k][c0 + j] (contiguous in W).
+void pack_panel_t(const Linear& w, int row0, int k0, int kc, int c0, int nc, float* pk, bool avx) {
+  float row[kNr];
+  for (int k = 0; k < kc; ++k) {
+    const int r = row0 + k0 + k;
+    if (avx) load_row_avx2(w, r, c0, nc, row); else load_row_scalar(w, r, c0, nc, row);
+    const float s = block_scale(w, r, c0);  // 16 columns never straddle a 128-column block
+    for (int j = 0; j < kNr; ++j) pk[k * kNr + j] = j < nc ? row[j] * s : 0.0f;
+  }
+}
+
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
-  // y[i, :] = Σ_r x[i, r] W[row0 + r, :]. Threads split the output columns by scale
-  // block so each owns disjoint outputs; each weight element is dequantized once.
+  // y[i, :] = Σ_r x[i, r] W[row0 + r, :].
   const bool avx = has_avx2_fma();
+  if (n >= 4 && w.cols % kNr == 0 && (w.dtype != DType::F8_E4M3 || w.block_cols % kNr == 0)) {
+    // Many tokens (the absorbed path of a prefill chunk): the packed GEMM with K = nrows.
+    static std::vector<float> xpack;
+    if (xpack.size() < size_t(n) * size_t(std::min(kKc, nrows))) xpack.resize(size_t(n) * size_t(std::min(kKc, nrows)));
+    const int n_panels = w.cols / kNr;
+    for (int k0 = 0; k0 < nrows; k0 += kKc) {
+      const int kc = std::min(kKc, nrows - k0);
+      pack_x(x, n, nrows, k0, kc, xpack.data());
+#pragma omp parallel
+      {
+        alignas(32) static thread_local float pk[kKc * kNr];
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < n_panels; ++p) {
+          pack_panel_t(w, row0, k0, kc, p * kNr, kNr, pk, avx);
+          if (avx) gemm_panel_avx2(pk, kc, xpack.data(), n, y + p * kNr, w.cols, kNr, k0 > 0);
+          else gemm_panel_scalar(pk, kc, xpack.data(), n, y + p * kNr, w.cols, kNr, k0 > 0);
+        }
+      }
+    }
+    return;
+  }
+  // Few tokens: threads split the output columns by scale block so each owns disjoint
+  // outputs; each weight element is dequantized once.
   const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : 128;
   const int nblk = (w.cols + bc - 1) / bc;
   for (int i = 0; i < n; ++i) std::fill(y + size_t(i) * size_t(w.cols), y + size_t(i + 1) * size_t(w.cols), 0.0f);
