@@ -113,7 +113,8 @@ void run(const Args& a) {
 void setup_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against this machine's bandwidth and FMA peak");
-  cmd->add_option("--model", a->model, "Model directory")->required();
+  cmd->add_option("--model", a->model, "Model directory");
+  cmd->require_subcommand(0, 1);
   cmd->add_option("-p,--prompt", a->prompt, "Prefill tokens (0: skip)")->capture_default_str();
   cmd->add_option("-n,--gen", a->gen, "Decode tokens (0: skip)")->capture_default_str();
   cmd->add_option("--depth", a->depth, "Tokens already in the cache before prefill and decode (filled synthetically)")->capture_default_str();
@@ -122,7 +123,12 @@ void setup_bench(CLI::App& app) {
   cmd->add_option("--kv-cache", a->kv_cache, "f32 | bf16 | fp8 | fp8-656")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed for the random prompt and cache")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object");
-  cmd->callback([a] { run(*a); });
+  cmd->callback([a, cmd] {
+    if (cmd->get_subcommands().empty()) {
+      if (a->model.empty()) throw dsa::Error("bench: --model is required (or `dsa bench tokenizer --model DIR`)");
+      run(*a);
+    }
+  });
 }
 
 }  // namespace

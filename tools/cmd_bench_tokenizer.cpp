@@ -1,4 +1,4 @@
-// `dsa bench-tokenizer --model DIR [-f FILE]`: encode throughput on one core.
+// `dsa bench tokenizer --model DIR [-f FILE]`: encode throughput on one core.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -40,7 +40,8 @@ void run(const Args& a) {
 
 void setup_bench_tokenizer(CLI::App& app) {
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("bench-tokenizer", "Measure tokenizer encode throughput (MB/s, one core)");
+  // A subcommand of `dsa bench` (registered after it).
+  auto* cmd = app.get_subcommand("bench")->add_subcommand("tokenizer", "Measure tokenizer encode throughput (MB/s, one core)");
   cmd->add_option("--model", a->model, "Directory with tokenizer.json")->required();
   cmd->add_option("-f,--file", a->file, "UTF-8 text to encode (default: a built-in English/code/CJK/emoji mix)");
   cmd->add_option("--repeats", a->repeats, "Timed passes; the best is reported")->capture_default_str();
@@ -49,4 +50,4 @@ void setup_bench_tokenizer(CLI::App& app) {
 
 }  // namespace
 
-DSA_COMMAND(61, setup_bench_tokenizer);
+DSA_COMMAND(71, setup_bench_tokenizer);

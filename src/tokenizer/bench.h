@@ -1,5 +1,5 @@
 #pragma once
-// Encode throughput of the tokenizer on one core, for `dsa bench-tokenizer`.
+// Encode throughput of the tokenizer on one core, for `dsa bench tokenizer`.
 #include <string>
 
 namespace dsa {
