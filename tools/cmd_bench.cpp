@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "command.h"
+#include "kernels/kernels.h"
 #include "model/forward.h"
 #include "sim/cost.h"
 #include "sim/probe.h"
@@ -55,22 +56,43 @@ void run(const Args& a) {
   if (!a.json) std::fprintf(stderr, "filling %d cached tokens ...\n", a.depth);
   fill_cache_synthetic(c, st, a.depth, a.seed);
 
+  // Kernel timings over the timed runs: the GEMM part's own FLOP rate, and a breakdown.
+  using kernels::KernelId;
+  std::vector<kernels::KernelStat> pstat(size_t(KernelId::kCount)), dstat(size_t(KernelId::kCount));
+  auto collect = [](std::vector<kernels::KernelStat>& into) {
+    for (int k = 0; k < int(KernelId::kCount); ++k) {
+      const auto st = kernels::profile_stat(KernelId(k));
+      into[size_t(k)].seconds += st.seconds;
+      into[size_t(k)].flops += st.flops;
+      into[size_t(k)].bytes += st.bytes;
+      into[size_t(k)].calls += st.calls;
+    }
+    kernels::profile_reset();
+  };
   std::vector<double> pp, tg;
   for (int r = 0; r < a.repeat; ++r) {
     if (a.prompt > 0) {
       st.n_past = a.depth;
+      kernels::profile_reset();
+      kernels::profile_enable(true);
       const double s = now();
       forward(*m, st, ids.data(), a.prompt, {});
       pp.push_back(a.prompt / (now() - s));
+      kernels::profile_enable(false);
+      collect(pstat);
       if (!a.json) std::fprintf(stderr, "  prefill %d @ depth %d: %.1f tok/s\n", a.prompt, a.depth, pp.back());
     }
     if (a.gen > 0) {
       st.n_past = a.depth;
       forward(*m, st, ids.data(), 1, {});  // warm the step (caches, thread pool)
       st.n_past = a.depth;
+      kernels::profile_reset();
+      kernels::profile_enable(true);
       const double s = now();
       for (int i = 0; i < a.gen; ++i) forward(*m, st, &ids[size_t(i)], 1, {});
       tg.push_back(a.gen / (now() - s));
+      kernels::profile_enable(false);
+      collect(dstat);
       if (!a.json) std::fprintf(stderr, "  decode %d @ depth %d: %.1f tok/s\n", a.gen, a.depth, tg.back());
     }
   }
@@ -82,6 +104,20 @@ void run(const Args& a) {
   const double engine_bytes = decode_bytes_read(*m, st, mid);
   const double flops = a.prompt > 0 ? sim::prefill_flops_per_token(sm, a.prompt) : 0;
   const double pps = median(pp), tgs = median(tg);
+  const auto& gl = pstat[size_t(KernelId::Linear)];
+  const auto& gt = pstat[size_t(KernelId::LinearT)];
+  const double gemm_gflops = gl.seconds + gt.seconds > 0 ? (gl.flops + gt.flops) / (gl.seconds + gt.seconds) / 1e9 : 0;
+  auto breakdown = [&](const std::vector<kernels::KernelStat>& v, double tokens) {
+    nlohmann::json b = nlohmann::json::object();
+    for (int k = 0; k < int(KernelId::kCount); ++k) {
+      const auto& x = v[size_t(k)];
+      if (x.calls == 0) continue;
+      b[kernels::kernel_name(KernelId(k))] = {{"ms_per_token", x.seconds * 1e3 / tokens},
+                                              {"gflops", x.seconds > 0 ? x.flops / x.seconds / 1e9 : 0},
+                                              {"gbps", x.seconds > 0 ? x.bytes / x.seconds / 1e9 : 0}};
+    }
+    return b;
+  };
   nlohmann::json j = {{"model", a.model},
                       {"threads", threads},
                       {"depth", a.depth},
@@ -98,7 +134,11 @@ void run(const Args& a) {
                       {"decode_roofline_fraction", tgs * bytes / (bw * 1e9)},
                       {"prefill_flops_per_token", flops},
                       {"peak_gflops", peak},
-                      {"prefill_peak_fraction", pps * flops / (peak * 1e9)}};
+                      {"prefill_peak_fraction", pps * flops / (peak * 1e9)},
+                      {"prefill_gemm_gflops", gemm_gflops},
+                      {"prefill_gemm_peak_fraction", gemm_gflops / peak},
+                      {"prefill_kernels", breakdown(pstat, double(a.prompt) * a.repeat)},
+                      {"decode_kernels", breakdown(dstat, double(a.gen) * a.repeat)}};
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -106,8 +146,13 @@ void run(const Args& a) {
   std::printf("model %s, %d threads, depth %d, kv cache %s\n", a.model.c_str(), threads, a.depth, a.kv_cache.c_str());
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);
+  std::printf("        GEMM part:   %8.0f GFLOP/s = %.2f of the FMA peak\n", gemm_gflops, gemm_gflops / peak);
   std::printf("decode  %4d tokens: %8.1f tok/s  (%.1f MB/token, %.1f GB/s = %.2f of the %.1f GB/s read bandwidth)\n", a.gen, tgs,
               bytes / 1e6, tgs * bytes / 1e9, tgs * bytes / (bw * 1e9), bw);
+  for (const char* phase : {"prefill_kernels", "decode_kernels"})
+    for (auto& [k, v] : j[phase].items())
+      std::printf("  %-8s %-15s %8.3f ms/token %8.1f GFLOP/s %7.1f GB/s\n", phase[0] == 'p' ? "prefill" : "decode", k.c_str(),
+                  v["ms_per_token"].get<double>(), v["gflops"].get<double>(), v["gbps"].get<double>());
 }
 
 void setup_bench(CLI::App& app) {

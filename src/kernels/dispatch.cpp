@@ -1,5 +1,8 @@
 // Backend dispatch: the optimized CPU kernels by default, the naive references on request
 // (tests, and `DSA_KERNELS=ref` in the environment for debugging).
+#include <omp.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,14 +22,60 @@ Backend g_backend = initial_backend();
 void set_backend(Backend b) { g_backend = b; }
 Backend backend() { return g_backend; }
 
+namespace {
+bool g_profile = false;
+KernelStat g_stats[int(KernelId::kCount)];
+
+// Times one kernel call when profiling is on.
+struct Timed {
+  KernelId id;
+  double flops, bytes;
+  std::chrono::steady_clock::time_point t0;
+  Timed(KernelId k, double f, double b) : id(k), flops(f), bytes(b) {
+    if (g_profile) t0 = std::chrono::steady_clock::now();
+  }
+  ~Timed() {
+    // Calls made from inside a parallel region (per-query loops in prefill) are not
+    // counted: the table has no locks.
+    if (!g_profile || omp_in_parallel()) return;
+    KernelStat& st = g_stats[int(id)];
+    st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.flops += flops;
+    st.bytes += bytes;
+    ++st.calls;
+  }
+};
+}  // namespace
+
+const char* kernel_name(KernelId k) {
+  static const char* kNames[] = {"linear", "linear_t", "indexer_scores", "topk", "sparse_decode", "sparse_prefill", "other"};
+  return kNames[int(k)];
+}
+void profile_enable(bool on) { g_profile = on; }
+void profile_reset() {
+  for (auto& st : g_stats) st = KernelStat{};
+}
+KernelStat profile_stat(KernelId k) { return g_stats[int(k)]; }
+
 #define DSA_DISPATCH(fn, ...) \
   (g_backend == Backend::Ref ? ref::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__))
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  const double r = nrows < 0 ? w.rows - row0 : nrows;
+  Timed t(KernelId::Linear, 2.0 * n * r * w.cols, double(w.bytes()) * r / w.rows);
   DSA_DISPATCH(linear, w, x, n, y, row0, nrows);
 }
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows);
   DSA_DISPATCH(linear_t, w, x, n, y, row0, nrows);
+}
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
+  Timed t(KernelId::LinearT, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
+  DSA_DISPATCH(linear_t_heads, w, x, x_stride, n_heads, head_stride, row0, nrows, y);
+}
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
+  Timed t(KernelId::Linear, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
+  DSA_DISPATCH(linear_heads, w, x, n_heads, head_stride, row0, nrows, y, y_stride);
 }
 void embed(const Linear& table, const int32_t* ids, int n, float* y) { ref::embed(table, ids, n, y); }
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) { DSA_DISPATCH(rmsnorm, x, w, n, dim, eps, y); }
@@ -41,15 +90,20 @@ void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes,
 }
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
                     int n_keys, float* out) {
+  Timed t(KernelId::IndexerScores, 2.0 * n_heads * 128.0 * n_keys, 132.0 * n_keys);
   DSA_DISPATCH(indexer_scores, q8, w, n_heads, k8, k_scale, n_keys, out);
 }
-void topk(const float* scores, int n, int k, int32_t* out) { DSA_DISPATCH(topk, scores, n, k, out); }
+void topk(const float* scores, int n, int k, int32_t* out) {
+  Timed t(KernelId::Topk, 0, 4.0 * n);
+  DSA_DISPATCH(topk, scores, n, k, out);
+}
 void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
   ref::mla_cache_write(c, t, latent, k_rope);
 }
 void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) { ref::mla_cache_read(c, t, latent, k_rope); }
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat) {
+  Timed t(KernelId::SparseDecode, 2.0 * n_heads * n_idx * (2.0 * c.kv_lora + c.rope), double(c.token_bytes()) * n_idx);
   DSA_DISPATCH(mla_sparse_decode, c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
 }
 void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,

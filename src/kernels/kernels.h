@@ -55,12 +55,31 @@ namespace kernels {
 void set_backend(Backend b);
 Backend backend();
 
+// Per-kernel wall time and work, accumulated while profiling is on (off by default; one
+// branch per call when off). `dsa bench` uses it for its per-kernel breakdown and for the
+// GEMM part's fraction of the FMA peak.
+struct KernelStat {
+  double seconds = 0, flops = 0, bytes = 0;
+  long calls = 0;
+};
+enum class KernelId { Linear, LinearT, IndexerScores, Topk, SparseDecode, SparsePrefill, Other, kCount };
+const char* kernel_name(KernelId k);
+void profile_enable(bool on);
+void profile_reset();
+KernelStat profile_stat(KernelId k);
+
 // ---- dense algebra -------------------------------------------------------------
 // y[n, nrows] = x[n, cols] · W[row0 : row0 + nrows]ᵀ   (nrows < 0: all rows)
 void linear(const Linear& w, const float* x, int n, float* y, int row0 = 0, int nrows = -1);
 // y[n, cols] = x[n, nrows] · W[row0 : row0 + nrows]  (the transposed direction, used to
 // absorb kv_b's k part into the query in MLA decode)
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+// One token through per-head slices of one weight (the absorbed MLA decode): for every
+// head h the rows [h * head_stride + row0, + nrows) of W.
+//   linear_t_heads: y[h, 0:cols]  = x[h * x_stride + 0 : nrows] · W[rows of h]
+//   linear_heads:   y[h * y_stride + 0 : nrows] = W[rows of h] · x[h, 0:cols]
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y);
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride);
 // y[n, cols] = table[ids[i]] (bf16/f16/f32 embedding rows)
 void embed(const Linear& table, const int32_t* ids, int n, float* y);
 

@@ -70,6 +70,21 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
     // Absorbed (MQA) form over the cached latent: q_nope goes through the k part of kv_b,
     // attention runs in the kv_lora_rank space, the result through the v part. Per head,
     // all tokens of the call go through kv_b together (one pass over its rows).
+    if (n < 4) {
+      // Decode: one call per token covers every head (one parallel region, not 2 x heads).
+      for (int i = 0; i < n; ++i) {
+        const float* qi = &s.q[size_t(i) * size_t(nh) * size_t(qk)];
+        float* qlat = &s.q_lat[size_t(i) * size_t(nh) * size_t(Lr)];
+        float* qpe = &s.q_pe[size_t(i) * size_t(nh) * size_t(R)];
+        float* olat = &s.o_lat[size_t(i) * size_t(nh) * size_t(Lr)];
+        kernels::linear_t_heads(a.kv_b_proj, qi, qk, nh, nope + vd, 0, nope, qlat);
+        for (int h = 0; h < nh; ++h) std::memcpy(qpe + size_t(h) * size_t(R), qi + size_t(h) * size_t(qk) + size_t(nope), size_t(R) * sizeof(float));
+        kernels::mla_sparse_decode(cache.view, qlat, qpe, nh, &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale, olat);
+        kernels::linear_heads(a.kv_b_proj, olat, nh, nope + vd, nope, vd, &s.attn[size_t(i) * size_t(nh) * size_t(vd)], vd);
+      }
+      kernels::linear(a.o_proj, s.attn.data(), n, s.proj.data());
+      return;
+    }
     float* qn = s.kv.data();                         // [n, nope] one head's q_nope
     float* lat = s.kv.data() + size_t(n) * size_t(nope);  // [n, kv_lora] one head's latents
     for (int h = 0; h < nh; ++h) {

@@ -87,6 +87,24 @@ TEST_P(LinearTwin, CpuMatchesRef) {
   EXPECT_LE(max_rel(e, f), 2e-6);
 }
 
+TEST(KernelTwins, PerHeadSlices) {
+  // kv_b-like: 5 heads of [nope 24 | v 20] rows over 256 columns, fp8 with ragged blocks.
+  for (DType dt : {DType::F8_E4M3, DType::BF16, DType::F32}) {
+    const int heads = 5, nope = 24, vd = 20, cols = 256;
+    const auto w = make_linear(dt, heads * (nope + vd), cols, 9);
+    const auto x = randv(size_t(heads) * 40, 4);  // x_stride 40 >= nope
+    std::vector<float> a(size_t(heads) * cols), b(a.size());
+    kernels::cpu::linear_t_heads(w.l, x.data(), 40, heads, nope + vd, 0, nope, a.data());
+    kernels::ref::linear_t_heads(w.l, x.data(), 40, heads, nope + vd, 0, nope, b.data());
+    EXPECT_LE(max_rel(a, b), 2e-6);
+    const auto o = randv(size_t(heads) * cols, 6);
+    std::vector<float> c(size_t(heads) * vd), d(c.size());
+    kernels::cpu::linear_heads(w.l, o.data(), heads, nope + vd, nope, vd, c.data(), vd);
+    kernels::ref::linear_heads(w.l, o.data(), heads, nope + vd, nope, vd, d.data(), vd);
+    EXPECT_LE(max_rel(c, d), 2e-6);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
                          ::testing::Combine(::testing::Values(DType::F8_E4M3, DType::BF16, DType::F16, DType::F32),
                                             ::testing::Values(1, 144, 300), ::testing::Values(128, 200, 517),

@@ -384,4 +384,50 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
   }
 }
 
+namespace {
+// y[0:cols] = x[0:nrows] · W[r0 : r0 + nrows], single-threaded (callers parallelize).
+void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, bool avx) {
+  std::fill(y, y + w.cols, 0.0f);
+  const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : 128;
+  float wbuf[512];
+  for (int c0 = 0; c0 < w.cols; c0 += bc) {
+    const int len = std::min(bc, w.cols - c0);
+    for (int r = 0; r < nrows; ++r) {
+      if (avx) load_row_avx2(w, r0 + r, c0, len, wbuf); else load_row_scalar(w, r0 + r, c0, len, wbuf);
+      const float xv = x[r] * block_scale(w, r0 + r, c0);
+      float* yc = y + c0;
+      for (int c = 0; c < len; ++c) yc[c] += xv * wbuf[c];
+    }
+  }
+}
+}  // namespace
+
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
+  const bool avx = has_avx2_fma();
+  DSA_CHECK(w.dtype != DType::F8_E4M3 || w.block_cols <= 512, "weight block wider than 512 columns");
+  // One parallel region for all heads instead of one per head.
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < n_heads; ++h)
+    linear_t_one(w, x + size_t(h) * size_t(x_stride), h * head_stride + row0, nrows, y + size_t(h) * size_t(w.cols), avx);
+}
+
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
+  const bool avx = has_avx2_fma();
+  const bool fast = avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16);
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < n_heads; ++h) {
+    const int r0 = h * head_stride + row0;
+    float* yh = y + size_t(h) * size_t(y_stride);
+    const float* xh = x + size_t(h) * size_t(w.cols);
+    if (fast && w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xh, yh, r0, r0, r0 + nrows);
+    else if (fast) gemv_bf16_avx2(w, xh, yh, r0, r0, r0 + nrows);
+    else
+      for (int r = 0; r < nrows; ++r) {
+        float acc = 0;
+        for (int c = 0; c < w.cols; ++c) acc += ref::weight_at(w, r0 + r, c) * xh[c];
+        yh[r] = acc;
+      }
+  }
+}
+
 }  // namespace dsa::kernels::cpu

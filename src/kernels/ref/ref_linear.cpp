@@ -41,6 +41,16 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
   }
 }
 
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
+  for (int h = 0; h < n_heads; ++h)
+    linear_t(w, x + size_t(h) * size_t(x_stride), 1, y + size_t(h) * size_t(w.cols), h * head_stride + row0, nrows);
+}
+
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
+  for (int h = 0; h < n_heads; ++h)
+    linear(w, x + size_t(h) * size_t(w.cols), 1, y + size_t(h) * size_t(y_stride), h * head_stride + row0, nrows);
+}
+
 void embed(const Linear& table, const int32_t* ids, int n, float* y) {
   for (int i = 0; i < n; ++i) {
     DSA_CHECK(ids[i] >= 0 && ids[i] < table.rows, "token id out of range");
