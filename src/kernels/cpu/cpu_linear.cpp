@@ -182,28 +182,59 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
 // against it: 12 accumulators, two panel loads and six broadcasts per k.
 constexpr int kNr = 16, kMr = 6, kKc = 2048;
 
+// 8x8 transpose of rows src[0..7] (stride lds) into dst rows (stride ldd).
+__attribute__((target("avx2,fma"))) inline void transpose8x8(const float* src, size_t lds, float* dst, size_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + size_t(i) * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  const __m256 u0 = _mm256_shuffle_ps(t[0], t[2], 0x44), u1 = _mm256_shuffle_ps(t[0], t[2], 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t[1], t[3], 0x44), u3 = _mm256_shuffle_ps(t[1], t[3], 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t[4], t[6], 0x44), u5 = _mm256_shuffle_ps(t[4], t[6], 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t[5], t[7], 0x44), u7 = _mm256_shuffle_ps(t[5], t[7], 0xEE);
+  _mm256_storeu_ps(dst + 0 * ldd, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + 1 * ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// Dequantizes rows [r0, r0 + nr) x columns [k0, k0 + kc) into the k-major panel
+// pk[k][16] (rows past nr are zero), 128 columns at a time: rows are converted
+// contiguously, then 8x8 blocks are transposed with shuffles.
 void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool avx) {
-  float row[kKc];
-  for (int j = 0; j < kNr; ++j) {
-    if (j >= nr) {
-      for (int k = 0; k < kc; ++k) pk[k * kNr + j] = 0.0f;
-      continue;
+  alignas(32) float rows[kNr][128];
+  for (int c0 = k0; c0 < k0 + kc;) {
+    // A chunk never straddles an fp8 scale block, whatever the block width.
+    int len = std::min(128, k0 + kc - c0);
+    if (w.dtype == DType::F8_E4M3) len = std::min(len, (c0 / w.block_cols + 1) * w.block_cols - c0);
+    for (int j = 0; j < kNr; ++j) {
+      if (j >= nr) {
+        std::fill(rows[j], rows[j] + len, 0.0f);
+        continue;
+      }
+      if (avx) load_row_avx2(w, r0 + j, c0, len, rows[j]); else load_row_scalar(w, r0 + j, c0, len, rows[j]);
+      const float s = block_scale(w, r0 + j, c0);
+      for (int k = 0; k < len; ++k) rows[j][k] *= s;
     }
-    const int r = r0 + j;
-    const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : kc;
-    for (int c0 = k0; c0 < k0 + kc;) {
-      const int blk_end = w.dtype == DType::F8_E4M3 ? std::min(k0 + kc, (c0 / bc + 1) * bc) : k0 + kc;
-      const int len = blk_end - c0;
-      if (avx) load_row_avx2(w, r, c0, len, row + (c0 - k0)); else load_row_scalar(w, r, c0, len, row + (c0 - k0));
-      const float s = block_scale(w, r, c0);
-      for (int k = c0 - k0; k < blk_end - k0; ++k) pk[k * kNr + j] = row[k] * s;
-      c0 = blk_end;
-    }
+    float* dst = pk + size_t(c0 - k0) * kNr;
+    int k = 0;
+    if (avx)
+      for (; k + 8 <= len; k += 8) {
+        transpose8x8(&rows[0][k], 128, dst + size_t(k) * kNr, kNr);
+        transpose8x8(&rows[8][k], 128, dst + size_t(k) * kNr + 8, kNr);
+      }
+    for (; k < len; ++k)
+      for (int j = 0; j < kNr; ++j) dst[size_t(k) * kNr + size_t(j)] = rows[j][k];
+    c0 += len;
   }
 }
 
-// xp: one block of MR tokens packed k-major, xp[k * MR + i], so the six broadcasts of
-// a step read one cache line instead of six rows 8 KB apart (which alias in L1).
 template <int MR>
 __attribute__((target("avx2,fma"))) inline void micro_6x16(const float* pk, int kc, const float* xp, float* y, int ldy, int nr,
                                                           bool accumulate) {
