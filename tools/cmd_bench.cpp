@@ -69,6 +69,10 @@ void run(const Args& a) {
     }
     kernels::profile_reset();
   };
+  if (a.prompt > 0) {  // untimed warm-up: first touch of the mapped weights, thread start
+    st.n_past = a.depth;
+    forward(*m, st, ids.data(), a.prompt, {});
+  }
   std::vector<double> pp, tg;
   for (int r = 0; r < a.repeat; ++r) {
     if (a.prompt > 0) {

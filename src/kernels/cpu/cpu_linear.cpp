@@ -79,16 +79,6 @@ inline float block_scale(const Linear& w, int r, int c0) {
 
 
 // ---- decode: fused dequantize + FMA GEMV, four rows at a time -------------------------
-// e4m3 -> half bits in three ops: sign-extend the byte to 16 bits, shift left by 7 (the
-// exponent and mantissa land where a half's do; the extended sign fills bits 14..15),
-// then clear bit 14. The value is 2^-8 of the e4m3 value (see kFp8HalfScale).
-__attribute__((target("avx2,fma,f16c"))) inline void fp8x16_to_f32(const uint8_t* p, __m256& lo, __m256& hi) {
-  const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16(int16_t(0xBFFF)));
-  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-}
-
 __attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -99,15 +89,30 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
 // y[r] for rows [r0, r1) of an fp8 weight, one token. Full 128-column blocks go through
 // the vector loop with the block scale applied once per block; a ragged tail block and
 // leftover rows use the scalar path.
-// Rows are absolute (the scale lookup needs them); y[r - base] receives row r.
-__attribute__((target("avx2,fma,f16c"))) void gemv_fp8_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
+// e4m3 -> f32 in three integer ops and no conversion instruction (F16C's conversions cap
+// a memory-bound GEMV well below the bandwidth on Zen 3): sign-extend the byte to 32 bits,
+// shift left by 20, keep the sign bit and the 7 exponent/mantissa bits. As an f32 that
+// pattern is exactly 2^-120 times the e4m3 value, subnormal codes included (they land on
+// f32 subnormals). The caller scales x by 2^64 so products stay far from the subnormal
+// range (the FMA forms them exactly), and undoes both factors with the block scale.
+__attribute__((target("avx2,fma"))) inline __m256 fp8x8_bits(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u))));
+}
+constexpr float kFp8XScale = 0x1p64f;              // applied to x
+constexpr float kFp8BitsUndo = 0x1p120f * 0x1p-64f;  // 2^56, applied with the block scale
+
+// Rows are absolute (the scale lookup needs them); y[r - base] receives row r. xs is x
+// times kFp8XScale; x itself serves the scalar tail.
+__attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const float* x, const float* xs, float* y, int base, int r0,
+                                                      int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols();
   const int kfull = bc % 16 == 0 ? (K / bc) * bc : 0;  // columns covered by full blocks
   int r = r0;
   for (; r + 4 <= r1; r += 4) {
     __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const uint8_t* wr[4];
-    const float* srow[4];  // each row's scale row, looked up once (no division per block)
+    const float* srow[4];  // each row's scale row, looked up once
     for (int j = 0; j < 4; ++j) {
       wr[j] = w.data + size_t(r + j) * size_t(K);
       srow[j] = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
@@ -116,19 +121,17 @@ __attribute__((target("avx2,fma,f16c"))) void gemv_fp8_avx2(const Linear& w, con
       __m256 a[4][2];
       for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm256_setzero_ps();
       for (int c = c0; c < c0 + bc; c += 16) {
-        const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+        const __m256 x0 = _mm256_loadu_ps(xs + c), x1 = _mm256_loadu_ps(xs + c + 8);
         for (int j = 0; j < 4; ++j) {
-          __m256 lo, hi;
-          fp8x16_to_f32(wr[j] + c, lo, hi);
-          a[j][0] = _mm256_fmadd_ps(lo, x0, a[j][0]);
-          a[j][1] = _mm256_fmadd_ps(hi, x1, a[j][1]);
+          a[j][0] = _mm256_fmadd_ps(fp8x8_bits(wr[j] + c), x0, a[j][0]);
+          a[j][1] = _mm256_fmadd_ps(fp8x8_bits(wr[j] + c + 8), x1, a[j][1]);
         }
       }
       for (int j = 0; j < 4; ++j)
-        tot[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_set1_ps(srow[j][blk]), tot[j]);
+        tot[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_set1_ps(srow[j][blk] * kFp8BitsUndo), tot[j]);
     }
     for (int j = 0; j < 4; ++j) {
-      float acc = hsum8(tot[j]) * kFp8HalfScale;
+      float acc = hsum8(tot[j]);
       for (int c = kfull; c < K; ++c)
         acc += fp8_e4m3_to_f32(wr[j][c]) * w.scale[size_t((r + j) / w.block_rows) * size_t(sc) + size_t(c / bc)] * x[c];
       y[r + j - base] = acc;
@@ -140,6 +143,14 @@ __attribute__((target("avx2,fma,f16c"))) void gemv_fp8_avx2(const Linear& w, con
       acc += fp8_e4m3_to_f32(w.data[size_t(r) * size_t(K) + size_t(c)]) * w.scale[size_t(r / w.block_rows) * size_t(sc) + size_t(c / bc)] * x[c];
     y[r - base] = acc;
   }
+}
+
+// x * kFp8XScale into a per-thread buffer (grown once, then reused).
+inline const float* prescale_x(const float* x, int n) {
+  static thread_local std::vector<float> buf;
+  if (buf.size() < size_t(n)) buf.resize(size_t(n));
+  for (int i = 0; i < n; ++i) buf[size_t(i)] = x[i] * kFp8XScale;
+  return buf.data();
 }
 
 // bf16 rows: widen to 32 bits and shift into the high half; four rows share x loads.
@@ -328,7 +339,7 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
       for (int i = 0; i < n; ++i) {
         const float* xi = x + size_t(i) * size_t(w.cols);
         float* yi = y + size_t(i) * size_t(nrows);
-        if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xi, yi, row0, row0 + rb, row0 + re);
+        if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xi, prescale_x(xi, w.cols), yi, row0, row0 + rb, row0 + re);
         else gemv_bf16_avx2(w, xi, yi, row0, row0 + rb, row0 + re);
       }
     }
@@ -450,7 +461,7 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
     const int r0 = h * head_stride + row0;
     float* yh = y + size_t(h) * size_t(y_stride);
     const float* xh = x + size_t(h) * size_t(w.cols);
-    if (fast && w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xh, yh, r0, r0, r0 + nrows);
+    if (fast && w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xh, prescale_x(xh, w.cols), yh, r0, r0, r0 + nrows);
     else if (fast) gemv_bf16_avx2(w, xh, yh, r0, r0, r0 + nrows);
     else
       for (int r = 0; r < nrows; ++r) {
