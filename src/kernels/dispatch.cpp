@@ -69,6 +69,15 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
   Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows);
   DSA_DISPATCH(linear_t, w, x, n, y, row0, nrows);
 }
+void linear_multi(const LinearJob* jobs, int n_jobs) {
+  double flops = 0, bytes = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    flops += 2.0 * jobs[j].w->rows * jobs[j].w->cols;
+    bytes += double(jobs[j].w->bytes());
+  }
+  Timed t(KernelId::Linear, flops, bytes);
+  DSA_DISPATCH(linear_multi, jobs, n_jobs);
+}
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
   Timed t(KernelId::LinearT, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
   DSA_DISPATCH(linear_t_heads, w, x, x_stride, n_heads, head_stride, row0, nrows, y);

@@ -74,6 +74,14 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0 = 0, int 
 // y[n, cols] = x[n, nrows] · W[row0 : row0 + nrows]  (the transposed direction, used to
 // absorb kv_b's k part into the query in MLA decode)
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+// Several one-token products in one call (one parallel region): y_j = W_j · x_j. Decode
+// uses it for the projections that share an input and for the routed experts.
+struct LinearJob {
+  const Linear* w;
+  const float* x;  // [w->cols]
+  float* y;        // [w->rows]
+};
+void linear_multi(const LinearJob* jobs, int n_jobs);
 // One token through per-head slices of one weight (the absorbed MLA decode): for every
 // head h the rows [h * head_stride + row0, + nrows) of W.
 //   linear_t_heads: y[h, 0:cols]  = x[h * x_stride + 0 : nrows] · W[rows of h]

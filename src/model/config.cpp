@@ -234,6 +234,7 @@ void ModelConfig::validate() const {
   if (n_routed_experts > 0) {
     pos("moe_intermediate_size", moe_intermediate_size);
     pos("num_experts_per_tok", num_experts_per_tok);
+    if (num_experts_per_tok > 64) bad("num_experts_per_tok", "at most 64 supported, got " + std::to_string(num_experts_per_tok));
     if (n_routed_experts > 1024) bad("n_routed_experts", "at most 1024 supported, got " + std::to_string(n_routed_experts));
     if (num_experts_per_tok > n_routed_experts) bad("num_experts_per_tok", "larger than n_routed_experts");
     if (n_group <= 0 || n_routed_experts % n_group) bad("n_group", "must divide n_routed_experts (" + std::to_string(n_routed_experts) + "), got " + std::to_string(n_group));

@@ -37,8 +37,10 @@ const float* forward_mtp(const Model& m, State& s, const float* h_final, const i
 // indexes state.layers; `pos0` is the first token's position.
 void attention_block(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
                      const Tap* tap);
+// `projected`: s.iq (wq_b), s.ik (wk) and s.iw (weights_proj) already hold this call's
+// projections (decode computes them together with the attention projections).
 void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
-                   const Tap* tap);
+                   const Tap* tap, bool projected = false);
 void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos0, int n, const Tap* tap);
 void mlp_block(const MlpWeights& w, State& s, int n, const float* in, float* out);
 void decoder_layer(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,

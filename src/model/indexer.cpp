@@ -10,7 +10,7 @@
 namespace dsa {
 
 void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
-                   const Tap* tap) {
+                   const Tap* tap, bool projected) {
   const ModelConfig& c = m.config;
   const IndexerWeights& x = w.indexer;
   const int nih = c.index_n_heads, R = c.qk_rope_head_dim, K = c.index_topk;
@@ -23,7 +23,7 @@ void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, i
   auto sin_at = [&](int pos) { return &s.rope_sin[size_t(pos) * size_t(R / 2)]; };
 
   // Queries from the MLA query latent (after q_a_layernorm), one 128-vector per head.
-  kernels::linear(x.wq_b, s.qr.data(), n, s.iq.data());
+  if (!projected) kernels::linear(x.wq_b, s.qr.data(), n, s.iq.data());
   for (int i = 0; i < n; ++i)
     for (int h = 0; h < nih; ++h)
       kernels::rope(&s.iq[(size_t(i) * size_t(nih) + size_t(h)) * 128], R, cos_at(pos0 + i), sin_at(pos0 + i), interleave);
@@ -34,7 +34,7 @@ void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, i
     kernels::act_quant_fp8(&s.iq[size_t(r) * 128], 128, 128, true, &s.iq8[size_t(r) * 128], &s.iq_scale[size_t(r)]);
 
   // One key per token: LayerNorm(wk(x)) (eps 1e-6), rope, Hadamard, fp8 into the cache.
-  kernels::linear(x.wk, s.xn.data(), n, s.ik.data());
+  if (!projected) kernels::linear(x.wk, s.xn.data(), n, s.ik.data());
   kernels::layernorm(s.ik.data(), x.k_norm_weight, x.k_norm_bias, n, 128, 1e-6f, s.ik.data());
   for (int i = 0; i < n; ++i) kernels::rope(&s.ik[size_t(i) * 128], R, cos_at(pos0 + i), sin_at(pos0 + i), interleave);
   kernels::hadamard128(s.ik.data(), n);
@@ -44,7 +44,7 @@ void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, i
 
   // Head weights: weights_proj(x) * n_heads^-0.5 * q_scale * 128^-0.5 (the softmax scale
   // folded in, as the reference does).
-  kernels::linear(x.weights_proj, s.xn.data(), n, s.iw.data());
+  if (!projected) kernels::linear(x.weights_proj, s.xn.data(), n, s.iw.data());
   const float hs = 1.0f / std::sqrt(float(nih)), ds = 1.0f / std::sqrt(128.0f);
   for (int r = 0; r < n * nih; ++r) s.iw[size_t(r)] *= hs * s.iq_scale[size_t(r)] * ds;
 

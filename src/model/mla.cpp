@@ -23,9 +23,26 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
   auto sin_at = [&](int pos) { return &s.rope_sin[size_t(pos) * size_t(R / 2)]; };
 
   // q = q_b(rmsnorm(q_a(x))), per head [nope | rope]; MLA RoPE is interleaved (pairs 2i, 2i+1).
-  kernels::linear(a.q_a_proj, s.xn.data(), n, s.qa.data());
+  // A decode step runs the projections that share an input together (one parallel region
+  // each): q_a, kv_a and the indexer's wk and weights_proj on x; q_b and wq_b on q_a's norm.
+  const bool fused = n == 1 && w.has_indexer;
+  if (fused) {
+    const kernels::LinearJob on_x[] = {{&a.q_a_proj, s.xn.data(), s.qa.data()},
+                                       {&a.kv_a_proj_with_mqa, s.xn.data(), s.kva.data()},
+                                       {&w.indexer.wk, s.xn.data(), s.ik.data()},
+                                       {&w.indexer.weights_proj, s.xn.data(), s.iw.data()}};
+    kernels::linear_multi(on_x, 4);
+  } else {
+    kernels::linear(a.q_a_proj, s.xn.data(), n, s.qa.data());
+    kernels::linear(a.kv_a_proj_with_mqa, s.xn.data(), n, s.kva.data());
+  }
   kernels::rmsnorm(s.qa.data(), a.q_a_layernorm, n, c.q_lora_rank, eps, s.qr.data());
-  kernels::linear(a.q_b_proj, s.qr.data(), n, s.q.data());
+  if (fused) {
+    const kernels::LinearJob on_qr[] = {{&a.q_b_proj, s.qr.data(), s.q.data()}, {&w.indexer.wq_b, s.qr.data(), s.iq.data()}};
+    kernels::linear_multi(on_qr, 2);
+  } else {
+    kernels::linear(a.q_b_proj, s.qr.data(), n, s.q.data());
+  }
   for (int i = 0; i < n; ++i)
     for (int h = 0; h < nh; ++h)
       kernels::rope(&s.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk) + size_t(nope)], R, cos_at(pos0 + i), sin_at(pos0 + i), true);
@@ -33,7 +50,6 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
   // kv_a(x) = [latent | k_rope]; the latent is normalized, the rope key rotated, and both
   // go to the cache. Attention below reads them back from the cache, so a quantized
   // cache (fp8) affects prefill and decode alike, as in deployment.
-  kernels::linear(a.kv_a_proj_with_mqa, s.xn.data(), n, s.kva.data());
   for (int i = 0; i < n; ++i) {
     const float* kv = &s.kva[size_t(i) * size_t(Lr + R)];
     float* lat = &s.latent[size_t(i) * size_t(Lr)];
@@ -46,7 +62,7 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
 
   // Key selection: a full layer runs its own indexer; a shared layer reuses the top-k of
   // the most recent full layer, still in s.topk for these same tokens.
-  if (w.has_indexer) indexer_block(m, w, s, layer, cache_layer, pos0, n, tap);
+  if (w.has_indexer) indexer_block(m, w, s, layer, cache_layer, pos0, n, tap, fused);
   else if (tap && tap->ints)
     for (int i = 0; i < n; ++i) tap->ints("indexer.topk." + std::to_string(layer), pos0 + i, &s.topk[size_t(i) * size_t(K)], K);
 

@@ -70,6 +70,40 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
     if (tap && tap->ints) tap->ints("moe.experts." + std::to_string(layer), pos0 + i, &s.expert_ids[size_t(i) * size_t(k)], k);
   }
 
+  if (n == 1) {
+    // Decode: the k routed experts and the shared expert in two calls, gate+up then down,
+    // each one parallel region over all their rows.
+    const int S = w.has_shared ? w.shared_experts.gate_proj.rows : 0;
+    kernels::LinearJob jobs[2 * 65];
+    int nj = 0;
+    for (int j = 0; j < k; ++j) {
+      const MlpWeights& ex = w.experts[size_t(s.expert_ids[size_t(j)])];
+      jobs[nj++] = {&ex.gate_proj, s.xn.data(), &s.g[size_t(j) * size_t(I)]};
+      jobs[nj++] = {&ex.up_proj, s.xn.data(), &s.u[size_t(j) * size_t(I)]};
+    }
+    if (w.has_shared) {
+      jobs[nj++] = {&w.shared_experts.gate_proj, s.xn.data(), &s.g[size_t(k) * size_t(I)]};
+      jobs[nj++] = {&w.shared_experts.up_proj, s.xn.data(), &s.u[size_t(k) * size_t(I)]};
+    }
+    kernels::linear_multi(jobs, nj);
+    kernels::silu_mul(s.g.data(), s.u.data(), size_t(k) * size_t(I) + size_t(S), s.g.data());
+    nj = 0;
+    for (int j = 0; j < k; ++j)
+      jobs[nj++] = {&w.experts[size_t(s.expert_ids[size_t(j)])].down_proj, &s.g[size_t(j) * size_t(I)], &s.d[size_t(j) * size_t(H)]};
+    if (w.has_shared) jobs[nj++] = {&w.shared_experts.down_proj, &s.g[size_t(k) * size_t(I)], &s.d[size_t(k) * size_t(H)]};
+    kernels::linear_multi(jobs, nj);
+    float* out = s.moe_out.data();
+    std::fill(out, out + H, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      const float wt = s.expert_w[size_t(j)];
+      const float* dj = &s.d[size_t(j) * size_t(H)];
+      for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
+    }
+    if (w.has_shared)
+      for (int h = 0; h < H; ++h) out[h] += s.d[size_t(k) * size_t(H) + size_t(h)];
+    return;
+  }
+
   // Group the (token, slot) pairs by expert so each expert's weights are read once per call.
   std::fill(s.expert_count.begin(), s.expert_count.begin() + E, 0);
   for (int r = 0; r < n * k; ++r) ++s.expert_count[size_t(s.expert_ids[size_t(r)])];

@@ -87,6 +87,19 @@ TEST_P(LinearTwin, CpuMatchesRef) {
   EXPECT_LE(max_rel(e, f), 2e-6);
 }
 
+TEST(KernelTwins, LinearMulti) {
+  const auto a = make_linear(DType::F8_E4M3, 300, 256, 1), b = make_linear(DType::BF16, 37, 200, 2), c = make_linear(DType::F8_E4M3, 5, 517, 3);
+  const auto xa = randv(256, 7), xb = randv(200, 8), xc = randv(517, 9);
+  std::vector<float> ya(300), yb(37), yc(5), ra(300), rb(37), rc(5);
+  const kernels::LinearJob jobs[] = {{&a.l, xa.data(), ya.data()}, {&b.l, xb.data(), yb.data()}, {&c.l, xc.data(), yc.data()}};
+  const kernels::LinearJob refs[] = {{&a.l, xa.data(), ra.data()}, {&b.l, xb.data(), rb.data()}, {&c.l, xc.data(), rc.data()}};
+  kernels::cpu::linear_multi(jobs, 3);
+  kernels::ref::linear_multi(refs, 3);
+  EXPECT_LE(max_rel(ya, ra), 2e-6);
+  EXPECT_LE(max_rel(yb, rb), 2e-6);
+  EXPECT_LE(max_rel(yc, rc), 2e-6);
+}
+
 TEST(KernelTwins, PerHeadSlices) {
   // kv_b-like: 5 heads of [nope 24 | v 20] rows over 256 columns, fp8 with ragged blocks.
   for (DType dt : {DType::F8_E4M3, DType::BF16, DType::F32}) {

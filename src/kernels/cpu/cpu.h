@@ -8,6 +8,7 @@ namespace dsa::kernels::cpu {
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+void linear_multi(const LinearJob* jobs, int n_jobs);
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y);
 void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride);
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y);

@@ -444,6 +444,37 @@ void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, 
 }
 }  // namespace
 
+void linear_multi(const LinearJob* jobs, int n_jobs) {
+  bool fast = has_avx2_fma() && n_jobs <= 64;
+  int64_t total = 0;
+  int64_t start[65];
+  for (int j = 0; j < n_jobs && fast; ++j) {
+    const DType dt = jobs[j].w->dtype;
+    fast = dt == DType::F8_E4M3 || dt == DType::BF16;
+    start[j] = total;
+    total += (jobs[j].w->rows + 3) / 4;  // in groups of four rows
+  }
+  if (!fast) {
+    for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, 1, jobs[j].y, 0, jobs[j].w->rows);
+    return;
+  }
+  start[n_jobs] = total;
+  // Every thread takes an equal share of all the jobs' rows (as groups of four).
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t g0 = total * t / T, g1 = total * (t + 1) / T;
+    for (int j = 0; j < n_jobs; ++j) {
+      const int64_t a = std::max(g0, start[j]), b = std::min(g1, start[j + 1]);
+      if (a >= b) continue;
+      const Linear& w = *jobs[j].w;
+      const int r0 = int(a - start[j]) * 4, r1 = std::min(w.rows, int(b - start[j]) * 4);
+      if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, jobs[j].x, prescale_x(jobs[j].x, w.cols), jobs[j].y, 0, r0, r1);
+      else gemv_bf16_avx2(w, jobs[j].x, jobs[j].y, 0, r0, r1);
+    }
+  }
+}
+
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
   const bool avx = has_avx2_fma();
   DSA_CHECK(w.dtype != DType::F8_E4M3 || w.block_cols <= 512, "weight block wider than 512 columns");

@@ -41,6 +41,10 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
   }
 }
 
+void linear_multi(const LinearJob* jobs, int n_jobs) {
+  for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, 1, jobs[j].y, 0, jobs[j].w->rows);
+}
+
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
   for (int h = 0; h < n_heads; ++h)
     linear_t(w, x + size_t(h) * size_t(x_stride), 1, y + size_t(h) * size_t(w.cols), h * head_stride + row0, nrows);
