@@ -87,6 +87,31 @@ TEST_P(LinearTwin, CpuMatchesRef) {
   EXPECT_LE(max_rel(e, f), 2e-6);
 }
 
+TEST(KernelTwins, Fp8WithOtherBlockSizes) {
+  // Checkpoints may use blocks other than 128x128: scales must follow the block grid in
+  // every path (GEMV, GEMM panels, the transposed direction).
+  for (auto [br, bc] : {std::pair{64, 64}, std::pair{32, 96}, std::pair{128, 48}}) {
+    auto w = make_linear(DType::F8_E4M3, 150, 300, 17);
+    w.l.block_rows = br;
+    w.l.block_cols = bc;
+    w.scale.assign(size_t((150 + br - 1) / br) * size_t((300 + bc - 1) / bc), 0.0f);
+    for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(1.0f, int(i % 7) - 10);
+    w.l.scale = w.scale.data();
+    for (int n : {1, 9}) {
+      const auto x = randv(size_t(n) * 300, 5);
+      std::vector<float> a(size_t(n) * 150), b(a.size());
+      kernels::cpu::linear(w.l, x.data(), n, a.data(), 0, 150);
+      kernels::ref::linear(w.l, x.data(), n, b.data(), 0, 150);
+      EXPECT_LE(max_rel(a, b), 2e-6) << br << "x" << bc << " n=" << n;
+      const auto xt = randv(size_t(n) * 150, 6);
+      std::vector<float> c(size_t(n) * 300), d(c.size());
+      kernels::cpu::linear_t(w.l, xt.data(), n, c.data(), 0, 150);
+      kernels::ref::linear_t(w.l, xt.data(), n, d.data(), 0, 150);
+      EXPECT_LE(max_rel(c, d), 2e-6) << br << "x" << bc << " n=" << n;
+    }
+  }
+}
+
 TEST(KernelTwins, LinearMulti) {
   const auto a = make_linear(DType::F8_E4M3, 300, 256, 1), b = make_linear(DType::BF16, 37, 200, 2), c = make_linear(DType::F8_E4M3, 5, 517, 3);
   const auto xa = randv(256, 7), xb = randv(200, 8), xc = randv(517, 9);
