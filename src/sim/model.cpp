@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/make_model.h"
 
 using nlohmann::json;
 
@@ -47,25 +48,6 @@ constexpr const char* kGlm5 = R"({
   "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
 })";
 
-// The engine's CPU benchmark model (`dsa make-model --preset v32-mini`): DeepSeek-V3.2's
-// architecture and dtypes at 8 layers / hidden 2048.
-constexpr const char* kV32Mini = R"({
-  "model_type": "deepseek_v32", "vocab_size": 129280, "hidden_size": 2048,
-  "intermediate_size": 4096, "moe_intermediate_size": 512, "num_hidden_layers": 8,
-  "num_attention_heads": 16, "q_lora_rank": 512, "kv_lora_rank": 512,
-  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-  "n_routed_experts": 64, "n_shared_experts": 1, "num_experts_per_tok": 6,
-  "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
-  "topk_method": "noaux_tc", "norm_topk_prob": true, "first_k_dense_replace": 1,
-  "moe_layer_freq": 1, "index_n_heads": 16, "index_head_dim": 128, "index_topk": 2048,
-  "num_nextn_predict_layers": 0, "rms_norm_eps": 1e-6, "max_position_embeddings": 163840,
-  "bos_token_id": 0, "eos_token_id": 1, "rope_theta": 10000,
-  "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-  "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
-                          "weight_block_size": [128, 128]}
-})";
-
 std::string with_fields(const char* base, const json& patch) {
   json j = json::parse(base);
   for (auto it = patch.begin(); it != patch.end(); ++it) j[it.key()] = it.value();
@@ -87,7 +69,9 @@ std::string builtin_model_json(const std::string& name) {
     return with_fields(kGlm5, {{"index_topk_freq", 4}, {"index_skip_topk_offset", 3},
                                {"max_position_embeddings", 1048576},
                                {"rope_parameters", {{"rope_theta", 8000000}, {"rope_type", "default"}}}});
-  if (name == "v32-mini") return kV32Mini;
+  // The engine's CPU benchmark model: the very config `dsa make-model --preset v32-mini`
+  // writes, so the planner and the benchmark cannot drift apart.
+  if (name == "v32-mini") return make_model_config("v32-mini", "fp8");
   std::string list;
   for (const auto& n : builtin_model_names()) list += (list.empty() ? "" : ", ") + n;
   throw Error("unknown model '" + name + "' (built-in models: " + list + "; or give a model directory or config.json)");
