@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json.h"
 
 using nlohmann::json;
 
@@ -125,13 +126,7 @@ void parse_indexer_schedule(const Reader& r, ModelConfig& c) {
 }  // namespace
 
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(where + ": malformed JSON: " + e.what());
-  }
-  if (!j.is_object()) throw Error(where + ": expected a JSON object");
+  const json j = parse_json_object(text, where);
   Reader r{j, where};
   ModelConfig c;
   c.model_type = r.opt_str("model_type", "");

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json.h"
 #include "sim/probe.h"
 
 using nlohmann::json;
@@ -117,13 +118,7 @@ std::string builtin_hardware_json(const std::string& name) {
 }
 
 Hardware hardware_from_json_text(const std::string& text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(where + ": malformed JSON: " + e.what());
-  }
-  if (!j.is_object()) throw Error(where + ": expected a JSON object");
+  const json j = parse_json_object(text, where);
   Hardware h;
   h.name = j.value("name", where);
   h.description = j.value("description", "");

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json.h"
 #include "model/make_model.h"
 
 using nlohmann::json;
@@ -78,13 +79,7 @@ std::string builtin_model_json(const std::string& name) {
 }
 
 SimModel model_from_json_text(const std::string& text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(where + ": malformed JSON: " + e.what());
-  }
-  if (!j.is_object()) throw Error(where + ": expected a JSON object");
+  json j = parse_json_object(text, where);
   SimModel m;
   m.name = where;
   if (j.value("model_type", "") == "deepseek_v3") {
