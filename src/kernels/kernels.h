@@ -109,7 +109,10 @@ void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes,
 // q8 [n_heads, 128] e4m3 codes; k8 [n_keys, 128] e4m3 codes; w already holds q_scale.
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
                     int n_keys, float* out);
-// The k largest of scores[0..n) (k <= n), highest first, ties toward the lower index.
+// The positions of the k largest of scores[0..n) (k <= n), ties toward the lower
+// position, listed in ascending position order: the sparse attention then walks the
+// cache forward, and no sort of the winners is needed. Compare as sets with references
+// that list by score.
 void topk(const float* scores, int n, int k, int32_t* out);
 
 // ---- MLA caches and attention ---------------------------------------------------

@@ -49,8 +49,7 @@ void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, i
   for (int r = 0; r < n * nih; ++r) s.iw[size_t(r)] *= hs * s.iq_scale[size_t(r)] * ds;
 
   // Causal: query at position p scores keys 0..p and keeps min(index_topk, p + 1).
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && !tap)
-  for (int i = 0; i < n; ++i) {
+  auto one_query = [&](int i) {
     const int n_keys = pos0 + i + 1, k = std::min(K, n_keys);
     float* sc = &s.scores[size_t(omp_get_thread_num()) * size_t(s.opt.max_ctx)];
     int32_t* sel = &s.topk[size_t(i) * size_t(K)];
@@ -63,6 +62,15 @@ void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, i
       if (tap->floats) tap->floats("indexer.scores." + std::to_string(layer), pos0 + i, sc, n_keys);
       if (tap->ints) tap->ints("indexer.topk." + std::to_string(layer), pos0 + i, sel, K);
     }
+  };
+  // Many queries (prefill): one per thread. One query (decode): the scan parallelizes
+  // inside the kernel. Not an `if(false)` parallel region around it: a parallel region
+  // nested in even an inactive one builds a fresh thread team on every call.
+  if (n > 1 && !tap) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; ++i) one_query(i);
+  } else {
+    for (int i = 0; i < n; ++i) one_query(i);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -22,13 +23,46 @@ using Clock = std::chrono::steady_clock;
 
 int resolve_threads(int threads) { return threads > 0 ? threads : std::max(1, omp_get_max_threads()); }
 
-// Sums the buffer so the compiler cannot drop the loads; the sum goes to a volatile sink.
-double read_pass(const double* buf, size_t n, int threads) {
-  double total = 0.0;
-#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
-  for (size_t i = 0; i < n; i += 8) {
-    // Four independent partial sums keep the adder pipeline from limiting the read rate.
-    total += (buf[i] + buf[i + 1] + buf[i + 2] + buf[i + 3]) + (buf[i + 4] + buf[i + 5] + buf[i + 6] + buf[i + 7]);
+// Reads the buffer once, each thread a contiguous share. The loaded values are folded
+// with XOR (one cheap op per load, no floating-point dependency chain) into a sink so
+// the loads cannot be dropped; with AVX2 four 32-byte loads per step keep enough
+// misses in flight that the memory system, not the core, sets the rate.
+#ifdef DSA_SIM_X86
+__attribute__((target("avx2"))) uint64_t read_share_avx2(const uint8_t* p, size_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 128 <= bytes; i += 128) {
+    a0 = _mm256_xor_si256(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_xor_si256(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_xor_si256(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_xor_si256(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+  return uint64_t(_mm256_extract_epi64(a, 0) ^ _mm256_extract_epi64(a, 3));
+}
+#endif
+
+uint64_t read_share_scalar(const uint8_t* p, size_t bytes) {
+  const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (size_t i = 0; i + 4 <= bytes / 8; i += 4) {
+    a0 ^= q[i]; a1 ^= q[i + 1]; a2 ^= q[i + 2]; a3 ^= q[i + 3];
+  }
+  return a0 ^ a1 ^ a2 ^ a3;
+}
+
+uint64_t read_pass(const uint8_t* buf, size_t bytes, int threads, bool avx2) {
+  uint64_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(^ : total)
+  {
+    const size_t t = size_t(omp_get_thread_num()), T = size_t(omp_get_num_threads());
+    const size_t share = bytes / T / 128 * 128;
+    const uint8_t* p = buf + t * share;
+#ifdef DSA_SIM_X86
+    total ^= avx2 ? read_share_avx2(p, share) : read_share_scalar(p, share);
+#else
+    (void)avx2;
+    total ^= read_share_scalar(p, share);
+#endif
   }
   return total;
 }
@@ -63,24 +97,30 @@ double fma_kernel_scalar(int64_t iters) {
 }
 constexpr double kScalarFlopsPerIter = 8 * 2;
 
-volatile double g_sink = 0.0;
+volatile uint64_t g_sink = 0;
 
 }  // namespace
 
 double measure_read_bandwidth_gbps(int threads) {
   threads = resolve_threads(threads);
-  // 256 MiB: far beyond any LLC we expect, small enough for test machines.
-  const size_t n = (size_t(256) << 20) / sizeof(double);
-  std::unique_ptr<double[]> buf(new double[n]);
+  bool avx2 = false;
+#ifdef DSA_SIM_X86
+  __builtin_cpu_init();
+  avx2 = __builtin_cpu_supports("avx2");
+#endif
+  // 512 MiB: far beyond any LLC we expect, small enough for test machines.
+  const size_t bytes = size_t(512) << 20;
+  std::unique_ptr<uint8_t[]> owner(new uint8_t[bytes + 64]);
+  uint8_t* buf = owner.get() + (64 - reinterpret_cast<uintptr_t>(owner.get()) % 64) % 64;  // 32-byte aligned loads
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (size_t i = 0; i < n; ++i) buf[i] = double(i & 1023) * 1e-3;  // first touch by the reading thread
+  for (size_t i = 0; i < bytes; i += 4096) std::memset(buf + i, int(i >> 12), 4096);  // first touch by the reading thread
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    g_sink = g_sink + read_pass(buf.get(), n, threads);
+    g_sink = g_sink ^ read_pass(buf, bytes, threads, avx2);
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return double(n * sizeof(double)) / best / 1e9;
+  return double(bytes / size_t(threads) / 128 * 128 * size_t(threads)) / best / 1e9;
 }
 
 double measure_peak_gflops(int threads) {
@@ -104,7 +144,7 @@ double measure_peak_gflops(int threads) {
       acc += fma_kernel_scalar(iters);
 #endif
     }
-    g_sink = g_sink + acc;
+    g_sink = g_sink + uint64_t(acc > 0);
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
 #ifdef DSA_SIM_X86

@@ -169,24 +169,30 @@ TEST(KernelTwins, TopkWithTiesGoesToLowerIndex) {
     for (int k : {1, 3, 64, 2048}) {
       if (k > n) continue;
       std::vector<float> s(static_cast<size_t>(n));
-      for (auto& v : s) v = float(rng() % 50);  // many ties
+      // Many ties, negative scores and both zeros (-0 ties with +0, as in the reference).
+      for (auto& v : s) v = rng() % 7 == 0 ? -0.0f : float(int(rng() % 50) - 20) * 0.5f;
       std::vector<int32_t> a(static_cast<size_t>(k)), b(static_cast<size_t>(k));
       kernels::cpu::topk(s.data(), n, k, a.data());
       kernels::ref::topk(s.data(), n, k, b.data());
       EXPECT_EQ(a, b) << "n=" << n << " k=" << k;
     }
-  // A hand-computed case: ties at the boundary keep the lower positions.
+  // Hand-computed cases: ties at the boundary keep the lower positions; the result lists
+  // positions in ascending order.
   const std::vector<float> s = {1, 3, 2, 3, 2, 0};
   std::vector<int32_t> out(3);
   kernels::topk(s.data(), 6, 3, out.data());
-  EXPECT_EQ(out, (std::vector<int32_t>{1, 3, 2}));
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 3}));
+  const std::vector<float> neg = {-1.5f, -0.0f, 0.0f, -3.0f, 2.0f};
+  std::vector<int32_t> two(2);
+  kernels::topk(neg.data(), 5, 2, two.data());
+  EXPECT_EQ(two, (std::vector<int32_t>{1, 4}));  // 2.0, then -0 (ties with +0, lower position)
 }
 
 class CacheTwin : public ::testing::TestWithParam<CacheType> {};
 
 TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   const CacheType type = GetParam();
-  const int L = 160, R = 16, heads = 8, ctx = 300, nope = 24, vd = 20;
+  const int L = 160, R = 16, heads = 16, ctx = 300, nope = 24, vd = 20;
   MlaCacheView c;
   c.type = type;
   c.kv_lora = L;
@@ -216,6 +222,10 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, a.data());
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, b.data());
   EXPECT_LE(max_rel(a, b), 1e-5);
+  // 12 heads: the last lane group is half padding.
+  kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), 12, many.data(), int(many.size()), 0.3f, a.data());
+  kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), 12, many.data(), int(many.size()), 0.3f, b.data());
+  EXPECT_LE(max_rel(std::vector<float>(a.begin(), a.begin() + 12 * L), std::vector<float>(b.begin(), b.begin() + 12 * L)), 1e-5);
   // Odd head counts take the portable path; it must agree too.
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, a.data());
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, b.data());

@@ -30,75 +30,43 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 s) {
   return _mm_cvtss_f32(h);
 }
 
-// scores[h][j] = (q[h] . k[j]) * scale for 4 heads x 4 tokens at once: 8 loads feed 16
-// FMAs (a plain dot product needs two loads per FMA and starves the FMA units).
-// q rows have stride dq, k rows stride dk; d (the shared length) is a multiple of 8.
-__attribute__((target("avx2,fma"))) inline void scores_4x4(const float* q, size_t dq, const float* const* k, int d, float* out,
-                                                          size_t ldo) {
-  __m256 acc[4][4];
-  for (int h = 0; h < 4; ++h)
-    for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
-  for (int i = 0; i < d; i += 8) {
-    const __m256 k0 = _mm256_loadu_ps(k[0] + i), k1 = _mm256_loadu_ps(k[1] + i), k2 = _mm256_loadu_ps(k[2] + i),
-                 k3 = _mm256_loadu_ps(k[3] + i);
-    for (int h = 0; h < 4; ++h) {
-      const __m256 qh = _mm256_loadu_ps(q + size_t(h) * dq + size_t(i));
-      acc[h][0] = _mm256_fmadd_ps(qh, k0, acc[h][0]);
-      acc[h][1] = _mm256_fmadd_ps(qh, k1, acc[h][1]);
-      acc[h][2] = _mm256_fmadd_ps(qh, k2, acc[h][2]);
-      acc[h][3] = _mm256_fmadd_ps(qh, k3, acc[h][3]);
-    }
-  }
-  for (int h = 0; h < 4; ++h)
-    for (int j = 0; j < 4; ++j) out[size_t(h) * ldo + size_t(j)] += hsum(acc[h][j]);
-}
-
-// One key against all heads. q holds the heads' fp8 values already converted to f32
-// (scaled by 2^-8 like the key): products of two e4m3 values are exact in f32, so only
-// the summation order differs from the reference.
-__attribute__((target("avx2,fma,f16c"))) void indexer_scores_avx2(const float* qf, const float* w, int n_heads,
-                                                                  const uint8_t* k8, const float* k_scale, int t0,
-                                                                  int t1, float* out) {
-  for (int t = t0; t < t1; ++t) {
-    __m256 k[16];
-    for (int j = 0; j < 16; ++j) k[j] = fp8x8_to_f32_scaled(k8 + size_t(t) * 128 + size_t(j) * 8);
-    float s = 0;
-    for (int h = 0; h < n_heads; ++h) {
-      const float* q = qf + size_t(h) * 128;
-      __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(q), k[0]);
-      __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(q + 8), k[1]);
-      for (int j = 2; j < 16; j += 2) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * j), k[j], a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * j + 8), k[j + 1], a1);
-      }
-      const float dot = hsum(_mm256_add_ps(a0, a1)) * 65536.0f;  // undo the two 2^-8
-      s += w[h] * std::max(dot, 0.0f);
-    }
-    out[t] = s * k_scale[t];
-  }
-}
-
-// Four keys at a time against every head (n_heads a multiple of 4): the keys are widened
-// once into a small L1 tile, then 4 heads x 4 keys dot products share their loads.
-__attribute__((target("avx2,fma,f16c"))) void indexer_scores_blocked(const float* qf, const float* w, int n_heads, const uint8_t* k8,
-                                                                     const float* k_scale, int t0, int t1, float* out) {
-  alignas(32) float kb[4][128];
-  alignas(32) float dots[64 * 4];
-  for (int t = t0; t < t1; t += 4) {
-    const int cnt = std::min(4, t1 - t);
-    const float* rows[4];
-    for (int j = 0; j < 4; ++j) {
-      const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;
+// Heads in SIMD lanes, eight keys at a time: acc_j[h] += qT[d][h] * k_j[d], one q load
+// and eight broadcasts feeding eight FMAs per d, and no horizontal sum until each key's
+// ReLU-weighted head sum. q and the keys are e4m3 values widened to f32 (each 2^-8 too
+// small, undone in w): products of two e4m3 values are exact in f32, so only the
+// summation order differs from the reference. qT is [128][hp] with hp = n_heads rounded
+// up to 8; padded heads have q = 0 and w = 0 and add nothing.
+__attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* qT, const float* w, int hp, const uint8_t* k8,
+                                                                   const float* k_scale, int t0, int t1, float* out) {
+  alignas(32) float kb[8][128];
+  for (int t = t0; t < t1; t += 8) {
+    const int cnt = std::min(8, t1 - t);
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
       for (int c = 0; c < 128; c += 8) _mm256_store_ps(&kb[j][c], fp8x8_to_f32_scaled(src + c));
-      rows[j] = kb[j];
     }
-    std::fill(dots, dots + n_heads * 4, 0.0f);
-    for (int h = 0; h < n_heads; h += 4) scores_4x4(qf + size_t(h) * 128, 128, rows, 128, dots + h * 4, 4);
-    for (int j = 0; j < cnt; ++j) {
-      float s = 0;
-      for (int h = 0; h < n_heads; ++h) s += w[h] * std::max(dots[h * 4 + j] * 65536.0f, 0.0f);  // undo the two 2^-8
-      out[t + j] = s * k_scale[t + j];
+    alignas(32) float part[8][8] = {};  // per key, the weighted ReLU sums still spread over 8 lanes
+    for (int hg = 0; hg < hp; hg += 8) {
+      // Named accumulators: an array whose address escapes would live in memory.
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+      const float* qd = qT + hg;
+      for (int d = 0; d < 128; ++d, qd += hp) {
+        const __m256 q = _mm256_load_ps(qd);
+        a0 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[0][d]), a0);
+        a1 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[1][d]), a1);
+        a2 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[2][d]), a2);
+        a3 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[3][d]), a3);
+        a4 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[4][d]), a4);
+        a5 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[5][d]), a5);
+        a6 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[6][d]), a6);
+        a7 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[7][d]), a7);
+      }
+      const __m256 wv = _mm256_loadu_ps(w + hg), zero = _mm256_setzero_ps();
+      const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+      for (int j = 0; j < 8; ++j)
+        _mm256_store_ps(part[j], _mm256_fmadd_ps(_mm256_max_ps(acc[j], zero), wv, _mm256_load_ps(part[j])));
     }
+    for (int j = 0; j < cnt; ++j) out[t + j] = hsum(_mm256_load_ps(part[j])) * k_scale[t + j];
   }
 }
 
@@ -110,40 +78,63 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_
     ref::indexer_scores(q8, w, n_heads, k8, k_scale, n_keys, out);
     return;
   }
-  alignas(32) float qf[64 * 128];
-  for (int i = 0; i < n_heads * 128; ++i) qf[i] = fp8_e4m3_to_f32(q8[i]) / 256.0f;
-  // Memory-bound scan over every cached key (132 bytes each): split keys across threads.
+  const int hp = (n_heads + 7) / 8 * 8;
+  alignas(32) float qT[128 * 64];
+  alignas(32) float wp[64];
+  for (int h = 0; h < hp; ++h) {
+    wp[h] = h < n_heads ? w[h] * 65536.0f : 0.0f;  // undoes the two 2^-8 (positive: commutes with ReLU)
+    for (int d = 0; d < 128; ++d) qT[d * hp + h] = h < n_heads ? fp8_e4m3_to_f32(q8[h * 128 + d]) / 256.0f : 0.0f;
+  }
+  // The scan over every cached key (132 bytes each) splits the keys across threads.
   const int chunk = 256;
   const int n_chunks = (n_keys + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) if (n_chunks > 1)
-  for (int c = 0; c < n_chunks; ++c) {
-    if (n_heads % 4 == 0) indexer_scores_blocked(qf, w, n_heads, k8, k_scale, c * chunk, std::min(n_keys, (c + 1) * chunk), out);
-    else indexer_scores_avx2(qf, w, n_heads, k8, k_scale, c * chunk, std::min(n_keys, (c + 1) * chunk), out);
-  }
+  for (int c = 0; c < n_chunks; ++c)
+    indexer_scores_lanes(qT, wp, hp, k8, k_scale, c * chunk, std::min(n_keys, (c + 1) * chunk), out);
 }
 
+namespace {
+// Scores as unsigned keys in the same order (higher key = higher score), branch-free:
+// positive floats get the top bit set, negative ones are inverted. Adding +0 first
+// turns -0 into +0, so the two zeros tie as they do for the reference's comparison.
+inline uint32_t order_key(float f) {
+  f += 0.0f;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
+}
+}  // namespace
+
 void topk(const float* scores, int n, int k, int32_t* out) {
-  // Partial selection, not a full sort: one pass keeps a threshold-based candidate set.
-  // Ordering (score desc, index asc) makes ties go to the lower position.
+  // Selection without sorting and without a copy of the scores: a radix select on the
+  // order keys (11 + 11 + 10 bits; each pass histograms only the keys that match the bits
+  // fixed so far) finds the k-th largest key tau exactly and how many keys equal to tau
+  // belong to the set. A last pass emits, in position order, every key above tau and the
+  // first `ties` keys at tau: ties go to the lower positions.
   DSA_CHECK(k <= n, "topk: k > n");
   if (k == 0) return;
-  auto better = [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
-  if (k == n) {
-    for (int i = 0; i < n; ++i) out[i] = i;
-    std::sort(out, out + n, better);
-    return;
-  }
-  // Min-heap of the best k seen so far (root = worst kept).
-  for (int i = 0; i < k; ++i) out[i] = i;
-  std::make_heap(out, out + k, better);
-  for (int i = k; i < n; ++i) {
-    if (better(i, out[0])) {
-      std::pop_heap(out, out + k, better);
-      out[k - 1] = i;
-      std::push_heap(out, out + k, better);
+  uint32_t prefix = 0, hi_mask = 0;
+  int need = k;  // keys still wanted among those matching `prefix` on the fixed bits
+  constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10};
+  for (int level = 0; level < 3; ++level) {
+    uint32_t hist[2048] = {};
+    const int sh = kShift[level];
+    const uint32_t low = (1u << kBits[level]) - 1;
+    for (int i = 0; i < n; ++i) {
+      const uint32_t key = order_key(scores[i]);
+      if ((key & hi_mask) == prefix) ++hist[(key >> sh) & low];
     }
+    int bin = int(low);
+    for (; bin > 0 && int(hist[bin]) < need; --bin) need -= int(hist[bin]);
+    prefix |= uint32_t(bin) << sh;
+    hi_mask |= low << sh;
   }
-  std::sort_heap(out, out + k, better);
+  const uint32_t tau = prefix;
+  int m = 0, ties = need;
+  for (int i = 0; i < n && m < k; ++i) {
+    const uint32_t key = order_key(scores[i]);
+    if (key > tau || (key == tau && ties-- > 0)) out[m++] = i;
+  }
 }
 
 namespace {
@@ -188,10 +179,23 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
     case CacheType::FP8_656: {
       const int nb = (L + 127) / 128;
       int i = 0;
-      for (; i + 8 <= L; i += 8) {
+      // e4m3 -> f32 by bit placement: sign-extend each byte to 32 bits, shift the sign and
+      // exponent/mantissa bits into place (the pattern is 2^-120 times the e4m3 value,
+      // subnormal codes included), and fold the 2^120 into the block scale: one exact
+      // multiply, no conversion instruction.
+      const __m256i em = _mm256_set1_epi32(int32_t(0x87F00000u));
+      for (; i + 128 <= L; i += 128) {
         float s;
         std::memcpy(&s, p + L + 4 * (i / 128), 4);
-        _mm256_storeu_ps(buf + i, _mm256_mul_ps(fp8x8_to_f32_scaled(p + i), _mm256_set1_ps(s * 256.0f)));
+        if (!(s < 0x1p7f)) {  // s * 2^120 would overflow: the plain conversion
+          for (int k = 0; k < 128; ++k) buf[i + k] = fp8_e4m3_to_f32(p[i + k]) * s;
+          continue;
+        }
+        const __m256 sv = _mm256_set1_ps(s * 0x1p120f);
+        for (int k = 0; k < 128; k += 8) {
+          const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i + k)));
+          _mm256_storeu_ps(buf + i + k, _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), em)), sv));
+        }
       }
       for (; i < L; ++i) {
         float s;
@@ -212,10 +216,53 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
 
 namespace {
 
-// o[h][0:d] += Σ_j p[h][j] k[j][0:d] for 4 heads over nj tokens, 16 columns at a time
-// held in registers across the whole token loop.
-__attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p, size_t ldp, const float* kbuf, size_t ldk, int nj,
-                                                                 int d, float* o, size_t ldo) {
+// exp for 8 lanes (Cephes' expf scheme): x = n ln2 + r with |r| <= ln2/2, a degree-6
+// polynomial for e^r, 2^n through the exponent bits. About 1 ulp over the softmax's
+// range (x <= 0); below -87.3 it returns ~1e-38 instead of 0, which no softmax notices.
+__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-87.3365447504f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// s[j][h] = Σ_d k_j[d] qT[d][h] for 8 tokens (rows k[0..7], d values each) and the 8 heads
+// of one lane group: heads in SIMD lanes, one q load and eight broadcasts per d feed
+// eight FMAs, no horizontal sums. qT rows have stride ldq; s rows stride lds.
+__attribute__((target("avx2,fma"))) inline void scores_8tok(const float* qT, size_t ldq, const float* const* k, int d, float* s,
+                                                           size_t lds) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[4], *k5 = k[5], *k6 = k[6], *k7 = k[7];
+  for (int i = 0; i < d; ++i, qT += ldq) {
+    const __m256 q = _mm256_load_ps(qT);
+    a0 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + i), a0);
+    a1 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k1 + i), a1);
+    a2 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k2 + i), a2);
+    a3 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k3 + i), a3);
+    a4 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k4 + i), a4);
+    a5 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k5 + i), a5);
+    a6 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k6 + i), a6);
+    a7 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k7 + i), a7);
+  }
+  _mm256_store_ps(s + 0 * lds, a0); _mm256_store_ps(s + 1 * lds, a1);
+  _mm256_store_ps(s + 2 * lds, a2); _mm256_store_ps(s + 3 * lds, a3);
+  _mm256_store_ps(s + 4 * lds, a4); _mm256_store_ps(s + 5 * lds, a5);
+  _mm256_store_ps(s + 6 * lds, a6); _mm256_store_ps(s + 7 * lds, a7);
+}
+
+// o[h][0:d] += Σ_j p[j][h] k_j[0:d] for 4 heads over nj tokens, 16 columns at a time
+// held in registers across the whole token loop. p rows (one per token) have stride ldp.
+__attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p, size_t ldp, const float* const* k, int nj, int d,
+                                                                 float* o, size_t ldo) {
   for (int c = 0; c < d; c += 16) {
     __m256 acc[4][2];
     for (int h = 0; h < 4; ++h) {
@@ -223,10 +270,10 @@ __attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p
       acc[h][1] = _mm256_loadu_ps(o + size_t(h) * ldo + size_t(c) + 8);
     }
     for (int j = 0; j < nj; ++j) {
-      const float* kj = kbuf + size_t(j) * ldk + size_t(c);
-      const __m256 k0 = _mm256_loadu_ps(kj), k1 = _mm256_loadu_ps(kj + 8);
+      const __m256 k0 = _mm256_loadu_ps(k[j] + c), k1 = _mm256_loadu_ps(k[j] + c + 8);
+      const float* pj = p + size_t(j) * ldp;
       for (int h = 0; h < 4; ++h) {
-        const __m256 ph = _mm256_broadcast_ss(p + size_t(h) * ldp + size_t(j));
+        const __m256 ph = _mm256_broadcast_ss(pj + h);
         acc[h][0] = _mm256_fmadd_ps(ph, k0, acc[h][0]);
         acc[h][1] = _mm256_fmadd_ps(ph, k1, acc[h][1]);
       }
@@ -240,99 +287,111 @@ __attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p
 
 }  // namespace
 
-void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
-                       const int32_t* idx, int n_idx, float scale, float* o_lat) {
+namespace {
+__attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheView& c, const float* q_lat, const float* q_rope,
+                                                                 int n_heads, const int32_t* idx, int n_idx, float scale,
+                                                                 float* o_lat) {
   const int L = c.kv_lora, R = c.rope, H = n_heads;
-  if (!has_avx2_fma() || H % 4 != 0 || L % 16 != 0 || R % 8 != 0 || L + R > 2048) {
-    ref::mla_sparse_decode(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
-    return;
-  }
   // Split-K across threads (flash-decoding): each thread takes a range of the selected
   // tokens, dequantizes them once into a tile shared by all heads (MQA: one latent
-  // serves every head), computes exact softmax partials in two register-blocked passes,
-  // and the partials are merged.
+  // serves every head), computes exact softmax partials in two register-blocked passes
+  // (heads in SIMD lanes), and the partials are merged.
   constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 KB (L2)
+  const int hp = (H + 7) / 8 * 8;  // heads padded to whole lane groups (pad q = 0, unused)
+  const int D = L + R;
   const int nt = std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
+  // Grown to the largest call, then reused: no allocation once warm.
+  static std::vector<float> qT;                       // [D][hp]: the query, transposed, times `scale`
+  static std::vector<float> part_o, part_m, part_l;  // [nt][H][L], [nt][hp]
   static thread_local std::vector<float> scores, tile;
-  static std::vector<float> part_o, part_m, part_l;  // [nt][H][L], [nt][H]
+  if (qT.size() < size_t(D) * size_t(hp) + 8) qT.resize(size_t(D) * size_t(hp) + 8);
   if (part_o.size() < size_t(nt) * size_t(H) * size_t(L)) part_o.resize(size_t(nt) * size_t(H) * size_t(L));
-  if (part_m.size() < size_t(nt) * size_t(H)) { part_m.resize(size_t(nt) * size_t(H)); part_l.resize(size_t(nt) * size_t(H)); }
+  if (part_m.size() < size_t(nt) * size_t(hp)) { part_m.resize(size_t(nt) * size_t(hp)); part_l.resize(size_t(nt) * size_t(hp)); }
+  // 32-byte aligned rows for the lane loads (the vector's storage is 16-byte aligned).
+  float* qt = qT.data() + (8 - (reinterpret_cast<uintptr_t>(qT.data()) / 4) % 8) % 8;
+  for (int d = 0; d < D; ++d)
+    for (int h = 0; h < hp; ++h)
+      qt[size_t(d) * size_t(hp) + size_t(h)] = h < H ? scale * (d < L ? q_lat[size_t(h) * size_t(L) + size_t(d)] : q_rope[size_t(h) * size_t(R) + size_t(d - L)]) : 0.0f;
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
     const int j0 = int(int64_t(n_idx) * t / nt), j1 = int(int64_t(n_idx) * (t + 1) / nt), nj = j1 - j0;
     // Sized once for DeepSeek's index_topk (2048) so growing contexts never reallocate.
-    if (scores.size() < size_t(H) * size_t(std::max(nj + 4, 2048))) scores.resize(size_t(H) * size_t(std::max(nj + 4, 2048)));
-    if (tile.size() < size_t(kTile) * size_t(L + R)) tile.resize(size_t(kTile) * size_t(L + R));
-    const size_t lds = size_t(nj + 4), ldt = size_t(L + R);
+    const size_t rows_cap = size_t(std::max(nj, 2048) + 8);
+    if (scores.size() < rows_cap * size_t(hp) + 8) scores.resize(rows_cap * size_t(hp) + 8);
+    if (tile.size() < size_t(kTile) * size_t(D)) tile.resize(size_t(kTile) * size_t(D));
+    float* sc = scores.data() + (8 - (reinterpret_cast<uintptr_t>(scores.data()) / 4) % 8) % 8;  // [token][hp]
     float* o = &part_o[size_t(t) * size_t(H) * size_t(L)];
-    float* m = &part_m[size_t(t) * size_t(H)];
-    float* l = &part_l[size_t(t) * size_t(H)];
-    std::fill(scores.begin(), scores.begin() + ptrdiff_t(size_t(H) * lds), 0.0f);
+    float* m = &part_m[size_t(t) * size_t(hp)];
+    float* l = &part_l[size_t(t) * size_t(hp)];
     std::fill(o, o + size_t(H) * size_t(L), 0.0f);
-    auto load_tile = [&](int jt, int cnt, const float** rows) {
-      for (int j = 0; j < 4 * ((cnt + 3) / 4); ++j) {
-        float* dst = &tile[size_t(j) * ldt];
-        if (j < cnt) {
-          const float* src = load_token(c, idx[j0 + jt + j], dst);
-          rows[j] = src;
-        } else {
-          rows[j] = rows[0];  // padding columns of the last 4-block: computed, never used
-        }
-      }
+    const float* rows[kTile + 8];
+    auto load_tile = [&](int jt, int cnt) {
+      for (int j = 0; j < cnt; ++j) rows[j] = load_token(c, idx[j0 + jt + j], &tile[size_t(j) * size_t(D)]);
+      for (int j = cnt; j < (cnt + 7) / 8 * 8; ++j) rows[j] = rows[0];  // padding tokens: computed, never used
     };
-    const float* rows[kTile];
-    // Pass 1: scores for every (head, token).
+    // Pass 1: scaled scores for every (token, head), running max per head.
+    __m256 mx[32];
+    for (int g = 0; g < hp / 8; ++g) mx[g] = _mm256_set1_ps(-INFINITY);
     for (int jt = 0; jt < nj; jt += kTile) {
       const int cnt = std::min(kTile, nj - jt);
-      load_tile(jt, cnt, rows);
-      for (int jb = 0; jb < cnt; jb += 4)
-        for (int h = 0; h < H; h += 4) {
-          float* out = &scores[size_t(h) * lds + size_t(jt + jb)];
-          scores_4x4(q_lat + size_t(h) * size_t(L), size_t(L), rows + jb, L, out, lds);
-          const float* kr[4] = {rows[jb] + L, rows[jb + 1] + L, rows[jb + 2] + L, rows[jb + 3] + L};
-          scores_4x4(q_rope + size_t(h) * size_t(R), size_t(R), kr, R, out, lds);
+      load_tile(jt, cnt);
+      for (int jb = 0; jb < cnt; jb += 8)
+        for (int g = 0; g < hp / 8; ++g) {
+          float* out = sc + size_t(jt + jb) * size_t(hp) + size_t(8 * g);
+          scores_8tok(qt + 8 * g, size_t(hp), rows + jb, D, out, size_t(hp));
+          for (int j = jb; j < std::min(cnt, jb + 8); ++j)
+            mx[g] = _mm256_max_ps(mx[g], _mm256_load_ps(sc + size_t(jt + j) * size_t(hp) + size_t(8 * g)));
         }
     }
-    for (int h = 0; h < H; ++h) {
-      float* sh = &scores[size_t(h) * lds];
-      float mx = -INFINITY;
-      for (int j = 0; j < nj; ++j) mx = std::max(mx, sh[j] *= scale);
-      float sum = 0;
-      for (int j = 0; j < nj; ++j) sum += (sh[j] = std::exp(sh[j] - mx));
-      m[h] = mx;
-      l[h] = sum;
+    // p = e^(s - max) in place, and the per-head sums.
+    for (int g = 0; g < hp / 8; ++g) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int j = 0; j < nj; ++j) {
+        float* sj = sc + size_t(j) * size_t(hp) + size_t(8 * g);
+        const __m256 pj = exp8(_mm256_sub_ps(_mm256_load_ps(sj), mx[g]));
+        _mm256_store_ps(sj, pj);
+        sum = _mm256_add_ps(sum, pj);
+      }
+      _mm256_storeu_ps(m + 8 * g, mx[g]);
+      _mm256_storeu_ps(l + 8 * g, sum);
     }
-    // Pass 2: o[h] += p[h][j] latent[j], the tile dequantized again (cheaper than
+    // Pass 2: o[h] += p[j][h] latent[j], the tile dequantized again (cheaper than
     // keeping every selected latent resident).
     for (int jt = 0; jt < nj; jt += kTile) {
       const int cnt = std::min(kTile, nj - jt);
-      load_tile(jt, cnt, rows);
-      if (c.type != CacheType::F32)
-        for (int h = 0; h < H; h += 4)
-          accumulate_4heads(&scores[size_t(h) * lds + size_t(jt)], lds, tile.data(), ldt, cnt, L, o + size_t(h) * size_t(L), size_t(L));
-      else
-        for (int j = 0; j < cnt; ++j)
-          for (int h = 0; h < H; ++h) axpy8(scores[size_t(h) * lds + size_t(jt + j)], rows[j], o + size_t(h) * size_t(L), L);
+      load_tile(jt, cnt);
+      for (int h = 0; h < H; h += 4)
+        accumulate_4heads(sc + size_t(jt) * size_t(hp) + size_t(h), size_t(hp), rows, cnt, L, o + size_t(h) * size_t(L), size_t(L));
     }
   }
   // Merge: o = Σ_t e^(m_t - M) o_t / Σ_t e^(m_t - M) l_t.
   for (int h = 0; h < H; ++h) {
     float M = -INFINITY;
-    for (int t = 0; t < nt; ++t) M = std::max(M, part_m[size_t(t) * size_t(H) + size_t(h)]);
+    for (int t = 0; t < nt; ++t) M = std::max(M, part_m[size_t(t) * size_t(hp) + size_t(h)]);
     float denom = 0;
     float* out = o_lat + size_t(h) * size_t(L);
     std::fill(out, out + L, 0.0f);
     for (int t = 0; t < nt; ++t) {
-      const float lt = part_l[size_t(t) * size_t(H) + size_t(h)];
+      const float lt = part_l[size_t(t) * size_t(hp) + size_t(h)];
       if (lt == 0) continue;
-      const float w = std::exp(part_m[size_t(t) * size_t(H) + size_t(h)] - M);
+      const float w = std::exp(part_m[size_t(t) * size_t(hp) + size_t(h)] - M);
       denom += w * lt;
       axpy8(w, &part_o[(size_t(t) * size_t(H) + size_t(h)) * size_t(L)], out, L);
     }
     const float inv = 1.0f / denom;
     for (int d = 0; d < L; ++d) out[d] *= inv;
   }
+}
+}  // namespace
+
+void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
+                       const int32_t* idx, int n_idx, float scale, float* o_lat) {
+  if (!has_avx2_fma() || n_heads % 4 != 0 || n_heads > 256 || c.kv_lora % 16 != 0 || c.kv_lora + c.rope > 2048 || n_idx <= 0) {
+    ref::mla_sparse_decode(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
+    return;
+  }
+  sparse_decode_avx2(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
 }
 
 void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,

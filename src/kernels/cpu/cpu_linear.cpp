@@ -89,25 +89,39 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
 // y[r] for rows [r0, r1) of an fp8 weight, one token. Full 128-column blocks go through
 // the vector loop with the block scale applied once per block; a ragged tail block and
 // leftover rows use the scalar path.
-// e4m3 -> f32 in three integer ops and no conversion instruction (F16C's conversions cap
-// a memory-bound GEMV well below the bandwidth on Zen 3): sign-extend the byte to 32 bits,
-// shift left by 20, keep the sign bit and the 7 exponent/mantissa bits. As an f32 that
-// pattern is exactly 2^-120 times the e4m3 value, subnormal codes included (they land on
-// f32 subnormals). The caller scales x by 2^64 so products stay far from the subnormal
-// range (the FMA forms them exactly), and undoes both factors with the block scale.
-__attribute__((target("avx2,fma"))) inline __m256 fp8x8_bits(const uint8_t* p) {
-  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u))));
+// e4m3 -> f32 with integer ops only (F16C's conversions, and even one widening shuffle
+// per 8 weights, cap a memory-bound GEMV well below the bandwidth on Zen 3, where vector
+// shifts and shuffles share few ports). 32 weights are loaded as 16 words; in each 32-bit
+// lane the top byte b3 is an e4m3 code whose arithmetic shift right by 4 puts the sign at
+// bit 31 and the 7 exponent/mantissa bits at 26..20. Masked, that pattern read as an f32
+// is exactly 2^-120 times the e4m3 value, subnormal codes included (they land on f32
+// subnormals). A word shift by 8 brings b2 up the same way, and a lane shift by 16 does b1
+// and b0 from the same two shifted vectors: five shifts and four ANDs per 32 weights.
+// The four vectors hold bytes 3, 2, 1, 0 of every lane, so x is permuted to match
+// (prescale_x). The caller scales x by 2^64 so products stay far from the subnormal range
+// (the FMA forms them exactly), and undoes both factors with the block scale.
+struct Fp8x32 {
+  __m256 b3, b2, b1, b0;  // weights 4i+3, 4i+2, 4i+1, 4i for lane i
+};
+__attribute__((target("avx2,fma"))) inline Fp8x32 fp8x32_bits(const uint8_t* p) {
+  const __m256i m = _mm256_set1_epi32(int32_t(0x87F00000u));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i hi = _mm256_srai_epi16(v, 4), lo = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);
+  return {_mm256_castsi256_ps(_mm256_and_si256(hi, m)), _mm256_castsi256_ps(_mm256_and_si256(lo, m)),
+          _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(hi, 16), m)),
+          _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(lo, 16), m))};
 }
 constexpr float kFp8XScale = 0x1p64f;              // applied to x
 constexpr float kFp8BitsUndo = 0x1p120f * 0x1p-64f;  // 2^56, applied with the block scale
 
 // Rows are absolute (the scale lookup needs them); y[r - base] receives row r. xs is x
-// times kFp8XScale; x itself serves the scalar tail.
+// times kFp8XScale, permuted per 32 columns to the order of Fp8x32 (b3, b2, b1, b0);
+// x itself serves the scalar tail.
 __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const float* x, const float* xs, float* y, int base, int r0,
                                                       int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols();
-  const int kfull = bc % 16 == 0 ? (K / bc) * bc : 0;  // columns covered by full blocks
+  const int kfull = bc % 32 == 0 ? (K / bc) * bc : 0;  // columns covered by full blocks
+  const size_t ahead = size_t(4 * K) * size_t((8192 + 4 * K - 1) / (4 * K));
   int r = r0;
   for (; r + 4 <= r1; r += 4) {
     __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -120,11 +134,18 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const fl
     for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
       __m256 a[4][2];
       for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm256_setzero_ps();
-      for (int c = c0; c < c0 + bc; c += 16) {
-        const __m256 x0 = _mm256_loadu_ps(xs + c), x1 = _mm256_loadu_ps(xs + c + 8);
+      for (int c = c0; c < c0 + bc; c += 32) {
+        const __m256 x3 = _mm256_loadu_ps(xs + c), x2 = _mm256_loadu_ps(xs + c + 8);
+        const __m256 x1 = _mm256_loadu_ps(xs + c + 16), x0 = _mm256_loadu_ps(xs + c + 24);
         for (int j = 0; j < 4; ++j) {
-          a[j][0] = _mm256_fmadd_ps(fp8x8_bits(wr[j] + c), x0, a[j][0]);
-          a[j][1] = _mm256_fmadd_ps(fp8x8_bits(wr[j] + c + 8), x1, a[j][1]);
+          // Rows are short streams (0.5-4 KB) that the hardware prefetcher picks up late;
+          // fetch the same columns a few groups of four rows ahead (>= 8 KB).
+          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+          const Fp8x32 f = fp8x32_bits(wr[j] + c);
+          a[j][0] = _mm256_fmadd_ps(f.b3, x3, a[j][0]);
+          a[j][1] = _mm256_fmadd_ps(f.b2, x2, a[j][1]);
+          a[j][0] = _mm256_fmadd_ps(f.b1, x1, a[j][0]);
+          a[j][1] = _mm256_fmadd_ps(f.b0, x0, a[j][1]);
         }
       }
       for (int j = 0; j < 4; ++j)
@@ -145,17 +166,24 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const fl
   }
 }
 
-// x * kFp8XScale into a per-thread buffer (grown once, then reused).
+// x * kFp8XScale into a per-thread buffer (grown once, then reused), each full group of
+// 32 columns permuted to the lane order of fp8x32_bits: [4i+3 | 4i+2 | 4i+1 | 4i].
 inline const float* prescale_x(const float* x, int n) {
   static thread_local std::vector<float> buf;
   if (buf.size() < size_t(n)) buf.resize(size_t(n));
-  for (int i = 0; i < n; ++i) buf[size_t(i)] = x[i] * kFp8XScale;
-  return buf.data();
+  float* b = buf.data();
+  int c = 0;
+  for (; c + 32 <= n; c += 32)
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 8; ++i) b[c + 8 * (3 - k) + i] = x[c + 4 * i + k] * kFp8XScale;
+  for (; c < n; ++c) b[c] = x[c] * kFp8XScale;
+  return b;
 }
 
 // bf16 rows: widen to 32 bits and shift into the high half; four rows share x loads.
 __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
   const int K = w.cols, k16 = K / 16 * 16;
+  const size_t ahead = size_t(8 * K) * size_t((8192 + 8 * K - 1) / (8 * K));  // bytes: groups of four 2-byte rows
   int r = r0;
   auto row_tail = [&](const uint16_t* p, int from) {
     float acc = 0;
@@ -172,6 +200,7 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
     for (int c = 0; c < k16; c += 16) {
       const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
       for (int j = 0; j < 4; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);  // as in gemv_fp8_avx2
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + c));
         const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
         const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));

@@ -27,6 +27,7 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   std::vector<int32_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  std::sort(order.begin(), order.begin() + k);  // the contract's order: ascending positions
   for (int i = 0; i < k; ++i) out[i] = order[size_t(i)];
 }
 
