@@ -113,9 +113,29 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
                     size_t(R) * sizeof(float));
       }
     }
-    for (int i = 0; i < n; ++i)
-      kernels::mla_sparse_decode(cache.view, &s.q_lat[size_t(i) * size_t(nh) * size_t(Lr)], &s.q_pe[size_t(i) * size_t(nh) * size_t(R)], nh,
+    // The chunk's queries select overlapping keys (each cached token is read by many of
+    // them): dequantize the layer's cache once into f32 rows, then run one query per
+    // thread, each attending single-threaded over the f32 view.
+    MlaCacheView view = cache.view;
+    const int ctx = pos0 + n;
+    if (view.type != CacheType::F32 && s.lat_f32.size() >= size_t(ctx) * size_t(Lr + R)) {
+      float* f = s.lat_f32.data();
+#pragma omp parallel for schedule(static)
+      for (int t = 0; t < ctx; ++t)
+        kernels::mla_cache_read(cache.view, t, f + size_t(t) * size_t(Lr + R), f + size_t(t) * size_t(Lr + R) + size_t(Lr));
+      view.type = CacheType::F32;
+      view.data = reinterpret_cast<uint8_t*>(f);
+    }
+    auto attend = [&](int i) {
+      kernels::mla_sparse_decode(view, &s.q_lat[size_t(i) * size_t(nh) * size_t(Lr)], &s.q_pe[size_t(i) * size_t(nh) * size_t(R)], nh,
                                  &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale, &s.o_lat[size_t(i) * size_t(nh) * size_t(Lr)]);
+    };
+    if (!tap) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int i = 0; i < n; ++i) attend(i);
+    } else {
+      for (int i = 0; i < n; ++i) attend(i);  // not inside an inactive parallel region (see indexer_block)
+    }
     float* ov = lat + size_t(n) * size_t(Lr);  // [n, v] one head's output, after the latents
     for (int h = 0; h < nh; ++h) {
       for (int i = 0; i < n; ++i)

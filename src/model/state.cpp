@@ -82,6 +82,10 @@ State::State(const ModelConfig& cfg, const StateOptions& o) : opt(o) {
   kv.resize(T * nh * (nope + v));
   q_lat.resize(T * nh * L); o_lat.resize(T * nh * L); q_pe.resize(T * nh * R);
   attn.resize(T * nh * v);
+  // A prefill chunk after a cached prefix dequantizes one layer's latents once for all of
+  // its queries (f32 [max_ctx, kv_lora + rope]); not needed when the cache is f32 already
+  // or when calls never carry several tokens.
+  if (opt.cache != CacheType::F32 && opt.max_tokens >= 4) lat_f32.resize(C * (L + R));
   iq.resize(T * ih * 128); iq8.resize(T * ih * 128); iq_scale.resize(T * ih); iw.resize(T * ih);
   ik.resize(T * 128);
   scores.resize(size_t(omp_get_max_threads()) * C);

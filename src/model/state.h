@@ -49,6 +49,7 @@ struct State {
   std::vector<float> q_lat, o_lat;           // [T, heads * kv_lora] absorbed decode
   std::vector<float> q_pe;                   // [T, heads * rope] query rope parts, contiguous
   std::vector<float> attn;                   // [T, heads * v]
+  std::vector<float> lat_f32;                // [max_ctx, kv_lora + rope] one layer's cache in f32 (chunked prefill)
   std::vector<float> proj;                   // [T, hidden]
   // Indexer
   std::vector<float> iq;                     // [T, index_heads * 128]

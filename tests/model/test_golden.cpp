@@ -161,4 +161,34 @@ TEST(GoldenChunked, SplitPrefillMatchesReference) {
   EXPECT_LE(e, 1e-4) << "worst row " << row;
 }
 
+// With a quantized cache the second chunk dequantizes the layer's cache once and runs its
+// queries in parallel; it must agree with the whole prompt in one call, which reads the same
+// dequantized latents through the expanded (MHA) form.
+TEST(GoldenChunked, SplitPrefillWithFp8CacheMatchesOneCall) {
+  const std::string dir = test::golden_dir() + "/v32-fp8-sparse-kvexact";
+  DSA_REQUIRE_FIXTURE(dir + "/case.json");
+  std::ifstream in(dir + "/case.json");
+  const auto ids = nlohmann::json::parse(in).at("ids").get<std::vector<int32_t>>();
+  auto model = Model::load(dir + "/model", false);
+  const int T = int(ids.size()), V = model->config.vocab_size, first = T / 3;
+  StateOptions so;
+  so.max_ctx = T;
+  so.max_tokens = T;
+  so.max_logit_rows = T;
+  so.cache = CacheType::FP8;
+  ForwardOptions fo;
+  fo.all_logits = true;
+  State one(model->config, so), two(model->config, so);
+  const float* l = forward(*model, one, ids.data(), T, fo);
+  const std::vector<float> whole(l, l + size_t(T) * size_t(V));
+  std::vector<float> got(size_t(T) * size_t(V));
+  l = forward(*model, two, ids.data(), first, fo);
+  std::copy_n(l, size_t(first) * size_t(V), got.data());
+  l = forward(*model, two, ids.data() + first, T - first, fo);
+  std::copy_n(l, size_t(T - first) * size_t(V), got.data() + size_t(first) * size_t(V));
+  int64_t row = -1;
+  const double e = rel_err(got, whole, V, &row);
+  EXPECT_LE(e, 1e-4) << "worst row " << row;
+}
+
 }  // namespace

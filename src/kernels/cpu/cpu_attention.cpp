@@ -288,96 +288,123 @@ __attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p
 }  // namespace
 
 namespace {
+constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 KB (L2)
+
+// Thread-local scratch for the sparse decode, grown to the largest call, then reused: no
+// allocation once warm. Sized for DeepSeek's index_topk (2048) from the first call so a
+// growing context never reallocates.
+struct DecodeScratch {
+  std::vector<float> scores, tile;
+  float* sc(size_t rows, int hp) {  // [rows][hp], 32-byte aligned for the lane loads
+    if (scores.size() < std::max<size_t>(rows, 2048 + 8) * size_t(hp) + 8) scores.resize(std::max<size_t>(rows, 2048 + 8) * size_t(hp) + 8);
+    return scores.data() + (8 - (reinterpret_cast<uintptr_t>(scores.data()) / 4) % 8) % 8;
+  }
+  float* tl(int D) {
+    if (tile.size() < size_t(kTile) * size_t(D)) tile.resize(size_t(kTile) * size_t(D));
+    return tile.data();
+  }
+};
+
+// Softmax partials of the selected tokens idx[0..nj) for every head: o [H][L] (unnormalized),
+// m and l [hp] (running max and sum per head). qt is the query transposed [D][hp], times the
+// softmax scale. Single-threaded.
+__attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheView& c, const float* qt, int H, int hp,
+                                                                 const int32_t* idx, int nj, float* o, float* m, float* l) {
+  const int L = c.kv_lora, D = L + c.rope;
+  static thread_local DecodeScratch scratch;
+  float* sc = scratch.sc(size_t(nj) + 8, hp);  // [token][hp]
+  float* tile = scratch.tl(D);
+  std::fill(o, o + size_t(H) * size_t(L), 0.0f);
+  const float* rows[kTile + 8];
+  auto load_tile = [&](int jt, int cnt) {
+    for (int j = 0; j < cnt; ++j) rows[j] = load_token(c, idx[jt + j], tile + size_t(j) * size_t(D));
+    for (int j = cnt; j < (cnt + 7) / 8 * 8; ++j) rows[j] = rows[0];  // padding tokens: computed, never used
+  };
+  // Pass 1: scaled scores for every (token, head), running max per head.
+  __m256 mx[32];
+  for (int g = 0; g < hp / 8; ++g) mx[g] = _mm256_set1_ps(-INFINITY);
+  for (int jt = 0; jt < nj; jt += kTile) {
+    const int cnt = std::min(kTile, nj - jt);
+    load_tile(jt, cnt);
+    for (int jb = 0; jb < cnt; jb += 8)
+      for (int g = 0; g < hp / 8; ++g) {
+        float* out = sc + size_t(jt + jb) * size_t(hp) + size_t(8 * g);
+        scores_8tok(qt + 8 * g, size_t(hp), rows + jb, D, out, size_t(hp));
+        for (int j = jb; j < std::min(cnt, jb + 8); ++j)
+          mx[g] = _mm256_max_ps(mx[g], _mm256_load_ps(sc + size_t(jt + j) * size_t(hp) + size_t(8 * g)));
+      }
+  }
+  // p = e^(s - max) in place, and the per-head sums.
+  for (int g = 0; g < hp / 8; ++g) {
+    __m256 sum = _mm256_setzero_ps();
+    for (int j = 0; j < nj; ++j) {
+      float* sj = sc + size_t(j) * size_t(hp) + size_t(8 * g);
+      const __m256 pj = exp8(_mm256_sub_ps(_mm256_load_ps(sj), mx[g]));
+      _mm256_store_ps(sj, pj);
+      sum = _mm256_add_ps(sum, pj);
+    }
+    _mm256_storeu_ps(m + 8 * g, mx[g]);
+    _mm256_storeu_ps(l + 8 * g, sum);
+  }
+  // Pass 2: o[h] += p[j][h] latent[j], the tile dequantized again (cheaper than
+  // keeping every selected latent resident).
+  for (int jt = 0; jt < nj; jt += kTile) {
+    const int cnt = std::min(kTile, nj - jt);
+    load_tile(jt, cnt);
+    for (int h = 0; h < H; h += 4)
+      accumulate_4heads(sc + size_t(jt) * size_t(hp) + size_t(h), size_t(hp), rows, cnt, L, o + size_t(h) * size_t(L), size_t(L));
+  }
+}
+
 __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheView& c, const float* q_lat, const float* q_rope,
                                                                  int n_heads, const int32_t* idx, int n_idx, float scale,
                                                                  float* o_lat) {
   const int L = c.kv_lora, R = c.rope, H = n_heads;
-  // Split-K across threads (flash-decoding): each thread takes a range of the selected
-  // tokens, dequantizes them once into a tile shared by all heads (MQA: one latent
-  // serves every head), computes exact softmax partials in two register-blocked passes
-  // (heads in SIMD lanes), and the partials are merged.
-  constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 KB (L2)
+  // Heads in SIMD lanes: the tile of dequantized tokens is shared by all heads (MQA: one
+  // latent serves every head). Alone, the call splits the selected tokens across threads
+  // (flash-decoding) and merges the softmax partials; inside a caller's parallel loop (one
+  // query per thread in a prefill chunk) it runs on its own thread.
   const int hp = (H + 7) / 8 * 8;  // heads padded to whole lane groups (pad q = 0, unused)
   const int D = L + R;
-  const int nt = std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
-  // Grown to the largest call, then reused: no allocation once warm.
-  static std::vector<float> qT;                       // [D][hp]: the query, transposed, times `scale`
-  static std::vector<float> part_o, part_m, part_l;  // [nt][H][L], [nt][hp]
-  static thread_local std::vector<float> scores, tile;
+  const int nt = omp_in_parallel() ? 1 : std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
+  static thread_local std::vector<float> qT, part_o, part_m, part_l;  // [D][hp]; [nt][H][L]; [nt][hp]
   if (qT.size() < size_t(D) * size_t(hp) + 8) qT.resize(size_t(D) * size_t(hp) + 8);
   if (part_o.size() < size_t(nt) * size_t(H) * size_t(L)) part_o.resize(size_t(nt) * size_t(H) * size_t(L));
   if (part_m.size() < size_t(nt) * size_t(hp)) { part_m.resize(size_t(nt) * size_t(hp)); part_l.resize(size_t(nt) * size_t(hp)); }
-  // 32-byte aligned rows for the lane loads (the vector's storage is 16-byte aligned).
-  float* qt = qT.data() + (8 - (reinterpret_cast<uintptr_t>(qT.data()) / 4) % 8) % 8;
+  float* qt = qT.data() + (8 - (reinterpret_cast<uintptr_t>(qT.data()) / 4) % 8) % 8;  // 32-byte aligned rows
   for (int d = 0; d < D; ++d)
     for (int h = 0; h < hp; ++h)
       qt[size_t(d) * size_t(hp) + size_t(h)] = h < H ? scale * (d < L ? q_lat[size_t(h) * size_t(L) + size_t(d)] : q_rope[size_t(h) * size_t(R) + size_t(d - L)]) : 0.0f;
+  // Plain pointers: inside the parallel region a thread_local name would mean the worker's own.
+  float *po = part_o.data(), *pm = part_m.data(), *pl = part_l.data();
+  auto run = [&](int t, int T) {
+    const int j0 = int(int64_t(n_idx) * t / T), j1 = int(int64_t(n_idx) * (t + 1) / T);
+    sparse_decode_part(c, qt, H, hp, idx + j0, j1 - j0, po + size_t(t) * size_t(H) * size_t(L), pm + size_t(t) * size_t(hp),
+                       pl + size_t(t) * size_t(hp));
+  };
+  int used = 1;  // the threads the runtime actually gave
+  if (nt == 1) {
+    run(0, 1);
+  } else {
 #pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
-    const int j0 = int(int64_t(n_idx) * t / nt), j1 = int(int64_t(n_idx) * (t + 1) / nt), nj = j1 - j0;
-    // Sized once for DeepSeek's index_topk (2048) so growing contexts never reallocate.
-    const size_t rows_cap = size_t(std::max(nj, 2048) + 8);
-    if (scores.size() < rows_cap * size_t(hp) + 8) scores.resize(rows_cap * size_t(hp) + 8);
-    if (tile.size() < size_t(kTile) * size_t(D)) tile.resize(size_t(kTile) * size_t(D));
-    float* sc = scores.data() + (8 - (reinterpret_cast<uintptr_t>(scores.data()) / 4) % 8) % 8;  // [token][hp]
-    float* o = &part_o[size_t(t) * size_t(H) * size_t(L)];
-    float* m = &part_m[size_t(t) * size_t(hp)];
-    float* l = &part_l[size_t(t) * size_t(hp)];
-    std::fill(o, o + size_t(H) * size_t(L), 0.0f);
-    const float* rows[kTile + 8];
-    auto load_tile = [&](int jt, int cnt) {
-      for (int j = 0; j < cnt; ++j) rows[j] = load_token(c, idx[j0 + jt + j], &tile[size_t(j) * size_t(D)]);
-      for (int j = cnt; j < (cnt + 7) / 8 * 8; ++j) rows[j] = rows[0];  // padding tokens: computed, never used
-    };
-    // Pass 1: scaled scores for every (token, head), running max per head.
-    __m256 mx[32];
-    for (int g = 0; g < hp / 8; ++g) mx[g] = _mm256_set1_ps(-INFINITY);
-    for (int jt = 0; jt < nj; jt += kTile) {
-      const int cnt = std::min(kTile, nj - jt);
-      load_tile(jt, cnt);
-      for (int jb = 0; jb < cnt; jb += 8)
-        for (int g = 0; g < hp / 8; ++g) {
-          float* out = sc + size_t(jt + jb) * size_t(hp) + size_t(8 * g);
-          scores_8tok(qt + 8 * g, size_t(hp), rows + jb, D, out, size_t(hp));
-          for (int j = jb; j < std::min(cnt, jb + 8); ++j)
-            mx[g] = _mm256_max_ps(mx[g], _mm256_load_ps(sc + size_t(jt + j) * size_t(hp) + size_t(8 * g)));
-        }
-    }
-    // p = e^(s - max) in place, and the per-head sums.
-    for (int g = 0; g < hp / 8; ++g) {
-      __m256 sum = _mm256_setzero_ps();
-      for (int j = 0; j < nj; ++j) {
-        float* sj = sc + size_t(j) * size_t(hp) + size_t(8 * g);
-        const __m256 pj = exp8(_mm256_sub_ps(_mm256_load_ps(sj), mx[g]));
-        _mm256_store_ps(sj, pj);
-        sum = _mm256_add_ps(sum, pj);
-      }
-      _mm256_storeu_ps(m + 8 * g, mx[g]);
-      _mm256_storeu_ps(l + 8 * g, sum);
-    }
-    // Pass 2: o[h] += p[j][h] latent[j], the tile dequantized again (cheaper than
-    // keeping every selected latent resident).
-    for (int jt = 0; jt < nj; jt += kTile) {
-      const int cnt = std::min(kTile, nj - jt);
-      load_tile(jt, cnt);
-      for (int h = 0; h < H; h += 4)
-        accumulate_4heads(sc + size_t(jt) * size_t(hp) + size_t(h), size_t(hp), rows, cnt, L, o + size_t(h) * size_t(L), size_t(L));
+    {
+      if (omp_get_thread_num() == 0) used = omp_get_num_threads();
+      run(omp_get_thread_num(), omp_get_num_threads());
     }
   }
   // Merge: o = Σ_t e^(m_t - M) o_t / Σ_t e^(m_t - M) l_t.
   for (int h = 0; h < H; ++h) {
     float M = -INFINITY;
-    for (int t = 0; t < nt; ++t) M = std::max(M, part_m[size_t(t) * size_t(hp) + size_t(h)]);
+    for (int t = 0; t < used; ++t) M = std::max(M, pm[size_t(t) * size_t(hp) + size_t(h)]);
     float denom = 0;
     float* out = o_lat + size_t(h) * size_t(L);
     std::fill(out, out + L, 0.0f);
-    for (int t = 0; t < nt; ++t) {
-      const float lt = part_l[size_t(t) * size_t(hp) + size_t(h)];
+    for (int t = 0; t < used; ++t) {
+      const float lt = pl[size_t(t) * size_t(hp) + size_t(h)];
       if (lt == 0) continue;
-      const float w = std::exp(part_m[size_t(t) * size_t(hp) + size_t(h)] - M);
+      const float w = std::exp(pm[size_t(t) * size_t(hp) + size_t(h)] - M);
       denom += w * lt;
-      axpy8(w, &part_o[(size_t(t) * size_t(H) + size_t(h)) * size_t(L)], out, L);
+      axpy8(w, po + (size_t(t) * size_t(H) + size_t(h)) * size_t(L), out, L);
     }
     const float inv = 1.0f / denom;
     for (int d = 0; d < L; ++d) out[d] *= inv;
