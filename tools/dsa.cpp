@@ -1,10 +1,14 @@
 // The one binary: `dsa <command> ...`. Commands register themselves (see command.h).
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "command.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace dsa::cli {
 
@@ -18,6 +22,9 @@ Registrar::Registrar(int order, Setup setup) { registry().push_back({order, setu
 }  // namespace dsa::cli
 
 int main(int argc, char** argv) {
+  // One thread per physical core unless OMP_NUM_THREADS says otherwise (-t overrides both
+  // where a command offers it).
+  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(dsa::physical_cores());
   CLI::App app{"dsa: inference engine, server and deployment planner for DeepSeek Sparse Attention models\n"
                "(DeepSeek-V3.2 and GLM-5 families, Hugging Face checkpoints with fp8 block weights)"};
   app.require_subcommand(1);

@@ -180,10 +180,32 @@ inline const float* prescale_x(const float* x, int n) {
   return b;
 }
 
-// bf16 rows: widen to 32 bits and shift into the high half; four rows share x loads.
-__attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
+// x split per 16 columns into its even and odd columns, [x0 x2 .. x14 | x1 x3 .. x15], the
+// lane order gemv_bf16_avx2 produces; a per-thread buffer grown once, then reused.
+inline const float* deinterleave_x(const float* x, int n) {
+  static thread_local std::vector<float> buf;
+  if (buf.size() < size_t(n)) buf.resize(size_t(n));
+  float* b = buf.data();
+  int c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int i = 0; i < 8; ++i) {
+      b[c + i] = x[c + 2 * i];
+      b[c + 8 + i] = x[c + 2 * i + 1];
+    }
+  for (; c < n; ++c) b[c] = x[c];
+  return b;
+}
+
+// bf16 rows, 16 weights per 32-byte load: each 32-bit lane holds two bf16 values, the odd
+// column in its high half (masking the low half leaves it as an f32) and the even column
+// in its low half (one shift up makes it an f32). Two integer ops per 16 weights instead
+// of widening shuffles; xd is x deinterleaved to match (deinterleave_x). Four rows share
+// the x loads.
+__attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const float* x, const float* xd, float* y, int base,
+                                                       int r0, int r1) {
   const int K = w.cols, k16 = K / 16 * 16;
   const size_t ahead = size_t(8 * K) * size_t((8192 + 8 * K - 1) / (8 * K));  // bytes: groups of four 2-byte rows
+  const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xFFFF0000u));
   int r = r0;
   auto row_tail = [&](const uint16_t* p, int from) {
     float acc = 0;
@@ -198,14 +220,12 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
       a[j][0] = a[j][1] = _mm256_setzero_ps();
     }
     for (int c = 0; c < k16; c += 16) {
-      const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+      const __m256 xe = _mm256_loadu_ps(xd + c), xo = _mm256_loadu_ps(xd + c + 8);
       for (int j = 0; j < 4; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);  // as in gemv_fp8_avx2
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + c));
-        const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
-        const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
-        a[j][0] = _mm256_fmadd_ps(lo, x0, a[j][0]);
-        a[j][1] = _mm256_fmadd_ps(hi, x1, a[j][1]);
+        a[j][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, a[j][0]);
+        a[j][1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi_mask)), xo, a[j][1]);
       }
     }
     for (int j = 0; j < 4; ++j) y[r + j - base] = hsum8(_mm256_add_ps(a[j][0], a[j][1])) + row_tail(wr[j], k16);
@@ -369,7 +389,7 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
         const float* xi = x + size_t(i) * size_t(w.cols);
         float* yi = y + size_t(i) * size_t(nrows);
         if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xi, prescale_x(xi, w.cols), yi, row0, row0 + rb, row0 + re);
-        else gemv_bf16_avx2(w, xi, yi, row0, row0 + rb, row0 + re);
+        else gemv_bf16_avx2(w, xi, deinterleave_x(xi, w.cols), yi, row0, row0 + rb, row0 + re);
       }
     }
     return;
@@ -499,7 +519,7 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
       const Linear& w = *jobs[j].w;
       const int r0 = int(a - start[j]) * 4, r1 = std::min(w.rows, int(b - start[j]) * 4);
       if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, jobs[j].x, prescale_x(jobs[j].x, w.cols), jobs[j].y, 0, r0, r1);
-      else gemv_bf16_avx2(w, jobs[j].x, jobs[j].y, 0, r0, r1);
+      else gemv_bf16_avx2(w, jobs[j].x, deinterleave_x(jobs[j].x, w.cols), jobs[j].y, 0, r0, r1);
     }
   }
 }
@@ -522,7 +542,7 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
     float* yh = y + size_t(h) * size_t(y_stride);
     const float* xh = x + size_t(h) * size_t(w.cols);
     if (fast && w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xh, prescale_x(xh, w.cols), yh, r0, r0, r0 + nrows);
-    else if (fast) gemv_bf16_avx2(w, xh, yh, r0, r0, r0 + nrows);
+    else if (fast) gemv_bf16_avx2(w, xh, deinterleave_x(xh, w.cols), yh, r0, r0, r0 + nrows);
     else
       for (int r = 0; r < nrows; ++r) {
         float acc = 0;
