@@ -151,6 +151,9 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--context", a->req.context, "Cached tokens at which decode is evaluated (default: input + output/2)");
   cmd->add_option("--prefill-batch", a->req.prefill_batch, "Prompts per data-parallel group in one prefill step")
       ->capture_default_str();
+  cmd->add_option("--cache-hit", a->req.cache_hit,
+                  "Fraction of each prompt already in a prefix cache: prefill computes the rest and counts all")
+      ->capture_default_str();
   cmd->add_option("--weight-dtype", a->weight, "Weights: fp8 (128x128 blocks), bf16, or nvfp4 (MLP/experts in fp4)")
       ->capture_default_str();
   cmd->add_option("--kv-cache", a->cache, "MLA latent cache: fp8 (656 B/token/layer) or bf16 (1152)")->capture_default_str();

@@ -17,6 +17,7 @@ const char* op_class_name(OpClass c) {
     case OpClass::AttentionDense: return "attention_dense";
     case OpClass::AttentionSparse: return "attention_sparse";
     case OpClass::Indexer: return "indexer";
+    case OpClass::Topk: return "topk";
     case OpClass::Memory: return "memory";
     case OpClass::CommTP: return "comm_tp";
     case OpClass::CommEP: return "comm_ep";
@@ -201,7 +202,17 @@ struct Builder {
       score.shape = "seqs=" + std::to_string(s.seqs) + ";new=" + std::to_string(s.new_tokens) +
                     ";ctx=" + std::to_string(s.context) + ";H=" + std::to_string(int64_t(IH));
       add(std::move(score));
-      memory("indexer.topk", double(s.seqs) * keys_all * 4.0, double(s.seqs) * keys_all, score_shape(s));
+      // Top-k of index_topk among every scored key: one pass over the fp32 logits in memory
+      // terms (GPU radix selects keep the histogram passes on chip); its compute side counts
+      // one operation per key, which the `topk` efficiency turns into the selection rate a
+      // CPU radix select reaches over its several passes.
+      Op tk;
+      tk.name = "indexer.topk";
+      tk.cls = OpClass::Topk;
+      tk.bytes = double(s.seqs) * keys_all * 4.0;
+      tk.flops = double(s.seqs) * keys_all;
+      tk.shape = score_shape(s);
+      add(std::move(tk));
     }
 
     const int64_t cap = m.has_indexer ? int64_t(c.index_topk) : kNoCap;

@@ -22,7 +22,7 @@ enum class Phase { Prefill, Decode };
 enum class WeightDtype { FP8, BF16, NVFP4 };
 enum class CacheDtype { FP8, BF16 };
 // What limits an operator and which efficiency factor applies to it.
-enum class OpClass { Gemm, AttentionDense, AttentionSparse, Indexer, Memory, CommTP, CommEP, CommPP };
+enum class OpClass { Gemm, AttentionDense, AttentionSparse, Indexer, Topk, Memory, CommTP, CommEP, CommPP };
 
 const char* phase_name(Phase p);
 const char* op_class_name(OpClass c);

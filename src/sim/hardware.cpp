@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +136,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   h.inter_node_latency_us = num(j, "inter_node_latency_us", 0, where);
   h.launch_overhead_us = num(j, "launch_overhead_us", 0, where);
   h.dequant_flops_per_weight = num(j, "dequant_flops_per_weight", 0, where);
+  h.pack_flops_per_weight = num(j, "pack_flops_per_weight", 0, where);
   h.memory_usable_fraction = num(j, "memory_usable_fraction", h.memory_usable_fraction, where);
   h.memory_reserve_gib = num(j, "memory_reserve_gib", h.memory_reserve_gib, where);
   h.price_per_hour = num(j, "price_per_hour", 0, where);
@@ -147,6 +149,8 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
     h.eff.attention_dense_prefill = num(e, "attention_dense_prefill", h.eff.attention_dense_prefill, w);
     h.eff.attention_sparse_decode = num(e, "attention_sparse_decode", h.eff.attention_sparse_decode, w);
     h.eff.attention_sparse_prefill = num(e, "attention_sparse_prefill", h.eff.attention_sparse_prefill, w);
+    h.eff.indexer = num(e, "indexer", h.eff.indexer, w);
+    h.eff.topk = num(e, "topk", h.eff.topk, w);
     h.eff.memory = num(e, "memory", h.eff.memory, w);
     h.eff.comm = num(e, "comm", h.eff.comm, w);
   }
@@ -158,7 +162,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   positive("memory_gib", h.memory_gib);
   positive("devices_per_node", h.devices_per_node);
   for (double e : {h.eff.gemm, h.eff.attention_dense, h.eff.attention_dense_prefill, h.eff.attention_sparse_decode,
-                   h.eff.attention_sparse_prefill, h.eff.memory, h.eff.comm})
+                   h.eff.attention_sparse_prefill, h.eff.indexer, h.eff.topk, h.eff.memory, h.eff.comm})
     if (!(e > 0 && e <= 1)) throw Error(where + ": efficiency factors must be in (0, 1]");
   if (!(h.memory_usable_fraction > 0 && h.memory_usable_fraction <= 1))
     throw Error(where + ": field 'memory_usable_fraction': must be in (0, 1]");
@@ -172,26 +176,31 @@ std::string hardware_to_json(const Hardware& h) {
             {"devices_per_node", h.devices_per_node}, {"intra_node_bandwidth_gbps", h.intra_node_bandwidth_gbps},
             {"intra_node_latency_us", h.intra_node_latency_us}, {"inter_node_bandwidth_gbps", h.inter_node_bandwidth_gbps},
             {"inter_node_latency_us", h.inter_node_latency_us}, {"launch_overhead_us", h.launch_overhead_us},
-            {"dequant_flops_per_weight", h.dequant_flops_per_weight},
+            {"dequant_flops_per_weight", h.dequant_flops_per_weight}, {"pack_flops_per_weight", h.pack_flops_per_weight},
             {"memory_usable_fraction", h.memory_usable_fraction}, {"memory_reserve_gib", h.memory_reserve_gib},
             {"price_per_hour", h.price_per_hour},
             {"efficiency", {{"gemm", h.eff.gemm}, {"attention_dense", h.eff.attention_dense},
                             {"attention_dense_prefill", h.eff.attention_dense_prefill},
                             {"attention_sparse_decode", h.eff.attention_sparse_decode},
                             {"attention_sparse_prefill", h.eff.attention_sparse_prefill},
+                            {"indexer", h.eff.indexer}, {"topk", h.eff.topk},
                             {"memory", h.eff.memory}, {"comm", h.eff.comm}}},
             {"sources", h.sources}};
   return j.dump(2);
 }
 
-Hardware measure_local_hardware(int threads) {
-  const int t = threads > 0 ? threads : std::max(1, omp_get_max_threads());
+Hardware local_hardware_from(int threads, double bw, double gflops, const KernelRates& k) {
   Hardware h;
   h.name = "local";
-  const double gflops = measure_peak_gflops(t);
-  const double bw = measure_read_bandwidth_gbps(t);
-  h.description = "this CPU, measured: " + std::to_string(t) + " threads, " + std::to_string(int(std::lround(bw))) +
-                  " GB/s read, " + std::to_string(int(std::lround(gflops))) + " GFLOP/s fp32 FMA";
+  char desc[512];
+  std::snprintf(desc, sizeof desc,
+                "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f / fp8 "
+                "%.1f GB/s, GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
+                "prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, %.1f us per call",
+                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemm_small_gflops, kGemmSmallRows,
+                k.gemm_large_gflops, kGemmLargeRows, k.indexer_gflops, k.sparse_decode_gflops, k.sparse_prefill_gflops,
+                k.topk_keys_per_s / 1e6, k.call_overhead_us);
+  h.description = desc;
   // CPU kernels widen bf16/fp8 to fp32 and use the same FMA units, so all precisions share
   // the measured fp32 peak.
   h.bf16_tflops = h.fp8_tflops = gflops / 1e3;
@@ -200,22 +209,49 @@ Hardware measure_local_hardware(int threads) {
   h.memory_gib = physical_memory_bytes() / (1024.0 * 1024.0 * 1024.0);
   if (!(h.memory_gib > 0)) h.memory_gib = 16;
   h.devices_per_node = 1;
-  h.launch_overhead_us = 2;  // an OpenMP parallel region fork/join per operator
-  // e4m3 -> fp32 on AVX2 is about four vector instructions per 8 weights, i.e. half an FMA
-  // slot per weight: 8 FLOP-equivalents at 16 FLOPs per FMA slot.
-  h.dequant_flops_per_weight = 8;
   h.memory_usable_fraction = 0.85;  // leave the OS and page cache their share
   h.memory_reserve_gib = 1;
   h.price_per_hour = 0;
-  // The peaks are measured, not datasheet numbers, so the factors only cover what a real
-  // kernel loses against a pure FMA or pure streaming loop.
-  h.eff.gemm = 0.60;  // register-blocked GEMMs reach 60-80% of the FMA-only loop
-  h.eff.attention_dense = h.eff.attention_dense_prefill = 0.50;  // softmax and exp are not FMAs
-  h.eff.attention_sparse_decode = h.eff.attention_sparse_prefill = 0.40;  // plus the gather
-  h.eff.memory = 0.90;  // matrix streaming vs the linear read probe
   h.eff.comm = 1.0;
-  h.sources = "measured by dsa::sim::measure_read_bandwidth_gbps / measure_peak_gflops";
+  // Every factor below is a measured kernel rate over a measured peak: the simulator's
+  // roofline then reproduces each probe exactly, and end-to-end predictions come from
+  // composing operators (never from end-to-end runs).
+  const double P = gflops * 1e9;
+  auto frac = [](double v) { return std::clamp(v, 1e-4, 1.0); };
+  // Memory-bound operators stream like the bf16 GEMV (the lm_head, the largest of them).
+  h.eff.memory = frac(k.gemv_bf16_gbps / bw);
+  // GEMMs: time per low-precision weight element and call = (2 M + d + p) / (P e): 2M FLOPs
+  // at efficiency e, d FLOP-equivalents of widening each fp8 weight, and p of repacking it
+  // into panels (the packed GEMM only). The two packed-GEMM probes (M = 48 and 512 rows)
+  // give e and d + p; the fp8 GEMV probe (M = 1, no packing) gives d.
+  const double ms = kGemmSmallRows, ml = kGemmLargeRows;
+  const double ts = 2.0 * ms / (k.gemm_small_gflops * 1e9), tl = 2.0 * ml / (k.gemm_large_gflops * 1e9);
+  double pe = tl > ts ? 2.0 * (ml - ms) / (tl - ts) : k.gemm_large_gflops * 1e9;
+  double per_call = pe * ts - 2.0 * ms;
+  if (!(per_call >= 0)) {  // noise made the small GEMM look faster per row: no per-call term
+    per_call = 0;
+    pe = k.gemm_large_gflops * 1e9;
+  }
+  h.eff.gemm = frac(pe / P);
+  const double gemv_weights_per_s = k.gemv_fp8_gbps * 1e9 / (1.0 + 4.0 / (128.0 * 128.0));
+  // Below zero the fp8 GEMV streams as fast as memory allows: no widening term.
+  h.dequant_flops_per_weight = std::clamp(pe / gemv_weights_per_s - 2.0, 0.0, per_call);
+  h.pack_flops_per_weight = per_call - h.dequant_flops_per_weight;
+  h.eff.indexer = frac(k.indexer_gflops * 1e9 / P);
+  h.eff.topk = frac(k.topk_keys_per_s / P);
+  h.eff.attention_sparse_decode = h.eff.attention_dense = frac(k.sparse_decode_gflops * 1e9 / P);
+  h.eff.attention_sparse_prefill = h.eff.attention_dense_prefill = frac(k.sparse_prefill_gflops * 1e9 / P);
+  h.launch_overhead_us = k.call_overhead_us;
+  h.sources = "measured by dsa::sim::measure_read_bandwidth_gbps, measure_peak_gflops and measure_kernel_rates (sim/probe.h)";
   return h;
+}
+
+Hardware measure_local_hardware(int threads) {
+  const int t = threads > 0 ? threads : std::max(1, omp_get_max_threads());
+  const double gflops = measure_peak_gflops(t);
+  const double bw = measure_read_bandwidth_gbps(t);
+  const KernelRates k = measure_kernel_rates(t);
+  return local_hardware_from(t, bw, gflops, k);
 }
 
 Hardware load_hardware(const std::string& name_or_path) {

@@ -15,9 +15,15 @@ struct Efficiency {
   double attention_dense_prefill = 0.60;   // dense MHA-form prefill attention
   double attention_sparse_decode = 0.41;   // sparse MLA decode with an fp8 cache (gather + dequant)
   double attention_sparse_prefill = 0.65;  // sparse MLA prefill
+  double indexer = 0.70;                   // lightning-indexer scoring (fp8 MQA logits), compute side
+  double topk = 0.70;                      // top-k selection: one operation per scored key
   double memory = 0.85;                    // achieved / peak memory bandwidth
   double comm = 0.80;                      // achieved / peak link bandwidth
 };
+
+// The engine's CPU kernels stream one to three rows through the GEMV path and switch to
+// the packed GEMM from this many rows on (kernels/cpu/cpu_linear.cpp).
+constexpr double kPackedGemmMinRows = 4;
 
 struct Hardware {
   std::string name;
@@ -36,6 +42,10 @@ struct Hardware {
   // Extra work per low-precision weight element where the compute units cannot consume the
   // format directly (CPUs widen fp8 to fp32 before the FMA): charged as this many FLOPs.
   double dequant_flops_per_weight = 0;
+  // Extra work per weight element of a GEMM that repacks its weight panels before the FMA
+  // loop (the CPU GEMM path, from kPackedGemmMinRows rows on; a GEMV streams and packs
+  // nothing), in the same FLOP-equivalents.
+  double pack_flops_per_weight = 0;
   double memory_usable_fraction = 0.92;  // allocator headroom / fragmentation
   double memory_reserve_gib = 4;         // runtime context, communication buffers, graphs
   double price_per_hour = 0;             // $ per device-hour (a rental assumption)
@@ -50,8 +60,14 @@ std::vector<std::string> builtin_hardware_names();  // includes "local"
 std::string builtin_hardware_json(const std::string& name);  // not for "local"
 Hardware hardware_from_json_text(const std::string& text, const std::string& where);
 std::string hardware_to_json(const Hardware& hw);
-// Measures this CPU (read bandwidth, FMA peak, physical memory) with `threads` (<= 0: all).
+// Measures this CPU (read bandwidth, FMA peak, physical memory, and the rates of the engine's
+// own kernels, see sim/probe.h) with `threads` (<= 0: all) and builds the `local` profile.
 Hardware measure_local_hardware(int threads = 0);
+// The `local` profile from given measurements (no timing: what measure_local_hardware does
+// with its numbers, testable by hand). read_gbps / fma_gflops: the streaming-read and FMA
+// probes; rates: the kernel probes.
+struct KernelRates;
+Hardware local_hardware_from(int threads, double read_gbps, double fma_gflops, const KernelRates& rates);
 // A built-in name (case-insensitive), "local", or a path to a profile JSON.
 Hardware load_hardware(const std::string& name_or_path);
 

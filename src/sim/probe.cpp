@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
+
+#include "kernels/kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -153,6 +156,174 @@ double measure_peak_gflops(int threads) {
   const double per_iter = kScalarFlopsPerIter;
 #endif
   return double(threads) * double(iters) * per_iter / best / 1e9;
+}
+
+namespace {
+
+// The q-quantile of the seconds of `reps` calls of f (after one untimed warm-up call).
+template <class F>
+double quantile_seconds(int reps, double q, F&& f) {
+  f();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[size_t(q * double(t.size() - 1) + 0.5)];
+}
+template <class F>
+double median_seconds(int reps, F&& f) {
+  return quantile_seconds(reps, 0.5, f);
+}
+
+// Bytes that read as ordinary numbers both as e4m3 (0x38-0x3F: 1.0-1.875, no NaN codes) and
+// as the high byte of a bf16 (exponent near 2^-15..2^0, no subnormals that could slow an
+// FMA), with either sign.
+void fill_weights(uint8_t* p, size_t n) {
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    p[i] = uint8_t(0x38 | ((x >> 40) & 7) | ((x >> 50) & 0x80));
+  }
+}
+
+void fill_floats(float* p, size_t n, uint64_t seed) {
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    p[i] = float(int64_t(x >> 40) % 2001 - 1000) / 1000.0f;
+  }
+}
+
+}  // namespace
+
+KernelRates measure_kernel_rates(int threads) {
+  using namespace dsa::kernels;
+  const int saved = omp_get_max_threads();
+  if (threads > 0) omp_set_num_threads(threads);
+  const Backend backend_before = backend();
+  set_backend(Backend::Cpu);  // the optimized kernels, whatever DSA_KERNELS says
+  KernelRates r;
+
+  // Weight streaming: one-token GEMVs over 64 MiB, twice the largest L3 we expect, so the
+  // matrix comes from DRAM as the decode weights do.
+  const size_t wbytes = size_t(64) << 20;
+  std::vector<uint8_t> wbuf(wbytes);
+  fill_weights(wbuf.data(), wbytes);
+  std::vector<float> x(8192), y(8192);
+  fill_floats(x.data(), x.size(), 1);
+  {
+    Linear w;
+    w.dtype = DType::BF16;
+    w.data = wbuf.data();
+    w.rows = 8192;
+    w.cols = 4096;
+    const double s = median_seconds(5, [&] { linear(w, x.data(), 1, y.data()); });
+    r.gemv_bf16_gbps = double(w.bytes()) / s / 1e9;
+  }
+  std::vector<float> scales(64 * 64, 1.0f);
+  {
+    Linear w;
+    w.dtype = DType::F8_E4M3;
+    w.data = wbuf.data();
+    w.rows = 8192;
+    w.cols = 8192;
+    w.scale = scales.data();
+    const double s = median_seconds(5, [&] { linear(w, x.data(), 1, y.data()); });
+    r.gemv_fp8_gbps = double(w.bytes()) / s / 1e9;
+  }
+  // Packed GEMMs on an fp8 [1024 x 2048] weight (2 MiB: compute-bound at these row counts).
+  {
+    Linear w;
+    w.dtype = DType::F8_E4M3;
+    w.data = wbuf.data();
+    w.rows = 1024;
+    w.cols = 2048;
+    w.scale = scales.data();
+    std::vector<float> xs(size_t(kGemmLargeRows) * 2048), ys(size_t(kGemmLargeRows) * 1024);
+    fill_floats(xs.data(), xs.size(), 2);
+    for (int m : {kGemmSmallRows, kGemmLargeRows}) {
+      const double s = median_seconds(m == kGemmSmallRows ? 5 : 3, [&] { linear(w, xs.data(), m, ys.data()); });
+      (m == kGemmSmallRows ? r.gemm_small_gflops : r.gemm_large_gflops) = 2.0 * m * w.rows * w.cols / s / 1e9;
+    }
+  }
+  // Lightning indexer scan: 16 heads over 8,192 cached fp8 keys (1 MiB).
+  {
+    const int heads = 16, keys = 8192;
+    std::vector<float> wh(heads), ks(keys), out(keys);
+    fill_floats(wh.data(), wh.size(), 3);
+    fill_floats(ks.data(), ks.size(), 4);
+    for (float& v : ks) v = 0.01f + std::abs(v);
+    const double s = median_seconds(7, [&] { indexer_scores(wbuf.data(), wh.data(), heads, wbuf.data() + 4096, ks.data(), keys, out.data()); });
+    r.indexer_gflops = 2.0 * heads * 128.0 * keys / s / 1e9;
+    // Top-k over 16,384 distinct scores (the indexer's output at that depth).
+    std::vector<float> sc(16384);
+    fill_floats(sc.data(), sc.size(), 5);
+    std::vector<int32_t> sel(2048);
+    const double st = median_seconds(7, [&] { topk(sc.data(), int(sc.size()), 2048, sel.data()); });
+    r.topk_keys_per_s = double(sc.size()) / st;
+  }
+  // Absorbed sparse decode: 16 heads over 2,048 selected fp8 latents (the engine's cache).
+  {
+    const int heads = 16, L = 512, R = 64, n = 2048;
+    MlaCacheView c;
+    c.type = CacheType::FP8;
+    c.kv_lora = L;
+    c.rope = R;
+    std::vector<uint8_t> cache(c.token_bytes() * size_t(n));
+    c.data = cache.data();
+    std::vector<float> lat(L), kr(R);
+    for (int t = 0; t < n; ++t) {
+      fill_floats(lat.data(), lat.size(), 10 + uint64_t(t));
+      fill_floats(kr.data(), kr.size(), 90000 + uint64_t(t));
+      mla_cache_write(c, t, lat.data(), kr.data());
+    }
+    std::vector<float> ql(size_t(heads) * L), qr(size_t(heads) * R), o(size_t(heads) * L);
+    fill_floats(ql.data(), ql.size(), 6);
+    fill_floats(qr.data(), qr.size(), 7);
+    std::vector<int32_t> idx(n);
+    for (int t = 0; t < n; ++t) idx[size_t(t)] = t;
+    const double s = median_seconds(5, [&] { mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), n, 0.05f, o.data()); });
+    r.sparse_decode_gflops = 2.0 * heads * n * (2.0 * L + R) / s / 1e9;
+  }
+  // Prefill attention in the expanded (MHA) form: queries in parallel as the engine runs
+  // them, each over 512 keys of 16 heads x (128 nope + 64 rope | 128 v).
+  {
+    const int heads = 16, nope = 128, R = 64, vd = 128, n = 512, queries = 32;
+    std::vector<float> kv(size_t(n) * heads * (nope + vd)), kr(size_t(n) * R), q(size_t(queries) * heads * (nope + R)),
+        o(size_t(queries) * heads * vd);
+    fill_floats(kv.data(), kv.size(), 8);
+    fill_floats(kr.data(), kr.size(), 9);
+    fill_floats(q.data(), q.size(), 11);
+    std::vector<int32_t> idx(n);
+    for (int t = 0; t < n; ++t) idx[size_t(t)] = t;
+    const double s = median_seconds(3, [&] {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int i = 0; i < queries; ++i)
+        mha_sparse_prefill(&q[size_t(i) * heads * (nope + R)], kv.data(), kr.data(), heads, nope, R, vd, idx.data(), n, 0.07f,
+                           &o[size_t(i) * heads * vd]);
+    });
+    r.sparse_prefill_gflops = 2.0 * queries * heads * n * double(nope + R + vd) / s / 1e9;
+  }
+  // One kernel call with almost no work, large enough to be split across the threads. The
+  // 10th percentile: on a shared machine a fork or join that waits for a descheduled
+  // thread costs a scheduler time slice (milliseconds), which says nothing about the
+  // calls of a real step (a few hundred per token, mostly back to back).
+  {
+    Linear w;
+    w.dtype = DType::BF16;
+    w.data = wbuf.data();
+    w.rows = 256;
+    w.cols = 64;
+    const double s = quantile_seconds(101, 0.1, [&] { linear(w, x.data(), 1, y.data()); });
+    r.call_overhead_us = s * 1e6;
+  }
+  set_backend(backend_before);
+  if (threads > 0) omp_set_num_threads(saved);
+  g_sink = g_sink + uint64_t(y[0] > 0);
+  return r;
 }
 
 double physical_memory_bytes() {

@@ -87,8 +87,9 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
            grouped(r.input_len + r.output_len).c_str());
 
   if (show_ops) {
-    o += fmt("prefill: %s sequence(s) x %s tokens per dp group, one device\n", grouped(p.prefill.step.seqs).c_str(),
-             grouped(p.prefill.step.new_tokens).c_str());
+    o += fmt("prefill: %s sequence(s) x %s tokens per dp group%s, one device\n", grouped(p.prefill.step.seqs).c_str(),
+             grouped(p.prefill.step.new_tokens).c_str(),
+             p.prefill.step.context > 0 ? fmt(" after %s cached", grouped(p.prefill.step.context).c_str()).c_str() : "");
     phase_table(o, p.prefill);
     o += fmt("\ndecode: %s sequences x %s token(s) at depth %s per dp group, one device\n", grouped(p.decode.step.seqs).c_str(),
              grouped(p.decode.step.new_tokens).c_str(), grouped(p.decode.step.context).c_str());
@@ -100,6 +101,9 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
   o += fmt("  prefill %s tokens/s per device, decode %s tokens/s per device\n",
            grouped(int64_t(std::lround(p.prefill_tokens_per_s_per_device))).c_str(),
            grouped(int64_t(std::lround(p.decode_tokens_per_s_per_device))).c_str());
+  if (r.cache_hit > 0)
+    o += fmt("  prefill computes %s of those tokens/s per device (%.1f%% of each prompt is a prefix-cache hit)\n",
+             grouped(int64_t(std::lround(p.prefill_computed_tokens_per_s_per_device))).c_str(), r.cache_hit * 100);
   o += fmt("  prefill and decode on the same devices: %s output tokens/s per device\n",
            grouped(int64_t(std::lround(p.e2e_output_tokens_per_s_per_device))).c_str());
   if (p.price_per_hour > 0)
@@ -160,6 +164,8 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
       {"ttft_ms", p.ttft_ms},
       {"tpot_ms", p.tpot_ms},
       {"prefill_tokens_per_s_per_device", p.prefill_tokens_per_s_per_device},
+      {"prefill_computed_tokens_per_s_per_device", p.prefill_computed_tokens_per_s_per_device},
+      {"cache_hit", r.cache_hit},
       {"decode_tokens_per_s_per_device", p.decode_tokens_per_s_per_device},
       {"e2e_output_tokens_per_s_per_device", p.e2e_output_tokens_per_s_per_device},
       {"prefill_step_us", p.prefill.step_us},

@@ -51,6 +51,8 @@ static double efficiency(const Hardware& hw, const Op& op) {
       return op.phase == Phase::Prefill ? hw.eff.attention_dense_prefill : hw.eff.attention_dense;
     case OpClass::AttentionSparse:
       return op.phase == Phase::Prefill ? hw.eff.attention_sparse_prefill : hw.eff.attention_sparse_decode;
+    case OpClass::Indexer: return hw.eff.indexer;
+    case OpClass::Topk: return hw.eff.topk;
     default: return hw.eff.gemm;
   }
 }
@@ -76,7 +78,12 @@ OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt) {
     t.bound = "communication";
     return t;
   }
-  const double work = op.flops + op.weight_elems * hw.dequant_flops_per_weight;
+  // Per-weight extra work: widening (every low-precision weight streamed) and, from
+  // kPackedGemmMinRows rows per weight on, panel packing. Rows per weight = FLOPs / 2 per
+  // weight element (for MoE experts: tokens per expert hit).
+  double per_weight = hw.dequant_flops_per_weight;
+  if (op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
+  const double work = op.flops + op.weight_elems * per_weight;
   t.compute_us = work / (hw.peak_flops(op.bits) * efficiency(hw, op)) * 1e6;
   t.memory_us = op.bytes / (hw.memory_bandwidth_gbps * 1e9 * hw.eff.memory) * 1e6;
   t.time_us = std::max(t.compute_us, t.memory_us) + hw.launch_overhead_us * op.count;
@@ -129,6 +136,7 @@ static double tokens_per_step(const PlanRequest& r) {
 PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r, const KernelTable* kt) {
   if (r.input_len < 1 || r.output_len < 1) throw Error("--input-len and --output-len must be positive");
   if (r.prefill_batch < 1) throw Error("--prefill-batch must be positive");
+  if (!(r.cache_hit >= 0 && r.cache_hit < 1)) throw Error("--cache-hit must be in [0, 1)");
   if (r.opt.mtp < 0) throw Error("--mtp must not be negative");
   if (r.opt.mtp > 0 && !(r.acceptance >= 0 && r.acceptance <= 1)) throw Error("--acceptance must be in [0, 1]");
   PlanResult p;
@@ -154,12 +162,15 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
     p.batch = std::clamp<int64_t>(per_group * l.dp, 1, cap_batch);
   }
 
-  // Prefill: each data-parallel group runs prefill_batch prompts of input_len tokens.
-  const Step ps{Phase::Prefill, r.prefill_batch, r.input_len, 0};
+  // Prefill: each data-parallel group runs prefill_batch prompts of input_len tokens, of
+  // which the cached prefix (cache_hit) is only attended to.
+  const int64_t hit = std::min<int64_t>(r.input_len - 1, int64_t(std::llround(r.cache_hit * double(r.input_len))));
+  const Step ps{Phase::Prefill, r.prefill_batch, r.input_len - hit, hit};
   p.prefill = cost_step(m, hw, l, r.opt, ps, kt, r.overlap);
   p.ttft_ms = p.prefill.step_us * l.pp / 1e3;
   p.prefill_tokens_per_s_per_device =
       double(r.prefill_batch) * double(r.input_len) * l.dp / (p.prefill.step_us / 1e6) / devices;
+  p.prefill_computed_tokens_per_s_per_device = p.prefill_tokens_per_s_per_device * double(r.input_len - hit) / double(r.input_len);
 
   // Decode: the batch is spread over dp groups and pp micro-batches; each step verifies
   // 1 + mtp tokens per sequence and keeps tokens_per_step of them on average.

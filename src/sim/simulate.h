@@ -53,6 +53,10 @@ struct PlanRequest {
   int64_t input_len = 4096, output_len = 1024;
   int64_t context = -1;      // decode depth; -1: input_len + output_len/2
   int64_t prefill_batch = 1; // sequences per data-parallel group in one prefill step
+  // Fraction of each prompt found in a prefix cache (DeepSeek's on-disk KV cache): prefill
+  // computes only the rest, attending to the cached part, and counts every prompt token in
+  // its throughput, as DeepSeek's published figures do.
+  double cache_hit = 0;
   Options opt;
   double acceptance = 0.8;   // per-draft-token MTP acceptance rate
   double price_per_hour = -1;  // < 0: the profile's
@@ -68,7 +72,8 @@ struct PlanResult {
   PhaseResult prefill, decode;
   MemoryPlan memory;
   double ttft_ms = 0, tpot_ms = 0;
-  double prefill_tokens_per_s_per_device = 0;
+  double prefill_tokens_per_s_per_device = 0;           // prompt tokens, cache hits included
+  double prefill_computed_tokens_per_s_per_device = 0;  // prompt tokens prefill computed
   double decode_tokens_per_s_per_device = 0;
   double e2e_output_tokens_per_s_per_device = 0;  // prefill and decode sharing the devices
   double price_per_hour = 0;

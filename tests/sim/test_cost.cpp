@@ -82,6 +82,8 @@ TEST(SimCost, DecodeOpsSingleSequence) {
   EXPECT_REL(ops.at("indexer.score").bytes, L * (101 * 132 + 2 * 128 + 101 * 4));
   EXPECT_EQ(ops.at("indexer.score").bits, 8);
   EXPECT_REL(ops.at("indexer.topk").bytes, L * 101 * 4);
+  EXPECT_REL(ops.at("indexer.topk").flops, L * 101);  // one selection step per scored key
+  EXPECT_EQ(ops.at("indexer.topk").cls, OpClass::Topk);
   // Dense layer 0.
   EXPECT_EQ(ops.at("mlp.gate_up").count, 1);
   EXPECT_REL(ops.at("mlp.gate_up").flops, 2 * 1024 * 256);

@@ -166,6 +166,112 @@ TEST(SimTiming, RooflinePlusOverheadCommAndKernelTable) {
   EXPECT_THROW(kernel_table_from_csv("x,1\n", "t.csv"), dsa::Error);
 }
 
+TEST(SimTiming, PackingCountsFromFourRowsPerWeight) {
+  Hardware cpu = toy();
+  cpu.dequant_flops_per_weight = 6;
+  cpu.pack_flops_per_weight = 20;
+  Op op;
+  op.name = "x";
+  op.cls = OpClass::Gemm;
+  op.bits = 8;
+  op.count = 1;
+  op.weight_elems = 1e6;
+  // 3 rows per weight: the streaming GEMV path, widening only: (6e6 + 6e6) / (2e12 * 0.5).
+  op.flops = 2.0 * 3 * 1e6;
+  EXPECT_REL(time_op(op, cpu, nullptr).compute_us, (6e6 + 6e6) / 1e12 * 1e6);
+  // 4 rows: the packed GEMM, widening and packing: (8e6 + 26e6) / 1e12.
+  op.flops = 2.0 * 4 * 1e6;
+  EXPECT_REL(time_op(op, cpu, nullptr).compute_us, (8e6 + 26e6) / 1e12 * 1e6);
+}
+
+TEST(SimTiming, TopkAndIndexerUseTheirOwnFactors) {
+  Hardware hw = toy();
+  hw.eff.indexer = 0.25;
+  hw.eff.topk = 0.001;
+  Op op;
+  op.name = "indexer.topk";
+  op.cls = OpClass::Topk;
+  op.count = 1;
+  op.flops = 1e6;  // keys
+  op.bytes = 4e6;
+  // 1e6 / (1e12 * 0.001) = 1000 us against 4e6 / (100e9 * 0.8) = 50 us, + 1 launch.
+  EXPECT_REL(time_op(op, hw, nullptr).time_us, 1001.0);
+  op.cls = OpClass::Indexer;
+  op.bits = 8;
+  op.flops = 1e9;  // 1e9 / (2e12 * 0.25) = 2000 us
+  EXPECT_REL(time_op(op, hw, nullptr).compute_us, 2000.0);
+  // Round trip through the profile JSON.
+  const Hardware back = hardware_from_json_text(hardware_to_json(hw), "back");
+  EXPECT_EQ(back.eff.indexer, 0.25);
+  EXPECT_EQ(back.eff.topk, 0.001);
+}
+
+TEST(SimHardware, LocalProfileFromKernelRates) {
+  // Made-up measurements with a known answer: FMA peak 100 GFLOP/s, GEMMs at e = 0.5 with
+  // d = 8 FLOP-equivalents of widening and p = 24 of packing per weight and call.
+  KernelRates k;
+  k.gemv_bf16_gbps = 18;                               // / 20 GB/s read -> memory 0.9
+  k.gemm_small_gflops = 96.0 / ((96.0 + 32) / 50e9) / 1e9;    // 48 rows: (96 + 32) / 50e9 s per weight
+  k.gemm_large_gflops = 1024.0 / ((1024.0 + 32) / 50e9) / 1e9;  // 512 rows
+  k.gemv_fp8_gbps = 50.0 / (2 + 8) * (1 + 4.0 / 16384);  // (2 + d) / 50e9 s per weight, 1 + 4/128^2 bytes each
+  k.indexer_gflops = 10;
+  k.topk_keys_per_s = 50e6;
+  k.sparse_decode_gflops = 20;
+  k.sparse_prefill_gflops = 5;
+  k.call_overhead_us = 3;
+  const Hardware h = local_hardware_from(2, 20, 100, k);
+  EXPECT_NEAR(h.eff.memory, 0.9, 1e-12);
+  EXPECT_NEAR(h.eff.gemm, 0.5, 1e-12);
+  EXPECT_NEAR(h.dequant_flops_per_weight, 8, 1e-9);
+  EXPECT_NEAR(h.pack_flops_per_weight, 24, 1e-9);
+  EXPECT_NEAR(h.eff.indexer, 0.1, 1e-12);
+  EXPECT_NEAR(h.eff.topk, 5e-4, 1e-15);
+  EXPECT_NEAR(h.eff.attention_sparse_decode, 0.2, 1e-12);
+  EXPECT_NEAR(h.eff.attention_sparse_prefill, 0.05, 1e-12);
+  EXPECT_EQ(h.launch_overhead_us, 3);
+  EXPECT_EQ(h.peak_flops(8), 100e9);
+  // The profile then reproduces its own probes: the 512-row GEMM and the fp8 GEMV.
+  Op g;
+  g.name = "g";
+  g.cls = OpClass::Gemm;
+  g.bits = 8;
+  g.count = 1;
+  g.weight_elems = 1024.0 * 2048;
+  g.flops = 2.0 * 512 * g.weight_elems;
+  EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemm_large_gflops * 1e9) * 1e6, 1e-6);
+  g.flops = 2.0 * g.weight_elems;
+  g.bytes = g.weight_elems * (1 + 4.0 / 16384);
+  EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.bytes / (k.gemv_fp8_gbps * 1e9) * 1e6, 1e-6);
+  // Noise that makes the small GEMM faster per row than the large one: no per-call terms.
+  KernelRates n = k;
+  n.gemm_small_gflops = 2 * n.gemm_large_gflops;
+  const Hardware hn = local_hardware_from(2, 20, 100, n);
+  EXPECT_EQ(hn.pack_flops_per_weight, 0);
+  EXPECT_EQ(hn.dequant_flops_per_weight, 0);
+  EXPECT_NEAR(hn.eff.gemm, n.gemm_large_gflops / 100, 1e-12);
+}
+
+TEST(SimPlan, CacheHitsAreAttendedNotComputed) {
+  const SimModel t = tiny();
+  const Hardware hw = toy();
+  PlanRequest r;
+  r.batch = 1;
+  r.input_len = 64;
+  r.output_len = 8;
+  r.cache_hit = 0.25;
+  const PlanResult p = simulate(t, hw, r);
+  // 16 of 64 prompt tokens are cached: the step computes 48 new ones after them.
+  EXPECT_EQ(p.prefill.step.new_tokens, 48);
+  EXPECT_EQ(p.prefill.step.context, 16);
+  const PhaseResult same = cost_step(t, hw, p.layout, r.opt, Step{Phase::Prefill, 1, 48, 16}, nullptr, true);
+  EXPECT_REL(p.prefill.step_us, same.step_us);
+  const int dev = p.layout.devices();
+  EXPECT_REL(p.prefill_tokens_per_s_per_device, 64.0 * p.layout.dp / (p.prefill.step_us / 1e6) / dev);
+  EXPECT_REL(p.prefill_computed_tokens_per_s_per_device, 48.0 * p.layout.dp / (p.prefill.step_us / 1e6) / dev);
+  r.cache_hit = 1.0;
+  EXPECT_THROW(simulate(t, hw, r), dsa::Error);
+}
+
 TEST(SimPlan, ServingFigures) {
   const SimModel t = tiny();
   const Hardware hw = toy();
@@ -252,6 +358,10 @@ TEST(SimProbe, MeasuresSomething) {
   EXPECT_GT(measure_read_bandwidth_gbps(1), 0.0);
   EXPECT_GT(measure_peak_gflops(1), 0.0);
   EXPECT_GT(physical_memory_bytes(), 0.0);
+  const KernelRates k = measure_kernel_rates(1);
+  for (double v : {k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemm_small_gflops, k.gemm_large_gflops, k.indexer_gflops,
+                   k.topk_keys_per_s, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.call_overhead_us})
+    EXPECT_GT(v, 0.0);
 }
 
 TEST(SimCli, PlanJsonContract) {
