@@ -115,10 +115,18 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
     s.expert_rows[size_t(s.expert_offset[size_t(e)] + s.expert_count[size_t(e)]++)] = r;
   }
 
-  std::fill(s.moe_out.begin(), s.moe_out.begin() + ptrdiff_t(size_t(n) * size_t(H)), 0.0f);
-  for (int e = 0; e < E; ++e) {
+  for (int e = 0; e < E; ++e)
+    for (int j = 0; j < s.expert_count[size_t(e)]; ++j)
+      s.expert_pos[size_t(s.expert_rows[size_t(s.expert_offset[size_t(e)] + j)])] = s.expert_offset[size_t(e)] + j;
+
+  // Experts in parallel, one per thread at a time (dynamic: their token counts differ),
+  // each running its three GEMMs on its own thread: one parallel region per layer instead
+  // of three per expert, and every expert's rows stay disjoint in xg, g, u and d.
+  int n_active = 0;
+  for (int e = 0; e < E; ++e)
+    if (s.expert_count[size_t(e)] > 0) s.expert_active[size_t(n_active++)] = e;
+  auto run_expert = [&](int e) {
     const int cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
-    if (cnt == 0) continue;
     float* xg = &s.xg[size_t(off) * size_t(H)];
     for (int j = 0; j < cnt; ++j) {
       const int tok = s.expert_rows[size_t(off + j)] / k;
@@ -130,13 +138,20 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
     kernels::linear(ex.gate_proj, xg, cnt, g);
     kernels::linear(ex.up_proj, xg, cnt, u);
     kernels::silu_mul(g, u, size_t(cnt) * size_t(I), g);
-    float* d = &s.d[size_t(off) * size_t(H)];
-    kernels::linear(ex.down_proj, g, cnt, d);
-    for (int j = 0; j < cnt; ++j) {
-      const int r = s.expert_rows[size_t(off + j)];
+    kernels::linear(ex.down_proj, g, cnt, &s.d[size_t(off) * size_t(H)]);
+  };
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int a = 0; a < n_active; ++a) run_expert(s.expert_active[size_t(a)]);
+
+  // Weighted combine per token (each output row written by one thread), slots in order.
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < n; ++t) {
+    float* out = &s.moe_out[size_t(t) * size_t(H)];
+    std::fill(out, out + H, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      const int r = t * k + j;
       const float wt = s.expert_w[size_t(r)];
-      float* out = &s.moe_out[size_t(r / k) * size_t(H)];
-      const float* dj = d + size_t(j) * size_t(H);
+      const float* dj = &s.d[size_t(s.expert_pos[size_t(r)]) * size_t(H)];
       for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
     }
   }

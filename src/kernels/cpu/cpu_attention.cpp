@@ -88,7 +88,11 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_
   // The scan over every cached key (132 bytes each) splits the keys across threads.
   const int chunk = 256;
   const int n_chunks = (n_keys + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) if (n_chunks > 1)
+  if (n_chunks == 1 || omp_get_level() > 0) {  // one chunk, or one query per thread in a prefill
+    indexer_scores_lanes(qT, wp, hp, k8, k_scale, 0, n_keys, out);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int c = 0; c < n_chunks; ++c)
     indexer_scores_lanes(qT, wp, hp, k8, k_scale, c * chunk, std::min(n_keys, (c + 1) * chunk), out);
 }
@@ -366,7 +370,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
   // query per thread in a prefill chunk) it runs on its own thread.
   const int hp = (H + 7) / 8 * 8;  // heads padded to whole lane groups (pad q = 0, unused)
   const int D = L + R;
-  const int nt = omp_in_parallel() ? 1 : std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
+  const int nt = omp_get_level() > 0 ? 1 : std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
   static thread_local std::vector<float> qT, part_o, part_m, part_l;  // [D][hp]; [nt][H][L]; [nt][hp]
   if (qT.size() < size_t(D) * size_t(hp) + 8) qT.resize(size_t(D) * size_t(hp) + 8);
   if (part_o.size() < size_t(nt) * size_t(H) * size_t(L)) part_o.resize(size_t(nt) * size_t(H) * size_t(L));

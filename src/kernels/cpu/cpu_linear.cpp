@@ -168,9 +168,13 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const fl
 
 // x * kFp8XScale into a per-thread buffer (grown once, then reused), each full group of
 // 32 columns permuted to the lane order of fp8x32_bits: [4i+3 | 4i+2 | 4i+1 | 4i].
+// Sized at first use for any input width in use (2 x hidden = 14336 for the MTP's eh_proj,
+// 18432 for DeepSeek's dense down_proj) so a decode step never grows it.
+constexpr size_t kXBufMin = 32768;
+
 inline const float* prescale_x(const float* x, int n) {
   static thread_local std::vector<float> buf;
-  if (buf.size() < size_t(n)) buf.resize(size_t(n));
+  if (buf.size() < size_t(n)) buf.resize(std::max(kXBufMin, size_t(n)));
   float* b = buf.data();
   int c = 0;
   for (; c + 32 <= n; c += 32)
@@ -184,7 +188,7 @@ inline const float* prescale_x(const float* x, int n) {
 // lane order gemv_bf16_avx2 produces; a per-thread buffer grown once, then reused.
 inline const float* deinterleave_x(const float* x, int n) {
   static thread_local std::vector<float> buf;
-  if (buf.size() < size_t(n)) buf.resize(size_t(n));
+  if (buf.size() < size_t(n)) buf.resize(std::max(kXBufMin, size_t(n)));
   float* b = buf.data();
   int c = 0;
   for (; c + 16 <= n; c += 16)
@@ -371,19 +375,25 @@ void gemm_panel_scalar(const float* pk, int kc, const float* xp, int n, float* y
   }
 }
 
+// Each thread's dequantized weight panel, k-major [kKc][kNr] (128 KB, stays in L2).
+float* panel_scratch() {
+  alignas(32) static thread_local float pk[kKc * kNr];
+  return pk;
+}
+
 }  // namespace
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   if (nrows < 0) nrows = w.rows - row0;
   if (n <= 0 || nrows <= 0) return;
   const bool avx = has_avx2_fma();
+  // Inside a caller's parallel loop (one MoE expert per thread in prefill) the call runs on
+  // its own thread: no nested region, per-thread scratch only.
+  const bool nested = omp_get_level() > 0;  // any enclosing region, active or not
   if (n < 4 && avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16)) {
     // Memory-bound GEMV: each thread streams a contiguous range of rows (a multiple of
     // four), enough rows per thread that the fork is worth it.
-    const int nt = std::min(omp_get_max_threads(), std::max(1, nrows / 64));
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    auto rows = [&](int t, int T) {
       const int rb = (nrows / 4 * t / T) * 4, re = t == T - 1 ? nrows : (nrows / 4 * (t + 1) / T) * 4;
       for (int i = 0; i < n; ++i) {
         const float* xi = x + size_t(i) * size_t(w.cols);
@@ -391,27 +401,40 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
         if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xi, prescale_x(xi, w.cols), yi, row0, row0 + rb, row0 + re);
         else gemv_bf16_avx2(w, xi, deinterleave_x(xi, w.cols), yi, row0, row0 + rb, row0 + re);
       }
+    };
+    const int nt = nested ? 1 : std::min(omp_get_max_threads(), std::max(1, nrows / 64));
+    if (nt == 1) {
+      rows(0, 1);
+    } else {
+#pragma omp parallel num_threads(nt)
+      rows(omp_get_thread_num(), omp_get_num_threads());
     }
     return;
   }
-  // GEMM: K in chunks of kKc; per chunk the tokens are packed once (shared), then
-  // 16-row weight panels are dequantized and multiplied across threads.
-  static std::vector<float> xpack;  // grows to the largest prefill chunk, then stays
+  // GEMM: K in chunks of kKc; per chunk the tokens are packed once (shared by the threads),
+  // then 16-row weight panels are dequantized and multiplied across threads.
+  static thread_local std::vector<float> xpack;  // grows to the largest prefill chunk, then stays
   if (xpack.size() < size_t(n) * size_t(std::min(kKc, w.cols))) xpack.resize(size_t(n) * size_t(std::min(kKc, w.cols)));
+  float* xp = xpack.data();  // a plain pointer: inside the region the name would be each thread's own
   const int n_panels = (nrows + kNr - 1) / kNr;
+  auto panel = [&](int p, int k0, int kc, float* pk) {
+    const int r0 = p * kNr, nr = std::min(kNr, nrows - r0);
+    pack_panel(w, row0 + r0, nr, k0, kc, pk, avx);
+    if (avx) gemm_panel_avx2(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
+    else gemm_panel_scalar(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
+  };
   for (int k0 = 0; k0 < w.cols; k0 += kKc) {
     const int kc = std::min(kKc, w.cols - k0);
-    pack_x(x, n, w.cols, k0, kc, xpack.data());
+    pack_x(x, n, w.cols, k0, kc, xp);
+    if (nested) {
+      for (int p = 0; p < n_panels; ++p) panel(p, k0, kc, panel_scratch());
+      continue;
+    }
 #pragma omp parallel
     {
-      alignas(32) static thread_local float pk[kKc * kNr];
+      float* pk = panel_scratch();
 #pragma omp for schedule(dynamic, 1)
-      for (int p = 0; p < n_panels; ++p) {
-        const int r0 = p * kNr, nr = std::min(kNr, nrows - r0);
-        pack_panel(w, row0 + r0, nr, k0, kc, pk, avx);
-        if (avx) gemm_panel_avx2(pk, kc, xpack.data(), n, y + r0, nrows, nr, k0 > 0);
-        else gemm_panel_scalar(pk, kc, xpack.data(), n, y + r0, nrows, nr, k0 > 0);
-      }
+      for (int p = 0; p < n_panels; ++p) panel(p, k0, kc, pk);
     }
   }
 }
