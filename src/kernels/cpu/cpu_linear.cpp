@@ -271,6 +271,22 @@ __attribute__((target("avx2,fma"))) inline void transpose8x8(const float* src, s
 // Dequantizes rows [r0, r0 + nr) x columns [k0, k0 + kc) into the k-major panel
 // pk[k][16] (rows past nr are zero), 128 columns at a time: rows are converted
 // contiguously, then 8x8 blocks are transposed with shuffles.
+// len fp8 weights times their block scale s, for packing: the bit placement of
+// gemv_fp8_avx2 in the original lane order (sign-extend, shift, mask: 2^-120 times the
+// value) and one multiply by s * 2^120, exact, instead of a conversion and a second pass.
+__attribute__((target("avx2,fma"))) inline void load_fp8_scaled_avx2(const uint8_t* p, int len, float s, float* out) {
+  int c = 0;
+  if (s < 0x1p7f && s > -0x1p7f) {  // s * 2^120 stays finite
+    const __m256 sv = _mm256_set1_ps(s * 0x1p120f);
+    const __m256i em = _mm256_set1_epi32(int32_t(0x87F00000u));
+    for (; c + 8 <= len; c += 8) {
+      const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + c)));
+      _mm256_store_ps(out + c, _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), em)), sv));
+    }
+  }
+  for (; c < len; ++c) out[c] = fp8_e4m3_to_f32(p[c]) * s;
+}
+
 void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool avx) {
   alignas(32) float rows[kNr][128];
   for (int c0 = k0; c0 < k0 + kc;) {
@@ -280,6 +296,11 @@ void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool
     for (int j = 0; j < kNr; ++j) {
       if (j >= nr) {
         std::fill(rows[j], rows[j] + len, 0.0f);
+        continue;
+      }
+      if (avx && w.dtype == DType::F8_E4M3) {
+        const float s = w.scale[size_t((r0 + j) / w.block_rows) * size_t(w.scale_cols()) + size_t(c0 / w.block_cols)];
+        load_fp8_scaled_avx2(w.data + size_t(r0 + j) * size_t(w.cols) + size_t(c0), len, s, rows[j]);
         continue;
       }
       if (avx) load_row_avx2(w, r0 + j, c0, len, rows[j]); else load_row_scalar(w, r0 + j, c0, len, rows[j]);
