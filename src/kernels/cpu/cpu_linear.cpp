@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -520,8 +521,55 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
 }
 
 namespace {
+// Eight e4m3 weights in their own order as f32 bits, 2^-120 times their values.
+__attribute__((target("avx2,fma"))) inline __m256 fp8x8_bits(const uint8_t* p, __m256i em) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), em));
+}
+
+// linear_t_one for fp8 weights with 64-column multiples: 64 output columns stay in eight
+// accumulators across all rows; each weight is placed as f32 bits once (2^-120 times its
+// value, as in gemv_fp8_avx2) and multiplied by x[r] * its block scale * 2^64; the sums
+// are scaled by 2^56 at the end. Rows whose x * scale is too large for that fall back.
+__attribute__((target("avx2,fma"))) bool linear_t_one_fp8_avx2(const Linear& w, const float* x, int r0, int nrows, float* y) {
+  const int sc = w.scale_cols();
+  for (int r = 0; r < nrows; ++r)
+    for (int b = 0; b < sc; ++b)
+      if (!(std::fabs(x[r] * w.scale[size_t((r0 + r) / w.block_rows) * size_t(sc) + size_t(b)]) < 0x1p60f)) return false;
+  const __m256i em = _mm256_set1_epi32(int32_t(0x87F00000u));
+  const __m256 undo = _mm256_set1_ps(kFp8BitsUndo);
+  for (int c0 = 0; c0 < w.cols; c0 += 64) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const int blk = c0 / w.block_cols;
+    for (int r = 0; r < nrows; ++r) {
+      const float* srow = w.scale + size_t((r0 + r) / w.block_rows) * size_t(sc);
+      const __m256 xs = _mm256_set1_ps(x[r] * srow[blk] * kFp8XScale);
+      const uint8_t* p = w.data + size_t(r0 + r) * size_t(w.cols) + size_t(c0);
+      a0 = _mm256_fmadd_ps(fp8x8_bits(p + 0, em), xs, a0);
+      a1 = _mm256_fmadd_ps(fp8x8_bits(p + 8, em), xs, a1);
+      a2 = _mm256_fmadd_ps(fp8x8_bits(p + 16, em), xs, a2);
+      a3 = _mm256_fmadd_ps(fp8x8_bits(p + 24, em), xs, a3);
+      a4 = _mm256_fmadd_ps(fp8x8_bits(p + 32, em), xs, a4);
+      a5 = _mm256_fmadd_ps(fp8x8_bits(p + 40, em), xs, a5);
+      a6 = _mm256_fmadd_ps(fp8x8_bits(p + 48, em), xs, a6);
+      a7 = _mm256_fmadd_ps(fp8x8_bits(p + 56, em), xs, a7);
+    }
+    _mm256_storeu_ps(y + c0, _mm256_mul_ps(a0, undo));
+    _mm256_storeu_ps(y + c0 + 8, _mm256_mul_ps(a1, undo));
+    _mm256_storeu_ps(y + c0 + 16, _mm256_mul_ps(a2, undo));
+    _mm256_storeu_ps(y + c0 + 24, _mm256_mul_ps(a3, undo));
+    _mm256_storeu_ps(y + c0 + 32, _mm256_mul_ps(a4, undo));
+    _mm256_storeu_ps(y + c0 + 40, _mm256_mul_ps(a5, undo));
+    _mm256_storeu_ps(y + c0 + 48, _mm256_mul_ps(a6, undo));
+    _mm256_storeu_ps(y + c0 + 56, _mm256_mul_ps(a7, undo));
+  }
+  return true;
+}
+
 // y[0:cols] = x[0:nrows] · W[r0 : r0 + nrows], single-threaded (callers parallelize).
 void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, bool avx) {
+  if (avx && w.dtype == DType::F8_E4M3 && w.cols % 64 == 0 && w.block_cols % 64 == 0 && linear_t_one_fp8_avx2(w, x, r0, nrows, y))
+    return;
   std::fill(y, y + w.cols, 0.0f);
   const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : 128;
   float wbuf[512];
