@@ -107,13 +107,16 @@ State::State(const ModelConfig& cfg, const StateOptions& o) : opt(o) {
 void fill_cache_synthetic(const ModelConfig& cfg, State& s, int depth, uint64_t seed) {
   if (depth < 0 || depth > s.opt.max_ctx) throw Error("synthetic depth " + std::to_string(depth) + " exceeds the cache capacity");
   const int L = cfg.kv_lora_rank, R = cfg.qk_rope_head_dim;
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-  auto next = [&x] {  // xorshift64*: cheap and plenty for filler values
-    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
-    return float(double((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53 * 3.4 - 1.7);
-  };
-  std::vector<float> lat(static_cast<size_t>(L)), kr(static_cast<size_t>(R)), ik(128);
+  // Layers in parallel, each with its own generator seeded from (seed, layer): the filler
+  // is the same whatever the thread count.
+#pragma omp parallel for schedule(dynamic, 1)
   for (size_t l = 0; l < s.layers.size(); ++l) {
+    uint64_t x = (seed * 0x9e3779b97f4a7c15ull + 1) ^ (uint64_t(l + 1) * 0xbf58476d1ce4e5b9ull);
+    auto next = [&x] {  // xorshift64*: cheap and plenty for filler values
+      x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+      return float(double((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53 * 3.4 - 1.7);
+    };
+    std::vector<float> lat(static_cast<size_t>(L)), kr(static_cast<size_t>(R)), ik(128);
     LayerCache& c = s.layers[l];
     for (int t = 0; t < depth; ++t) {
       for (float& v : lat) v = next();

@@ -311,52 +311,70 @@ struct DecodeScratch {
 
 // Softmax partials of the selected tokens idx[0..nj) for every head: o [H][L] (unnormalized),
 // m and l [hp] (running max and sum per head). qt is the query transposed [D][hp], times the
-// softmax scale. Single-threaded.
+// softmax scale. Single-threaded, one pass (online softmax per tile of kTile tokens): each
+// selected token is gathered and dequantized once, its scores and its share of o computed
+// while the tile is in L1/L2; o is rescaled only for heads whose running max rises.
 __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheView& c, const float* qt, int H, int hp,
                                                                  const int32_t* idx, int nj, float* o, float* m, float* l) {
   const int L = c.kv_lora, D = L + c.rope;
   static thread_local DecodeScratch scratch;
-  float* sc = scratch.sc(size_t(nj) + 8, hp);  // [token][hp]
+  float* sc = scratch.sc(kTile + 8, hp);  // [token][hp] for one tile
   float* tile = scratch.tl(D);
   std::fill(o, o + size_t(H) * size_t(L), 0.0f);
+  const size_t tb = c.token_bytes();
   const float* rows[kTile + 8];
-  auto load_tile = [&](int jt, int cnt) {
-    for (int j = 0; j < cnt; ++j) rows[j] = load_token(c, idx[jt + j], tile + size_t(j) * size_t(D));
-    for (int j = cnt; j < (cnt + 7) / 8 * 8; ++j) rows[j] = rows[0];  // padding tokens: computed, never used
-  };
-  // Pass 1: scaled scores for every (token, head), running max per head.
-  __m256 mx[32];
-  for (int g = 0; g < hp / 8; ++g) mx[g] = _mm256_set1_ps(-INFINITY);
-  for (int jt = 0; jt < nj; jt += kTile) {
-    const int cnt = std::min(kTile, nj - jt);
-    load_tile(jt, cnt);
-    for (int jb = 0; jb < cnt; jb += 8)
-      for (int g = 0; g < hp / 8; ++g) {
-        float* out = sc + size_t(jt + jb) * size_t(hp) + size_t(8 * g);
-        scores_8tok(qt + 8 * g, size_t(hp), rows + jb, D, out, size_t(hp));
-        for (int j = jb; j < std::min(cnt, jb + 8); ++j)
-          mx[g] = _mm256_max_ps(mx[g], _mm256_load_ps(sc + size_t(jt + j) * size_t(hp) + size_t(8 * g)));
-      }
-  }
-  // p = e^(s - max) in place, and the per-head sums.
+  __m256 mx[32], sum[32];
   for (int g = 0; g < hp / 8; ++g) {
-    __m256 sum = _mm256_setzero_ps();
-    for (int j = 0; j < nj; ++j) {
-      float* sj = sc + size_t(j) * size_t(hp) + size_t(8 * g);
-      const __m256 pj = exp8(_mm256_sub_ps(_mm256_load_ps(sj), mx[g]));
-      _mm256_store_ps(sj, pj);
-      sum = _mm256_add_ps(sum, pj);
-    }
-    _mm256_storeu_ps(m + 8 * g, mx[g]);
-    _mm256_storeu_ps(l + 8 * g, sum);
+    mx[g] = _mm256_set1_ps(-INFINITY);
+    sum[g] = _mm256_setzero_ps();
   }
-  // Pass 2: o[h] += p[j][h] latent[j], the tile dequantized again (cheaper than
-  // keeping every selected latent resident).
+  constexpr int kAhead = 8;  // tokens: the gather is random, so prefetch by index
+  auto prefetch = [&](int j) {
+    const char* p = reinterpret_cast<const char*>(c.data + size_t(idx[j]) * tb);
+    for (size_t off = 0; off < tb; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  };
+  for (int j = 0; j < std::min(nj, kAhead); ++j) prefetch(j);
   for (int jt = 0; jt < nj; jt += kTile) {
     const int cnt = std::min(kTile, nj - jt);
-    load_tile(jt, cnt);
+    for (int j = 0; j < cnt; ++j) {
+      if (jt + j + kAhead < nj) prefetch(jt + j + kAhead);
+      rows[j] = load_token(c, idx[jt + j], tile + size_t(j) * size_t(D));
+    }
+    for (int j = cnt; j < (cnt + 7) / 8 * 8; ++j) rows[j] = rows[0];  // padding tokens: computed, never used
+    for (int g = 0; g < hp / 8; ++g) {
+      // Scores of the tile's tokens for this lane group of heads, and the tile's max.
+      __m256 tmax = mx[g];
+      for (int jb = 0; jb < cnt; jb += 8) {
+        scores_8tok(qt + 8 * g, size_t(hp), rows + jb, D, sc + size_t(jb) * size_t(hp) + size_t(8 * g), size_t(hp));
+        for (int j = jb; j < std::min(cnt, jb + 8); ++j) tmax = _mm256_max_ps(tmax, _mm256_load_ps(sc + size_t(j) * size_t(hp) + size_t(8 * g)));
+      }
+      // A higher max rescales what this group has accumulated: e^(old - new) per head.
+      const __m256 alpha = exp8(_mm256_sub_ps(mx[g], tmax));  // about 0 on the first tile (nothing to rescale)
+      if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_OQ)) != 0) {
+        alignas(32) float al[8];
+        _mm256_store_ps(al, alpha);
+        for (int h = 8 * g; h < std::min(H, 8 * g + 8); ++h) {
+          if (al[h - 8 * g] == 1.0f) continue;
+          const __m256 a = _mm256_set1_ps(al[h - 8 * g]);
+          float* oh = o + size_t(h) * size_t(L);
+          for (int d = 0; d < L; d += 8) _mm256_storeu_ps(oh + d, _mm256_mul_ps(_mm256_loadu_ps(oh + d), a));
+        }
+        sum[g] = _mm256_mul_ps(sum[g], alpha);
+      }
+      mx[g] = tmax;
+      for (int j = 0; j < cnt; ++j) {
+        float* sj = sc + size_t(j) * size_t(hp) + size_t(8 * g);
+        const __m256 pj = exp8(_mm256_sub_ps(_mm256_load_ps(sj), tmax));
+        _mm256_store_ps(sj, pj);
+        sum[g] = _mm256_add_ps(sum[g], pj);
+      }
+    }
     for (int h = 0; h < H; h += 4)
-      accumulate_4heads(sc + size_t(jt) * size_t(hp) + size_t(h), size_t(hp), rows, cnt, L, o + size_t(h) * size_t(L), size_t(L));
+      accumulate_4heads(sc + size_t(h), size_t(hp), rows, cnt, L, o + size_t(h) * size_t(L), size_t(L));
+  }
+  for (int g = 0; g < hp / 8; ++g) {
+    _mm256_storeu_ps(m + 8 * g, mx[g]);
+    _mm256_storeu_ps(l + 8 * g, sum[g]);
   }
 }
 
