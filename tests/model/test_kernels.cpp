@@ -224,10 +224,15 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, a.data());
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, b.data());
   EXPECT_LE(max_rel(a, b), 1e-5);
-  // 12 heads: the last lane group is half padding.
-  kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), 12, many.data(), int(many.size()), 0.3f, a.data());
-  kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), 12, many.data(), int(many.size()), 0.3f, b.data());
-  EXPECT_LE(max_rel(std::vector<float>(a.begin(), a.begin() + 12 * L), std::vector<float>(b.begin(), b.begin() + 12 * L)), 1e-5);
+  // 8 heads (one lane group), 12 (the last group half padding), 24 (a pair of groups and an
+  // odd one), from a query with more heads than the test's 16.
+  const auto qlw = randv(size_t(24) * L, 27), qrw = randv(size_t(24) * R, 28);
+  for (int hh : {8, 12, 24}) {
+    std::vector<float> aw(size_t(hh) * L), bw(aw.size());
+    kernels::cpu::mla_sparse_decode(c, qlw.data(), qrw.data(), hh, many.data(), int(many.size()), 0.3f, aw.data());
+    kernels::ref::mla_sparse_decode(c, qlw.data(), qrw.data(), hh, many.data(), int(many.size()), 0.3f, bw.data());
+    EXPECT_LE(max_rel(aw, bw), 1e-5) << hh << " heads";
+  }
   // Odd head counts take the portable path; it must agree too.
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, a.data());
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, b.data());
