@@ -357,15 +357,16 @@ __attribute__((target("avx2,fma"))) inline void micro_6x16(const float* pk, int 
 
 // Packs tokens [0, n) of x[:, k0 : k0 + kc] into blocks of kMr tokens (the last block
 // holds the remainder), each k-major.
-void pack_x(const float* x, int n, int ldx, int k0, int kc, float* xp) {
-  for (int i0 = 0; i0 < n; i0 += kMr) {
-    const int mr = std::min(kMr, n - i0);
-    float* b = xp + size_t(i0) * size_t(kc);
-    for (int i = 0; i < mr; ++i) {
-      const float* xi = x + size_t(i0 + i) * size_t(ldx) + size_t(k0);
-      for (int k = 0; k < kc; ++k) b[k * mr + i] = xi[k];
-    }
+void pack_x_block(const float* x, int n, int ldx, int k0, int kc, float* xp, int i0) {
+  const int mr = std::min(kMr, n - i0);
+  float* b = xp + size_t(i0) * size_t(kc);
+  for (int i = 0; i < mr; ++i) {
+    const float* xi = x + size_t(i0 + i) * size_t(ldx) + size_t(k0);
+    for (int k = 0; k < kc; ++k) b[k * mr + i] = xi[k];
   }
+}
+void pack_x(const float* x, int n, int ldx, int k0, int kc, float* xp) {
+  for (int i0 = 0; i0 < n; i0 += kMr) pack_x_block(x, n, ldx, k0, kc, xp, i0);
 }
 
 __attribute__((target("avx2,fma"))) void gemm_panel_avx2(const float* pk, int kc, const float* xp, int n, float* y, int ldy,
@@ -447,13 +448,16 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   };
   for (int k0 = 0; k0 < w.cols; k0 += kKc) {
     const int kc = std::min(kKc, w.cols - k0);
-    pack_x(x, n, w.cols, k0, kc, xp);
     if (nested) {
+      pack_x(x, n, w.cols, k0, kc, xp);
       for (int p = 0; p < n_panels; ++p) panel(p, k0, kc, panel_scratch());
       continue;
     }
 #pragma omp parallel
     {
+      // The tokens are packed by all threads (blocks of kMr), then the panels run.
+#pragma omp for schedule(static)
+      for (int i0 = 0; i0 < n; i0 += kMr) pack_x_block(x, n, w.cols, k0, kc, xp, i0);
       float* pk = panel_scratch();
 #pragma omp for schedule(dynamic, 1)
       for (int p = 0; p < n_panels; ++p) panel(p, k0, kc, pk);
