@@ -30,43 +30,83 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 s) {
   return _mm_cvtss_f32(h);
 }
 
-// Heads in SIMD lanes, eight keys at a time: acc_j[h] += qT[d][h] * k_j[d], one q load
-// and eight broadcasts feeding eight FMAs per d, and no horizontal sum until each key's
-// ReLU-weighted head sum. q and the keys are e4m3 values widened to f32 (each 2^-8 too
+// s[j][h] = Σ_d k_j[d] qT[d][h] for 8 tokens (rows k[0..7], d values each) and the 8 heads
+// of one lane group: heads in SIMD lanes, one q load and eight broadcasts per d feed
+// eight FMAs, no horizontal sums. qT rows have stride ldq; s rows stride lds.
+__attribute__((target("avx2,fma"))) inline void scores_8tok(const float* qT, size_t ldq, const float* const* k, int d, float* s,
+                                                           size_t lds) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[4], *k5 = k[5], *k6 = k[6], *k7 = k[7];
+  for (int i = 0; i < d; ++i, qT += ldq) {
+    const __m256 q = _mm256_load_ps(qT);
+    a0 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + i), a0);
+    a1 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k1 + i), a1);
+    a2 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k2 + i), a2);
+    a3 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k3 + i), a3);
+    a4 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k4 + i), a4);
+    a5 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k5 + i), a5);
+    a6 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k6 + i), a6);
+    a7 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k7 + i), a7);
+  }
+  _mm256_store_ps(s + 0 * lds, a0); _mm256_store_ps(s + 1 * lds, a1);
+  _mm256_store_ps(s + 2 * lds, a2); _mm256_store_ps(s + 3 * lds, a3);
+  _mm256_store_ps(s + 4 * lds, a4); _mm256_store_ps(s + 5 * lds, a5);
+  _mm256_store_ps(s + 6 * lds, a6); _mm256_store_ps(s + 7 * lds, a7);
+}
+
+// scores_8tok for 4 tokens and 16 heads (two lane groups): two q loads and four
+// broadcasts feed eight FMAs per d, fewer loads per FMA than 8 tokens x 8 heads.
+__attribute__((target("avx2,fma"))) inline void scores_4tok_16h(const float* qT, size_t ldq, const float* const* k, int d, float* s,
+                                                               size_t lds) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+  for (int i = 0; i < d; ++i, qT += ldq) {
+    const __m256 qa = _mm256_load_ps(qT), qb = _mm256_load_ps(qT + 8);
+    __m256 kv = _mm256_broadcast_ss(k0 + i);
+    a0 = _mm256_fmadd_ps(qa, kv, a0); b0 = _mm256_fmadd_ps(qb, kv, b0);
+    kv = _mm256_broadcast_ss(k1 + i);
+    a1 = _mm256_fmadd_ps(qa, kv, a1); b1 = _mm256_fmadd_ps(qb, kv, b1);
+    kv = _mm256_broadcast_ss(k2 + i);
+    a2 = _mm256_fmadd_ps(qa, kv, a2); b2 = _mm256_fmadd_ps(qb, kv, b2);
+    kv = _mm256_broadcast_ss(k3 + i);
+    a3 = _mm256_fmadd_ps(qa, kv, a3); b3 = _mm256_fmadd_ps(qb, kv, b3);
+  }
+  _mm256_store_ps(s, a0); _mm256_store_ps(s + 8, b0);
+  _mm256_store_ps(s + lds, a1); _mm256_store_ps(s + lds + 8, b1);
+  _mm256_store_ps(s + 2 * lds, a2); _mm256_store_ps(s + 2 * lds + 8, b2);
+  _mm256_store_ps(s + 3 * lds, a3); _mm256_store_ps(s + 3 * lds + 8, b3);
+}
+
+// Heads in SIMD lanes, eight keys at a time: dot_j[h] = Σ_d qT[d][h] * k_j[d] through the
+// register blocks above, no horizontal sum until each key's ReLU-weighted head sum (one
+// per key). q and the keys are e4m3 values widened to f32 (each 2^-8 too
 // small, undone in w): products of two e4m3 values are exact in f32, so only the
 // summation order differs from the reference. qT is [128][hp] with hp = n_heads rounded
 // up to 8; padded heads have q = 0 and w = 0 and add nothing.
 __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* qT, const float* w, int hp, const uint8_t* k8,
                                                                    const float* k_scale, int t0, int t1, float* out) {
   alignas(32) float kb[8][128];
+  alignas(32) float dots[8 * 64];  // [key][hp]
+  const float* rows[8] = {kb[0], kb[1], kb[2], kb[3], kb[4], kb[5], kb[6], kb[7]};
+  const int g16 = hp / 16 * 2;  // lane groups taken in pairs, 4 keys at a time; an odd last one 8 keys at a time
   for (int t = t0; t < t1; t += 8) {
     const int cnt = std::min(8, t1 - t);
     for (int j = 0; j < 8; ++j) {
       const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
       for (int c = 0; c < 128; c += 8) _mm256_store_ps(&kb[j][c], fp8x8_to_f32_scaled(src + c));
     }
-    alignas(32) float part[8][8] = {};  // per key, the weighted ReLU sums still spread over 8 lanes
-    for (int hg = 0; hg < hp; hg += 8) {
-      // Named accumulators: an array whose address escapes would live in memory.
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-      const float* qd = qT + hg;
-      for (int d = 0; d < 128; ++d, qd += hp) {
-        const __m256 q = _mm256_load_ps(qd);
-        a0 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[0][d]), a0);
-        a1 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[1][d]), a1);
-        a2 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[2][d]), a2);
-        a3 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[3][d]), a3);
-        a4 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[4][d]), a4);
-        a5 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[5][d]), a5);
-        a6 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[6][d]), a6);
-        a7 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&kb[7][d]), a7);
-      }
-      const __m256 wv = _mm256_loadu_ps(w + hg), zero = _mm256_setzero_ps();
-      const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-      for (int j = 0; j < 8; ++j)
-        _mm256_store_ps(part[j], _mm256_fmadd_ps(_mm256_max_ps(acc[j], zero), wv, _mm256_load_ps(part[j])));
+    for (int g = 0; g < g16; g += 2) {
+      scores_4tok_16h(qT + 8 * g, size_t(hp), rows, 128, dots + 8 * g, size_t(hp));
+      scores_4tok_16h(qT + 8 * g, size_t(hp), rows + 4, 128, dots + 4 * hp + 8 * g, size_t(hp));
     }
-    for (int j = 0; j < cnt; ++j) out[t + j] = hsum(_mm256_load_ps(part[j])) * k_scale[t + j];
+    if (g16 < hp / 8) scores_8tok(qT + 8 * g16, size_t(hp), rows, 128, dots + 8 * g16, size_t(hp));
+    const __m256 zero = _mm256_setzero_ps();
+    for (int j = 0; j < cnt; ++j) {
+      __m256 acc = zero;
+      for (int g = 0; g < hp; g += 8)
+        acc = _mm256_fmadd_ps(_mm256_max_ps(_mm256_load_ps(dots + j * hp + g), zero), _mm256_loadu_ps(w + g), acc);
+      out[t + j] = hsum(acc) * k_scale[t + j];
+    }
   }
 }
 
@@ -237,53 +277,6 @@ __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-// s[j][h] = Σ_d k_j[d] qT[d][h] for 8 tokens (rows k[0..7], d values each) and the 8 heads
-// of one lane group: heads in SIMD lanes, one q load and eight broadcasts per d feed
-// eight FMAs, no horizontal sums. qT rows have stride ldq; s rows stride lds.
-__attribute__((target("avx2,fma"))) inline void scores_8tok(const float* qT, size_t ldq, const float* const* k, int d, float* s,
-                                                           size_t lds) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[4], *k5 = k[5], *k6 = k[6], *k7 = k[7];
-  for (int i = 0; i < d; ++i, qT += ldq) {
-    const __m256 q = _mm256_load_ps(qT);
-    a0 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + i), a0);
-    a1 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k1 + i), a1);
-    a2 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k2 + i), a2);
-    a3 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k3 + i), a3);
-    a4 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k4 + i), a4);
-    a5 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k5 + i), a5);
-    a6 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k6 + i), a6);
-    a7 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k7 + i), a7);
-  }
-  _mm256_store_ps(s + 0 * lds, a0); _mm256_store_ps(s + 1 * lds, a1);
-  _mm256_store_ps(s + 2 * lds, a2); _mm256_store_ps(s + 3 * lds, a3);
-  _mm256_store_ps(s + 4 * lds, a4); _mm256_store_ps(s + 5 * lds, a5);
-  _mm256_store_ps(s + 6 * lds, a6); _mm256_store_ps(s + 7 * lds, a7);
-}
-
-// scores_8tok for 4 tokens and 16 heads (two lane groups): two q loads and four
-// broadcasts feed eight FMAs per d, fewer loads per FMA than 8 tokens x 8 heads.
-__attribute__((target("avx2,fma"))) inline void scores_4tok_16h(const float* qT, size_t ldq, const float* const* k, int d, float* s,
-                                                               size_t lds) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
-  for (int i = 0; i < d; ++i, qT += ldq) {
-    const __m256 qa = _mm256_load_ps(qT), qb = _mm256_load_ps(qT + 8);
-    __m256 kv = _mm256_broadcast_ss(k0 + i);
-    a0 = _mm256_fmadd_ps(qa, kv, a0); b0 = _mm256_fmadd_ps(qb, kv, b0);
-    kv = _mm256_broadcast_ss(k1 + i);
-    a1 = _mm256_fmadd_ps(qa, kv, a1); b1 = _mm256_fmadd_ps(qb, kv, b1);
-    kv = _mm256_broadcast_ss(k2 + i);
-    a2 = _mm256_fmadd_ps(qa, kv, a2); b2 = _mm256_fmadd_ps(qb, kv, b2);
-    kv = _mm256_broadcast_ss(k3 + i);
-    a3 = _mm256_fmadd_ps(qa, kv, a3); b3 = _mm256_fmadd_ps(qb, kv, b3);
-  }
-  _mm256_store_ps(s, a0); _mm256_store_ps(s + 8, b0);
-  _mm256_store_ps(s + lds, a1); _mm256_store_ps(s + lds + 8, b1);
-  _mm256_store_ps(s + 2 * lds, a2); _mm256_store_ps(s + 2 * lds + 8, b2);
-  _mm256_store_ps(s + 3 * lds, a3); _mm256_store_ps(s + 3 * lds + 8, b3);
 }
 
 // o[h][0:d] += Σ_j p[j][h] k_j[0:d] for 4 heads over nj tokens, 16 columns at a time
