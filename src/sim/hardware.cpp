@@ -205,7 +205,9 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   // the measured fp32 peak.
   h.bf16_tflops = h.fp8_tflops = gflops / 1e3;
   h.fp4_tflops = 0;
-  h.memory_bandwidth_gbps = bw;
+  // The bf16 GEMV can stream faster than the read probe (it keeps more loads in flight):
+  // the profile's bandwidth is the faster of the two, so that no factor exceeds 1.
+  h.memory_bandwidth_gbps = std::max(bw, k.gemv_bf16_gbps);
   h.memory_gib = physical_memory_bytes() / (1024.0 * 1024.0 * 1024.0);
   if (!(h.memory_gib > 0)) h.memory_gib = 16;
   h.devices_per_node = 1;
@@ -219,7 +221,7 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   const double P = gflops * 1e9;
   auto frac = [](double v) { return std::clamp(v, 1e-4, 1.0); };
   // Memory-bound operators stream like the bf16 GEMV (the lm_head, the largest of them).
-  h.eff.memory = frac(k.gemv_bf16_gbps / bw);
+  h.eff.memory = frac(k.gemv_bf16_gbps / h.memory_bandwidth_gbps);
   // GEMMs: time per low-precision weight element and call = (2 M + d + p) / (P e): 2M FLOPs
   // at efficiency e, d FLOP-equivalents of widening each fp8 weight, and p of repacking it
   // into panels (the packed GEMM only). The two packed-GEMM probes (M = 48 and 512 rows)

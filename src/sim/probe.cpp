@@ -178,17 +178,6 @@ double median_seconds(int reps, F&& f) {
   return quantile_seconds(reps, 0.5, f);
 }
 
-// Bytes that read as ordinary numbers both as e4m3 (0x38-0x3F: 1.0-1.875, no NaN codes) and
-// as the high byte of a bf16 (exponent near 2^-15..2^0, no subnormals that could slow an
-// FMA), with either sign.
-void fill_weights(uint8_t* p, size_t n) {
-  uint64_t x = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    p[i] = uint8_t(0x38 | ((x >> 40) & 7) | ((x >> 50) & 0x80));
-  }
-}
-
 void fill_floats(float* p, size_t n, uint64_t seed) {
   uint64_t x = seed;
   for (size_t i = 0; i < n; ++i) {
@@ -207,85 +196,135 @@ KernelRates measure_kernel_rates(int threads) {
   set_backend(Backend::Cpu);  // the optimized kernels, whatever DSA_KERNELS says
   KernelRates r;
 
-  // Weight streaming: one-token GEMVs over 64 MiB, twice the largest L3 we expect, so the
-  // matrix comes from DRAM as the decode weights do.
-  const size_t wbytes = size_t(64) << 20;
+  // Weight streaming: one-token GEMVs over matrices that come from DRAM as the decode weights
+  // do. Each call reads a different part of a 192 MiB buffer, so that no part read again is
+  // still in a last-level cache of up to 64 MiB (AMD's victim L3 keeps some lines of a
+  // buffer just twice its size). The bytes are one repeated code that reads as an ordinary
+  // number as e4m3 (1.25) and as bf16 (about 7e-4): the kernels' work does not depend on
+  // the values.
+  const size_t wbytes = size_t(192) << 20, region = size_t(64) << 20;
   std::vector<uint8_t> wbuf(wbytes);
-  fill_weights(wbuf.data(), wbytes);
+  std::memset(wbuf.data(), 0x3A, wbytes);
   std::vector<float> x(8192), y(8192);
   fill_floats(x.data(), x.size(), 1);
   {
     Linear w;
     w.dtype = DType::BF16;
-    w.data = wbuf.data();
     w.rows = 8192;
     w.cols = 4096;
-    const double s = median_seconds(5, [&] { linear(w, x.data(), 1, y.data()); });
+    size_t call = 0;
+    const double s = median_seconds(41, [&] {
+      w.data = wbuf.data() + (call++ % 3) * region;
+      linear(w, x.data(), 1, y.data());
+    });
     r.gemv_bf16_gbps = double(w.bytes()) / s / 1e9;
   }
   std::vector<float> scales(64 * 64, 1.0f);
+  // fp8 GEMVs as decode runs them: one linear_multi over sixteen [512 x 2048] fp8 matrices
+  // (a token's routed and shared experts' gate and up projections are such a call), 16 MiB
+  // per call, rotating over twelve such groups.
   {
-    Linear w;
-    w.dtype = DType::F8_E4M3;
-    w.data = wbuf.data();
-    w.rows = 8192;
-    w.cols = 8192;
-    w.scale = scales.data();
-    const double s = median_seconds(5, [&] { linear(w, x.data(), 1, y.data()); });
-    r.gemv_fp8_gbps = double(w.bytes()) / s / 1e9;
-  }
-  // Packed GEMMs on an fp8 [1024 x 2048] weight (2 MiB: compute-bound at these row counts).
-  {
-    Linear w;
-    w.dtype = DType::F8_E4M3;
-    w.data = wbuf.data();
-    w.rows = 1024;
-    w.cols = 2048;
-    w.scale = scales.data();
-    std::vector<float> xs(size_t(kGemmLargeRows) * 2048), ys(size_t(kGemmLargeRows) * 1024);
-    fill_floats(xs.data(), xs.size(), 2);
-    for (int m : {kGemmSmallRows, kGemmLargeRows}) {
-      const double s = median_seconds(m == kGemmSmallRows ? 5 : 3, [&] { linear(w, xs.data(), m, ys.data()); });
-      (m == kGemmSmallRows ? r.gemm_small_gflops : r.gemm_large_gflops) = 2.0 * m * w.rows * w.cols / s / 1e9;
+    const int jobs_n = 16, groups = 12;
+    std::vector<Linear> ws(size_t(jobs_n) * groups);
+    std::vector<float> ym(size_t(jobs_n) * 512);
+    std::vector<LinearJob> jobs(ws.size());
+    for (size_t j = 0; j < ws.size(); ++j) {
+      ws[j].dtype = DType::F8_E4M3;
+      ws[j].data = wbuf.data() + j * (size_t(1) << 20);
+      ws[j].rows = 512;
+      ws[j].cols = 2048;
+      ws[j].scale = scales.data();
+      jobs[j] = {&ws[j], x.data(), &ym[(j % size_t(jobs_n)) * 512]};
     }
+    size_t call = 0;
+    const double s = median_seconds(41, [&] { linear_multi(&jobs[(call++ % groups) * size_t(jobs_n)], jobs_n); });
+    r.gemv_fp8_gbps = double(jobs_n) * double(ws[0].bytes()) / s / 1e9;
   }
-  // Lightning indexer scan: 16 heads over 8,192 cached fp8 keys (1 MiB).
+  // Packed GEMMs on fp8 [1024 x 2048] weights (2 MiB each: compute-bound at these row
+  // counts). 512 rows: one GEMM split across the threads (a dense prefill projection). 48
+  // rows: eight experts' GEMMs in a parallel loop, each on one thread, as the engine's MoE
+  // prefill runs them (kernels called inside a parallel region run single-threaded).
   {
-    const int heads = 16, keys = 8192;
+    const int experts = 8;
+    std::vector<Linear> ws(experts);
+    for (int e = 0; e < experts; ++e) {
+      ws[size_t(e)].dtype = DType::F8_E4M3;
+      ws[size_t(e)].data = wbuf.data() + size_t(e) * (size_t(2) << 20);
+      ws[size_t(e)].rows = 1024;
+      ws[size_t(e)].cols = 2048;
+      ws[size_t(e)].scale = scales.data();
+    }
+    const Linear& w = ws[0];
+    std::vector<float> xs(size_t(kGemmLargeRows) * 2048), ys(size_t(std::max(kGemmLargeRows, experts * kGemmSmallRows)) * 1024);
+    fill_floats(xs.data(), xs.size(), 2);
+    const double s_large = median_seconds(7, [&] { linear(w, xs.data(), kGemmLargeRows, ys.data()); });
+    r.gemm_large_gflops = 2.0 * kGemmLargeRows * w.rows * w.cols / s_large / 1e9;
+    const double s_small = median_seconds(7, [&] {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int e = 0; e < experts; ++e)
+        linear(ws[size_t(e)], xs.data() + size_t(e) * kGemmSmallRows * 2048, kGemmSmallRows,
+               ys.data() + size_t(e) * kGemmSmallRows * 1024);
+    });
+    r.gemm_small_gflops = 2.0 * experts * kGemmSmallRows * w.rows * w.cols / s_small / 1e9;
+  }
+  // Lightning indexer scan: 16 heads over 16,384 cached fp8 keys (2 MiB), each call on a
+  // different slice of the 64 MiB buffer: at depth the engine's keys come from DRAM, the
+  // weights streamed since the previous token having pushed them out of the cache.
+  {
+    const int heads = 16, keys = 16384;
+    const size_t slice = size_t(keys) * 128, slices = wbytes / slice;
     std::vector<float> wh(heads), ks(keys), out(keys);
     fill_floats(wh.data(), wh.size(), 3);
     fill_floats(ks.data(), ks.size(), 4);
     for (float& v : ks) v = 0.01f + std::abs(v);
-    const double s = median_seconds(7, [&] { indexer_scores(wbuf.data(), wh.data(), heads, wbuf.data() + 4096, ks.data(), keys, out.data()); });
+    size_t call = 0;
+    const double s = median_seconds(31, [&] {
+      const uint8_t* k8 = wbuf.data() + (call++ % slices) * slice;
+      indexer_scores(k8 + slice - 4096, wh.data(), heads, k8, ks.data(), keys, out.data());
+    });
     r.indexer_gflops = 2.0 * heads * 128.0 * keys / s / 1e9;
     // Top-k over 16,384 distinct scores (the indexer's output at that depth).
     std::vector<float> sc(16384);
     fill_floats(sc.data(), sc.size(), 5);
     std::vector<int32_t> sel(2048);
-    const double st = median_seconds(7, [&] { topk(sc.data(), int(sc.size()), 2048, sel.data()); });
+    const double st = median_seconds(15, [&] { topk(sc.data(), int(sc.size()), 2048, sel.data()); });
     r.topk_keys_per_s = double(sc.size()) / st;
   }
-  // Absorbed sparse decode: 16 heads over 2,048 selected fp8 latents (the engine's cache).
+  // Absorbed sparse decode: 16 heads over 2,048 latents selected in position order from a
+  // 16,384-token fp8 cache (the engine's 784-byte layout), alternating between four such
+  // caches (51 MiB in all) so each call gathers from DRAM, as a decode step at depth does.
   {
-    const int heads = 16, L = 512, R = 64, n = 2048;
+    const int heads = 16, L = 512, R = 64, n = 2048, ctx = 16384, copies = 4;
     MlaCacheView c;
     c.type = CacheType::FP8;
     c.kv_lora = L;
     c.rope = R;
-    std::vector<uint8_t> cache(c.token_bytes() * size_t(n));
-    c.data = cache.data();
+    const size_t tb = c.token_bytes();
+    std::vector<uint8_t> cache(tb * size_t(ctx) * copies);
     std::vector<float> lat(L), kr(R);
-    for (int t = 0; t < n; ++t) {
+    c.data = cache.data();
+    for (int t = 0; t < 64; ++t) {  // 64 distinct tokens, repeated: values do not change the work
       fill_floats(lat.data(), lat.size(), 10 + uint64_t(t));
       fill_floats(kr.data(), kr.size(), 90000 + uint64_t(t));
       mla_cache_write(c, t, lat.data(), kr.data());
     }
+    for (size_t t = 64; t < size_t(ctx) * copies; ++t) std::memcpy(cache.data() + t * tb, cache.data() + (t % 64) * tb, tb);
     std::vector<float> ql(size_t(heads) * L), qr(size_t(heads) * R), o(size_t(heads) * L);
     fill_floats(ql.data(), ql.size(), 6);
     fill_floats(qr.data(), qr.size(), 7);
+    // 2,048 of 16,384 positions, ascending (the top-k's order), spread by a fixed stride
+    // with a small pseudo-random jitter.
     std::vector<int32_t> idx(n);
-    for (int t = 0; t < n; ++t) idx[size_t(t)] = t;
-    const double s = median_seconds(5, [&] { mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), n, 0.05f, o.data()); });
+    uint64_t x = 12345;
+    for (int j = 0; j < n; ++j) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      idx[size_t(j)] = j * (ctx / n) + int32_t((x >> 40) % uint64_t(ctx / n));
+    }
+    size_t call = 0;
+    const double s = median_seconds(31, [&] {
+      c.data = cache.data() + (call++ % copies) * tb * size_t(ctx);
+      mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), n, 0.05f, o.data());
+    });
     r.sparse_decode_gflops = 2.0 * heads * n * (2.0 * L + R) / s / 1e9;
   }
   // Prefill attention in the expanded (MHA) form: queries in parallel as the engine runs
@@ -299,7 +338,7 @@ KernelRates measure_kernel_rates(int threads) {
     fill_floats(q.data(), q.size(), 11);
     std::vector<int32_t> idx(n);
     for (int t = 0; t < n; ++t) idx[size_t(t)] = t;
-    const double s = median_seconds(3, [&] {
+    const double s = median_seconds(5, [&] {
 #pragma omp parallel for schedule(dynamic, 1)
       for (int i = 0; i < queries; ++i)
         mha_sparse_prefill(&q[size_t(i) * heads * (nope + R)], kv.data(), kr.data(), heads, nope, R, vd, idx.data(), n, 0.07f,
@@ -308,16 +347,16 @@ KernelRates measure_kernel_rates(int threads) {
     r.sparse_prefill_gflops = 2.0 * queries * heads * n * double(nope + R + vd) / s / 1e9;
   }
   // One kernel call with almost no work, large enough to be split across the threads. The
-  // 10th percentile: on a shared machine a fork or join that waits for a descheduled
-  // thread costs a scheduler time slice (milliseconds), which says nothing about the
-  // calls of a real step (a few hundred per token, mostly back to back).
+  // fastest of 101: on a shared machine a fork or join that waits for a descheduled thread
+  // costs a scheduler time slice (milliseconds), a property of the machine's load, not of
+  // the call.
   {
     Linear w;
     w.dtype = DType::BF16;
     w.data = wbuf.data();
     w.rows = 256;
     w.cols = 64;
-    const double s = quantile_seconds(101, 0.1, [&] { linear(w, x.data(), 1, y.data()); });
+    const double s = quantile_seconds(101, 0.0, [&] { linear(w, x.data(), 1, y.data()); });
     r.call_overhead_us = s * 1e6;
   }
   set_backend(backend_before);

@@ -21,13 +21,14 @@ double physical_memory_bytes();
 // operators. Each probe runs a few repeats and keeps the median (the engine's runs are
 // medians too); all of them together take well under a second on two cores.
 struct KernelRates {
-  double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix (beyond the LLC)
-  double gemv_fp8_gbps = 0;       // the same over a 64 MiB fp8 e4m3 matrix with 128x128 scales
-  double gemm_small_gflops = 0;   // packed GEMM, fp8 [1024 x 2048], kGemmSmallRows rows (a prefill expert)
-  double gemm_large_gflops = 0;   // the same with kGemmLargeRows rows (a dense prefill projection)
-  double indexer_gflops = 0;      // indexer_scores: 16 heads over 8,192 fp8 keys
+  double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix, from DRAM
+  double gemv_fp8_gbps = 0;       // one-token linear_multi over sixteen fp8 [512 x 2048] matrices (16 MiB, from DRAM)
+  double gemm_small_gflops = 0;   // eight fp8 [1024 x 2048] GEMMs of kGemmSmallRows rows in a parallel
+                                  // loop, one per thread (prefill experts, as the engine runs them)
+  double gemm_large_gflops = 0;   // one such GEMM of kGemmLargeRows rows across the threads (a dense projection)
+  double indexer_gflops = 0;      // indexer_scores: 16 heads over 16,384 fp8 keys, from DRAM
   double topk_keys_per_s = 0;     // topk: 2,048 of 16,384 scores
-  double sparse_decode_gflops = 0;   // mla_sparse_decode: 16 heads, 512+64 fp8 latents, 2,048 keys
+  double sparse_decode_gflops = 0;   // mla_sparse_decode: 16 heads, 2,048 of 16,384 fp8 latents, from DRAM
   double sparse_prefill_gflops = 0;  // mha_sparse_prefill: 32 queries x 512 keys, 16 heads, in parallel
   double call_overhead_us = 0;    // one tiny kernel call (a parallel region's fork and join)
 };

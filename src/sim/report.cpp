@@ -147,6 +147,7 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
   json j = {
       {"model", c.model->name},
       {"hardware", c.hw->name},
+      {"hardware_description", c.hw->description},
       {"has_indexer", c.model->has_indexer},
       {"devices", p.layout.devices()},
       {"layout", {{"tp", p.layout.tp}, {"dp", p.layout.dp}, {"ep", p.layout.ep}, {"pp", p.layout.pp}}},

@@ -242,6 +242,12 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   g.flops = 2.0 * g.weight_elems;
   g.bytes = g.weight_elems * (1 + 4.0 / 16384);
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.bytes / (k.gemv_fp8_gbps * 1e9) * 1e6, 1e-6);
+  // A bf16 GEMV faster than the read probe sets the bandwidth itself.
+  KernelRates fast = k;
+  fast.gemv_bf16_gbps = 25;
+  const Hardware hf = local_hardware_from(2, 20, 100, fast);
+  EXPECT_EQ(hf.memory_bandwidth_gbps, 25);
+  EXPECT_EQ(hf.eff.memory, 1.0);
   // Noise that makes the small GEMM faster per row than the large one: no per-call terms.
   KernelRates n = k;
   n.gemm_small_gflops = 2 * n.gemm_large_gflops;
