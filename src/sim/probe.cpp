@@ -268,7 +268,7 @@ KernelRates measure_kernel_rates(int threads) {
     r.gemm_small_gflops = 2.0 * experts * kGemmSmallRows * w.rows * w.cols / s_small / 1e9;
   }
   // Lightning indexer scan: 16 heads over 16,384 cached fp8 keys (2 MiB), each call on a
-  // different slice of the 64 MiB buffer: at depth the engine's keys come from DRAM, the
+  // different slice of the weight buffer: at depth the engine's keys come from DRAM, the
   // weights streamed since the previous token having pushed them out of the cache.
   {
     const int heads = 16, keys = 16384;

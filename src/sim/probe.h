@@ -18,8 +18,8 @@ double physical_memory_bytes();
 // What the engine's own CPU kernels (kernels/kernels.h, the optimized backend) reach on
 // small synthetic operands: the `local` profile turns these into its efficiency factors,
 // so that `dsa plan --hardware local` composes end-to-end predictions from measured
-// operators. Each probe runs a few repeats and keeps the median (the engine's runs are
-// medians too); all of them together take well under a second on two cores.
+// operators. Each probe runs 5 to 41 repeats and keeps the median (the engine's runs are
+// medians too); all of them together take about 1.3 s on two cores.
 struct KernelRates {
   double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix, from DRAM
   double gemv_fp8_gbps = 0;       // one-token linear_multi over sixteen fp8 [512 x 2048] matrices (16 MiB, from DRAM)
