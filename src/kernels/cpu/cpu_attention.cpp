@@ -411,10 +411,14 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
   const int hp = (H + 7) / 8 * 8;  // heads padded to whole lane groups (pad q = 0, unused)
   const int D = L + R;
   const int nt = omp_get_level() > 0 ? 1 : std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
-  static thread_local std::vector<float> qT, part_o, part_m, part_l;  // [D][hp]; [nt][H][L]; [nt][hp]
+  // Alone, the tokens go out in up to four parts per thread, taken dynamically: the cores of
+  // a shared machine do not run at the same speed, and a static half each waits for the
+  // slower one.
+  const int parts = nt == 1 ? 1 : std::min(4 * nt, std::max(nt, n_idx / 128));
+  static thread_local std::vector<float> qT, part_o, part_m, part_l;  // [D][hp]; [parts][H][L]; [parts][hp]
   if (qT.size() < size_t(D) * size_t(hp) + 8) qT.resize(size_t(D) * size_t(hp) + 8);
-  if (part_o.size() < size_t(nt) * size_t(H) * size_t(L)) part_o.resize(size_t(nt) * size_t(H) * size_t(L));
-  if (part_m.size() < size_t(nt) * size_t(hp)) { part_m.resize(size_t(nt) * size_t(hp)); part_l.resize(size_t(nt) * size_t(hp)); }
+  if (part_o.size() < size_t(parts) * size_t(H) * size_t(L)) part_o.resize(size_t(parts) * size_t(H) * size_t(L));
+  if (part_m.size() < size_t(parts) * size_t(hp)) { part_m.resize(size_t(parts) * size_t(hp)); part_l.resize(size_t(parts) * size_t(hp)); }
   float* qt = qT.data() + (8 - (reinterpret_cast<uintptr_t>(qT.data()) / 4) % 8) % 8;  // 32-byte aligned rows
   for (int d = 0; d < D; ++d)
     for (int h = 0; h < hp; ++h)
@@ -426,15 +430,12 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
     sparse_decode_part(c, qt, H, hp, idx + j0, j1 - j0, po + size_t(t) * size_t(H) * size_t(L), pm + size_t(t) * size_t(hp),
                        pl + size_t(t) * size_t(hp));
   };
-  int used = 1;  // the threads the runtime actually gave
-  if (nt == 1) {
+  const int used = parts;
+  if (parts == 1) {
     run(0, 1);
   } else {
-#pragma omp parallel num_threads(nt)
-    {
-      if (omp_get_thread_num() == 0) used = omp_get_num_threads();
-      run(omp_get_thread_num(), omp_get_num_threads());
-    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int p = 0; p < parts; ++p) run(p, parts);
   }
   // Merge: o = Σ_t e^(m_t - M) o_t / Σ_t e^(m_t - M) l_t.
   for (int h = 0; h < H; ++h) {
