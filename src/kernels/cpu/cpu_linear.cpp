@@ -429,8 +429,10 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
     if (nt == 1) {
       rows(0, 1);
     } else {
-#pragma omp parallel num_threads(nt)
-      rows(omp_get_thread_num(), omp_get_num_threads());
+      // Four contiguous pieces per thread, taken dynamically (as in linear_multi).
+      const int pieces = std::min(4 * nt, std::max(nt, nrows / 256));
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+      for (int p = 0; p < pieces; ++p) rows(p, pieces);
     }
     return;
   }
@@ -604,11 +606,14 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
     return;
   }
   start[n_jobs] = total;
-  // Every thread takes an equal share of all the jobs' rows (as groups of four).
-#pragma omp parallel
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t g0 = total * t / T, g1 = total * (t + 1) / T;
+  // All the jobs' rows (as groups of four) in a few contiguous pieces, taken dynamically:
+  // a few pieces per thread keep each stream long enough for the prefetchers and let the
+  // faster core of a shared machine take more.
+  const int T = omp_get_max_threads();
+  const int chunks = int(std::min<int64_t>(total, int64_t(T) * 4));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int ch = 0; ch < chunks; ++ch) {
+    const int64_t g0 = total * ch / chunks, g1 = total * (ch + 1) / chunks;
     for (int j = 0; j < n_jobs; ++j) {
       const int64_t a = std::max(g0, start[j]), b = std::min(g1, start[j + 1]);
       if (a >= b) continue;
