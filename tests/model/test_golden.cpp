@@ -133,6 +133,28 @@ std::string case_name(const ::testing::TestParamInfo<Golden::ParamType>& info) {
 INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::Combine(::testing::ValuesIn(list_cases()), ::testing::Values(Backend::Cpu, Backend::Ref)),
                          case_name);
 
+// Logits of every row of the v32-fp8-sparse-kvexact prompt with the given cache, the
+// prompt in one forward call (split = 0) or split at `split` into two calls.
+std::vector<float> prompt_logits(const Model& model, const std::vector<int32_t>& ids, CacheType cache, int split) {
+  const int T = int(ids.size()), V = model.config.vocab_size;
+  StateOptions so;
+  so.max_ctx = T;
+  so.max_tokens = T;
+  so.max_logit_rows = T;
+  so.cache = cache;
+  ForwardOptions fo;
+  fo.all_logits = true;
+  State st(model.config, so);
+  std::vector<float> got(size_t(T) * size_t(V));
+  int done = 0;
+  for (const int n : split > 0 ? std::vector<int>{split, T - split} : std::vector<int>{T}) {
+    const float* l = forward(model, st, ids.data() + done, n, fo);
+    std::copy_n(l, size_t(n) * size_t(V), got.data() + size_t(done) * size_t(V));
+    done += n;
+  }
+  return got;
+}
+
 // Chunked prefill: the prompt split in two calls runs the second chunk through the
 // absorbed path on a non-empty cache; its logits must match the reference rows too.
 TEST(GoldenChunked, SplitPrefillMatchesReference) {
@@ -141,23 +163,10 @@ TEST(GoldenChunked, SplitPrefillMatchesReference) {
   std::ifstream in(dir + "/case.json");
   const auto ids = nlohmann::json::parse(in).at("ids").get<std::vector<int32_t>>();
   auto model = Model::load(dir + "/model", false);
-  const int T = int(ids.size()), V = model->config.vocab_size, first = T / 3;
-  StateOptions so;
-  so.max_ctx = T;
-  so.max_tokens = T;
-  so.max_logit_rows = T;
-  so.cache = CacheType::F32;
-  ForwardOptions fo;
-  fo.all_logits = true;
-  State st(model->config, so);
-  std::vector<float> got(size_t(T) * size_t(V));
-  const float* l = forward(*model, st, ids.data(), first, fo);
-  std::copy_n(l, size_t(first) * size_t(V), got.data());
-  l = forward(*model, st, ids.data() + first, T - first, fo);
-  std::copy_n(l, size_t(T - first) * size_t(V), got.data() + size_t(first) * size_t(V));
+  const std::vector<float> got = prompt_logits(*model, ids, CacheType::F32, int(ids.size()) / 3);
   const SafeTensors exp = SafeTensors::open(dir + "/expected.safetensors");
   int64_t row = -1;
-  const double e = rel_err(got, floats(exp.get("logits")), V, &row);
+  const double e = rel_err(got, floats(exp.get("logits")), model->config.vocab_size, &row);
   EXPECT_LE(e, 1e-4) << "worst row " << row;
 }
 
@@ -170,24 +179,10 @@ TEST(GoldenChunked, SplitPrefillWithFp8CacheMatchesOneCall) {
   std::ifstream in(dir + "/case.json");
   const auto ids = nlohmann::json::parse(in).at("ids").get<std::vector<int32_t>>();
   auto model = Model::load(dir + "/model", false);
-  const int T = int(ids.size()), V = model->config.vocab_size, first = T / 3;
-  StateOptions so;
-  so.max_ctx = T;
-  so.max_tokens = T;
-  so.max_logit_rows = T;
-  so.cache = CacheType::FP8;
-  ForwardOptions fo;
-  fo.all_logits = true;
-  State one(model->config, so), two(model->config, so);
-  const float* l = forward(*model, one, ids.data(), T, fo);
-  const std::vector<float> whole(l, l + size_t(T) * size_t(V));
-  std::vector<float> got(size_t(T) * size_t(V));
-  l = forward(*model, two, ids.data(), first, fo);
-  std::copy_n(l, size_t(first) * size_t(V), got.data());
-  l = forward(*model, two, ids.data() + first, T - first, fo);
-  std::copy_n(l, size_t(T - first) * size_t(V), got.data() + size_t(first) * size_t(V));
+  const std::vector<float> whole = prompt_logits(*model, ids, CacheType::FP8, 0);
+  const std::vector<float> got = prompt_logits(*model, ids, CacheType::FP8, int(ids.size()) / 3);
   int64_t row = -1;
-  const double e = rel_err(got, whole, V, &row);
+  const double e = rel_err(got, whole, model->config.vocab_size, &row);
   EXPECT_LE(e, 1e-4) << "worst row " << row;
 }
 
