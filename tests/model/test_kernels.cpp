@@ -233,6 +233,18 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
     kernels::ref::mla_sparse_decode(c, qlw.data(), qrw.data(), hh, many.data(), int(many.size()), 0.3f, bw.data());
     EXPECT_LE(max_rel(aw, bw), 1e-5) << hh << " heads";
   }
+  // DeepSeek-sized head count over a long selection (indices may repeat): eight partials
+  // per call, merged across the threads.
+  {
+    const int hh = 128;
+    std::vector<int32_t> longsel(1024);
+    for (size_t i = 0; i < longsel.size(); ++i) longsel[i] = int32_t((i * 7) % size_t(ctx));
+    const auto qlb = randv(size_t(hh) * L, 29), qrb = randv(size_t(hh) * R, 30);
+    std::vector<float> ab(size_t(hh) * L), bb(ab.size());
+    kernels::cpu::mla_sparse_decode(c, qlb.data(), qrb.data(), hh, longsel.data(), int(longsel.size()), 0.3f, ab.data());
+    kernels::ref::mla_sparse_decode(c, qlb.data(), qrb.data(), hh, longsel.data(), int(longsel.size()), 0.3f, bb.data());
+    EXPECT_LE(max_rel(ab, bb), 1e-5);
+  }
   // Odd head counts take the portable path; it must agree too.
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, a.data());
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, b.data());
