@@ -63,6 +63,7 @@ void run(const Args& a) {
     for (int k = 0; k < int(KernelId::kCount); ++k) {
       const auto st = kernels::profile_stat(KernelId(k));
       into[size_t(k)].seconds += st.seconds;
+      into[size_t(k)].thread_seconds += st.thread_seconds;
       into[size_t(k)].flops += st.flops;
       into[size_t(k)].bytes += st.bytes;
       into[size_t(k)].calls += st.calls;
@@ -110,15 +111,20 @@ void run(const Args& a) {
   const double pps = median(pp), tgs = median(tg);
   const auto& gl = pstat[size_t(KernelId::Linear)];
   const auto& gt = pstat[size_t(KernelId::LinearT)];
-  const double gemm_gflops = gl.seconds + gt.seconds > 0 ? (gl.flops + gt.flops) / (gl.seconds + gt.seconds) / 1e9 : 0;
+  // Calls made one per thread inside a parallel loop (MoE experts, per-query attention in
+  // prefill) count as their thread time divided by the threads: the wall time they take with
+  // every thread busy.
+  auto wall = [&](const kernels::KernelStat& x) { return x.seconds + x.thread_seconds / double(threads); };
+  const double gemm_gflops = wall(gl) + wall(gt) > 0 ? (gl.flops + gt.flops) / (wall(gl) + wall(gt)) / 1e9 : 0;
   auto breakdown = [&](const std::vector<kernels::KernelStat>& v, double tokens) {
     nlohmann::json b = nlohmann::json::object();
     for (int k = 0; k < int(KernelId::kCount); ++k) {
       const auto& x = v[size_t(k)];
       if (x.calls == 0) continue;
-      b[kernels::kernel_name(KernelId(k))] = {{"ms_per_token", x.seconds * 1e3 / tokens},
-                                              {"gflops", x.seconds > 0 ? x.flops / x.seconds / 1e9 : 0},
-                                              {"gbps", x.seconds > 0 ? x.bytes / x.seconds / 1e9 : 0}};
+      const double w = wall(x);
+      b[kernels::kernel_name(KernelId(k))] = {{"ms_per_token", w * 1e3 / tokens},
+                                              {"gflops", w > 0 ? x.flops / w / 1e9 : 0},
+                                              {"gbps", w > 0 ? x.bytes / w / 1e9 : 0}};
     }
     return b;
   };

@@ -2,6 +2,7 @@
 // (tests, and `DSA_KERNELS=ref` in the environment for debugging).
 #include <omp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,13 @@ Backend backend() { return g_backend; }
 namespace {
 bool g_profile = false;
 KernelStat g_stats[int(KernelId::kCount)];
+// Calls made by the threads of a caller's parallel loop (one query or one MoE expert per
+// thread in prefill): added atomically, their time summed over the threads.
+struct NestedStat {
+  std::atomic<double> thread_seconds{0}, flops{0}, bytes{0};
+  std::atomic<long> calls{0};
+};
+NestedStat g_nested[int(KernelId::kCount)];
 
 // Times one kernel call when profiling is on.
 struct Timed {
@@ -35,11 +43,18 @@ struct Timed {
     if (g_profile) t0 = std::chrono::steady_clock::now();
   }
   ~Timed() {
-    // Calls made from inside a parallel region (per-query loops in prefill) are not
-    // counted: the table has no locks.
-    if (!g_profile || omp_in_parallel()) return;
+    if (!g_profile) return;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (omp_in_parallel()) {
+      NestedStat& ns = g_nested[int(id)];
+      ns.thread_seconds.fetch_add(dt, std::memory_order_relaxed);
+      ns.flops.fetch_add(flops, std::memory_order_relaxed);
+      ns.bytes.fetch_add(bytes, std::memory_order_relaxed);
+      ns.calls.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     KernelStat& st = g_stats[int(id)];
-    st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st.seconds += dt;
     st.flops += flops;
     st.bytes += bytes;
     ++st.calls;
@@ -54,8 +69,22 @@ const char* kernel_name(KernelId k) {
 void profile_enable(bool on) { g_profile = on; }
 void profile_reset() {
   for (auto& st : g_stats) st = KernelStat{};
+  for (auto& ns : g_nested) {
+    ns.thread_seconds = 0;
+    ns.flops = 0;
+    ns.bytes = 0;
+    ns.calls = 0;
+  }
 }
-KernelStat profile_stat(KernelId k) { return g_stats[int(k)]; }
+KernelStat profile_stat(KernelId k) {
+  KernelStat st = g_stats[int(k)];
+  const NestedStat& ns = g_nested[int(k)];
+  st.thread_seconds = ns.thread_seconds.load();
+  st.flops += ns.flops.load();
+  st.bytes += ns.bytes.load();
+  st.calls += ns.calls.load();
+  return st;
+}
 
 #define DSA_DISPATCH(fn, ...) \
   (g_backend == Backend::Ref ? ref::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__))
@@ -117,6 +146,8 @@ void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q
 }
 void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
                         int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
+  Timed t(KernelId::SparsePrefill, 2.0 * n_heads * n_idx * double(nope + rope + v_dim),
+          4.0 * n_idx * (double(n_heads) * (nope + v_dim) + rope));
   DSA_DISPATCH(mha_sparse_prefill, q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
 }
 

@@ -58,8 +58,11 @@ Backend backend();
 // Per-kernel wall time and work, accumulated while profiling is on (off by default; one
 // branch per call when off). `dsa bench` uses it for its per-kernel breakdown and for the
 // GEMM part's fraction of the FMA peak.
+// seconds: wall time of calls made outside parallel regions; thread_seconds: time of calls
+// made by the threads of a caller's parallel loop, summed over those threads. flops, bytes
+// and calls count both.
 struct KernelStat {
-  double seconds = 0, flops = 0, bytes = 0;
+  double seconds = 0, thread_seconds = 0, flops = 0, bytes = 0;
   long calls = 0;
 };
 enum class KernelId { Linear, LinearT, IndexerScores, Topk, SparseDecode, SparsePrefill, Other, kCount };

@@ -255,6 +255,16 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   kernels::cpu::mha_sparse_prefill(q.data(), kv.data(), kr.data(), heads, nope, R, vd, idx.data(), int(idx.size()), 0.4f, e.data());
   kernels::ref::mha_sparse_prefill(q.data(), kv.data(), kr.data(), heads, nope, R, vd, idx.data(), int(idx.size()), 0.4f, f.data());
   EXPECT_LE(max_rel(e, f), 1e-5);
+  // Multiples of 8 take the vector path: 72 value columns are one 64-column block and a
+  // tail; 7 and 100 selected keys end in a partial group of eight.
+  const int nope8 = 32, vd8 = 72;
+  const auto q8 = randv(size_t(heads) * (nope8 + R), 31), kv8 = randv(size_t(ctx) * heads * (nope8 + vd8), 32);
+  for (const std::vector<int32_t>* sel : std::vector<const std::vector<int32_t>*>{&idx, &many}) {
+    std::vector<float> g(size_t(heads) * vd8), gr(g.size());
+    kernels::cpu::mha_sparse_prefill(q8.data(), kv8.data(), kr.data(), heads, nope8, R, vd8, sel->data(), int(sel->size()), 0.4f, g.data());
+    kernels::ref::mha_sparse_prefill(q8.data(), kv8.data(), kr.data(), heads, nope8, R, vd8, sel->data(), int(sel->size()), 0.4f, gr.data());
+    EXPECT_LE(max_rel(g, gr), 1e-5) << sel->size() << " keys";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CacheTwin, ::testing::Values(CacheType::F32, CacheType::BF16, CacheType::FP8, CacheType::FP8_656));

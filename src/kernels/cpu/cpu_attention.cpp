@@ -473,35 +473,112 @@ void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q
   sparse_decode_avx2(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
 }
 
+namespace {
+// dot(a, k[j]) for eight rows at once, length n (a multiple of 8): eight accumulators, then
+// one transposing reduction (hadd, hadd, a cross-lane add) instead of eight horizontal sums;
+// lane j of the result holds row j's dot product.
+__attribute__((target("avx2,fma"))) inline __m256 dot_8rows(const float* a, const float* const* k, int n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  for (int i = 0; i < n; i += 8) {
+    const __m256 av = _mm256_loadu_ps(a + i);
+    s0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[0] + i), s0);
+    s1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[1] + i), s1);
+    s2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[2] + i), s2);
+    s3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[3] + i), s3);
+    s4 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[4] + i), s4);
+    s5 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[5] + i), s5);
+    s6 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[6] + i), s6);
+    s7 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[7] + i), s7);
+  }
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));  // rows 0-3, both 128-bit halves
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s4, s5), _mm256_hadd_ps(s6, s7));  // rows 4-7
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// One head of one query: scores of all selected keys (8 at a time), the softmax with the
+// vector exp, then o = Σ p_j v_j with 64 output columns in eight accumulators.
+__attribute__((target("avx2,fma"))) void mha_head_avx2(const float* qh, const float* kv, size_t kv_stride, size_t head_off,
+                                                      const float* k_rope, int nope, int rope, int v_dim, const int32_t* idx,
+                                                      int n_idx, float scale, float* sc, float* o) {
+  const float* kn[8];
+  const float* kr[8];
+  const __m256 vscale = _mm256_set1_ps(scale);
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  for (int jb = 0; jb < n_idx; jb += 8) {
+    for (int j = 0; j < 8; ++j) {
+      const size_t t = size_t(idx[std::min(jb + j, n_idx - 1)]);  // padding rows repeat the last key, unused
+      kn[j] = kv + t * kv_stride + head_off;
+      kr[j] = k_rope + t * size_t(rope);
+    }
+    const __m256 sv = _mm256_mul_ps(_mm256_add_ps(dot_8rows(qh, kn, nope), dot_8rows(qh + nope, kr, rope)), vscale);
+    _mm256_storeu_ps(sc + jb, sv);
+    const int valid = std::min(8, n_idx - jb);
+    mx = _mm256_max_ps(mx, valid == 8 ? sv : _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sv,
+                                                                _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid),
+                                                                                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))));
+  }
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, mx);
+  float m = m8[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, m8[i]);
+  const __m256 mv = _mm256_set1_ps(m);
+  float sum = 0;
+  int j = 0;
+  __m256 sumv = _mm256_setzero_ps();
+  for (; j + 8 <= n_idx; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv));
+    _mm256_storeu_ps(sc + j, p);
+    sumv = _mm256_add_ps(sumv, p);
+  }
+  for (; j < n_idx; ++j) sum += (sc[j] = std::exp(sc[j] - m));
+  sum += hsum(sumv);
+  const __m256 inv = _mm256_set1_ps(1.0f / sum);
+  int c0 = 0;
+  for (; c0 + 64 <= v_dim; c0 += 64) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int jj = 0; jj < n_idx; ++jj) {
+      const float* v = kv + size_t(idx[jj]) * kv_stride + head_off + size_t(nope + c0);
+      const __m256 p = _mm256_broadcast_ss(sc + jj);
+      a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
+      a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
+      a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
+      a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
+      a4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), a4);
+      a5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), a5);
+      a6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), a6);
+      a7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), a7);
+    }
+    _mm256_storeu_ps(o + c0, _mm256_mul_ps(a0, inv));
+    _mm256_storeu_ps(o + c0 + 8, _mm256_mul_ps(a1, inv));
+    _mm256_storeu_ps(o + c0 + 16, _mm256_mul_ps(a2, inv));
+    _mm256_storeu_ps(o + c0 + 24, _mm256_mul_ps(a3, inv));
+    _mm256_storeu_ps(o + c0 + 32, _mm256_mul_ps(a4, inv));
+    _mm256_storeu_ps(o + c0 + 40, _mm256_mul_ps(a5, inv));
+    _mm256_storeu_ps(o + c0 + 48, _mm256_mul_ps(a6, inv));
+    _mm256_storeu_ps(o + c0 + 56, _mm256_mul_ps(a7, inv));
+  }
+  if (c0 < v_dim) {  // the remaining columns (fewer than 64, a multiple of 8)
+    std::fill(o + c0, o + v_dim, 0.0f);
+    for (int jj = 0; jj < n_idx; ++jj)
+      axpy8(sc[jj] / sum, kv + size_t(idx[jj]) * kv_stride + head_off + size_t(nope + c0), o + c0, v_dim - c0);
+  }
+}
+}  // namespace
+
 void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
                         int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
-  if (!has_avx2_fma()) {
+  if (!has_avx2_fma() || nope % 8 != 0 || rope % 8 != 0 || v_dim % 8 != 0 || n_idx <= 0) {
     ref::mha_sparse_prefill(q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
     return;
   }
-  // Called once per query from an outer parallel loop: single-threaded inside.
+  // Called once per query from an outer parallel loop: single-threaded inside, the scores
+  // of one head at a time in a per-thread buffer (sized once for index_topk 2048).
+  static thread_local std::vector<float> scores;
+  if (scores.size() < size_t(std::max(n_idx, 2048)) + 8) scores.resize(size_t(std::max(n_idx, 2048)) + 8);
   const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim);
-  for (int h = 0; h < n_heads; ++h) {
-    const float* qh = q + size_t(h) * size_t(nope + rope);
-    float* o = out + size_t(h) * size_t(v_dim);
-    std::fill(o, o + v_dim, 0.0f);
-    float mh = -INFINITY, lh = 0;
-    for (int j = 0; j < n_idx; ++j) {
-      const float* k = kv + size_t(idx[j]) * kv_stride + size_t(h) * size_t(nope + v_dim);
-      const float s = (dot8(qh, k, nope) + dot8(qh + nope, k_rope + size_t(idx[j]) * size_t(rope), rope)) * scale;
-      if (s > mh) {
-        const float corr = std::exp(mh - s);
-        for (int d = 0; d < v_dim; ++d) o[d] *= corr;
-        lh *= corr;
-        mh = s;
-      }
-      const float p = std::exp(s - mh);
-      lh += p;
-      axpy8(p, k + nope, o, v_dim);
-    }
-    const float inv = 1.0f / lh;
-    for (int d = 0; d < v_dim; ++d) o[d] *= inv;
-  }
+  for (int h = 0; h < n_heads; ++h)
+    mha_head_avx2(q + size_t(h) * size_t(nope + rope), kv, kv_stride, size_t(h) * size_t(nope + v_dim), k_rope, nope, rope, v_dim,
+                  idx, n_idx, scale, scores.data(), out + size_t(h) * size_t(v_dim));
 }
 
 }  // namespace dsa::kernels::cpu
