@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
 
 namespace dsa::kernels::cpu {
@@ -21,13 +22,6 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 fp8x8_to_f32_scaled(const
   const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8),
                                  _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7));
   return _mm256_cvtph_ps(h);
-}
-
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 s) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  return _mm_cvtss_f32(h);
 }
 
 // s[j][h] = Σ_d k_j[d] qT[d][h] for 8 tokens (rows k[0..7], d values each) and the 8 heads
@@ -105,7 +99,7 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
       __m256 acc = zero;
       for (int g = 0; g < hp; g += 8)
         acc = _mm256_fmadd_ps(_mm256_max_ps(_mm256_load_ps(dots + j * hp + g), zero), _mm256_loadu_ps(w + g), acc);
-      out[t + j] = hsum(acc) * k_scale[t + j];
+      out[t + j] = hsum8(acc) * k_scale[t + j];
     }
   }
 }
@@ -182,17 +176,6 @@ void topk(const float* scores, int n, int k, int32_t* out) {
 }
 
 namespace {
-__attribute__((target("avx2,fma"))) inline float dot8(const float* a, const float* b, int n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  float r = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
 __attribute__((target("avx2,fma"))) inline void axpy8(float a, const float* x, float* y, int n) {
   const __m256 va = _mm256_set1_ps(a);
   int i = 0;
@@ -223,11 +206,8 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
     case CacheType::FP8_656: {
       const int nb = (L + 127) / 128;
       int i = 0;
-      // e4m3 -> f32 by bit placement: sign-extend each byte to 32 bits, shift the sign and
-      // exponent/mantissa bits into place (the pattern is 2^-120 times the e4m3 value,
-      // subnormal codes included), and fold the 2^120 into the block scale: one exact
-      // multiply, no conversion instruction.
-      const __m256i em = _mm256_set1_epi32(int32_t(0x87F00000u));
+      // e4m3 -> f32 by bit placement (fp8x8_bits) with the 2^120 folded into the block
+      // scale: one exact multiply, no conversion instruction.
       for (; i + 128 <= L; i += 128) {
         float s;
         std::memcpy(&s, p + L + 4 * (i / 128), 4);
@@ -236,10 +216,7 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
           continue;
         }
         const __m256 sv = _mm256_set1_ps(s * 0x1p120f);
-        for (int k = 0; k < 128; k += 8) {
-          const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + i + k)));
-          _mm256_storeu_ps(buf + i + k, _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), em)), sv));
-        }
+        for (int k = 0; k < 128; k += 8) _mm256_storeu_ps(buf + i + k, _mm256_mul_ps(fp8x8_bits(p + i + k), sv));
       }
       for (; i < L; ++i) {
         float s;
@@ -310,13 +287,12 @@ __attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p
 namespace {
 constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 KB (L2)
 
-// Thread-local scratch for the sparse decode, grown to the largest call, then reused: no
-// allocation once warm. Sized for DeepSeek's index_topk (2048) from the first call so a
-// growing context never reallocates.
+// Thread-local scratch for one tile of the sparse decode, sized by the model's shapes at
+// the first call, then reused: no allocation once warm.
 struct DecodeScratch {
   std::vector<float> scores, tile;
-  float* sc(size_t rows, int hp) {  // [rows][hp], 32-byte aligned for the lane loads
-    if (scores.size() < std::max<size_t>(rows, 2048 + 8) * size_t(hp) + 8) scores.resize(std::max<size_t>(rows, 2048 + 8) * size_t(hp) + 8);
+  float* sc(int hp) {  // [kTile + 8][hp] (a padded last group of 8), 32-byte aligned for the lane loads
+    if (scores.size() < size_t(kTile + 8) * size_t(hp) + 8) scores.resize(size_t(kTile + 8) * size_t(hp) + 8);
     return scores.data() + (8 - (reinterpret_cast<uintptr_t>(scores.data()) / 4) % 8) % 8;
   }
   float* tl(int D) {
@@ -334,7 +310,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
                                                                  const int32_t* idx, int nj, float* o, float* m, float* l) {
   const int L = c.kv_lora, D = L + c.rope;
   static thread_local DecodeScratch scratch;
-  float* sc = scratch.sc(kTile + 8, hp);  // [token][hp] for one tile
+  float* sc = scratch.sc(hp);  // [token][hp] for one tile
   float* tile = scratch.tl(D);
   std::fill(o, o + size_t(H) * size_t(L), 0.0f);
   const size_t tb = c.token_bytes();
@@ -430,7 +406,6 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
     sparse_decode_part(c, qt, H, hp, idx + j0, j1 - j0, po + size_t(t) * size_t(H) * size_t(L), pm + size_t(t) * size_t(hp),
                        pl + size_t(t) * size_t(hp));
   };
-  const int used = parts;
   if (parts == 1) {
     run(0, 1);
   } else {
@@ -441,11 +416,11 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
   // partials are large (128 heads x 8 parts x 512 for DeepSeek-V3.2: about 0.2 ms alone).
   auto merge = [&](int h) {
     float M = -INFINITY;
-    for (int t = 0; t < used; ++t) M = std::max(M, pm[size_t(t) * size_t(hp) + size_t(h)]);
+    for (int t = 0; t < parts; ++t) M = std::max(M, pm[size_t(t) * size_t(hp) + size_t(h)]);
     float denom = 0;
     float* out = o_lat + size_t(h) * size_t(L);
     std::fill(out, out + L, 0.0f);
-    for (int t = 0; t < used; ++t) {
+    for (int t = 0; t < parts; ++t) {
       const float lt = pl[size_t(t) * size_t(hp) + size_t(h)];
       if (lt == 0) continue;
       const float w = std::exp(pm[size_t(t) * size_t(hp) + size_t(h)] - M);
@@ -455,7 +430,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
     const float inv = 1.0f / denom;
     for (int d = 0; d < L; ++d) out[d] *= inv;
   };
-  if (nt > 1 && size_t(H) * size_t(used) * size_t(L) >= (size_t(1) << 17)) {
+  if (nt > 1 && size_t(H) * size_t(parts) * size_t(L) >= (size_t(1) << 17)) {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int h = 0; h < H; ++h) merge(h);
   } else {
@@ -531,7 +506,7 @@ __attribute__((target("avx2,fma"))) void mha_head_avx2(const float* qh, const fl
     sumv = _mm256_add_ps(sumv, p);
   }
   for (; j < n_idx; ++j) sum += (sc[j] = std::exp(sc[j] - m));
-  sum += hsum(sumv);
+  sum += hsum8(sumv);
   const __m256 inv = _mm256_set1_ps(1.0f / sum);
   int c0 = 0;
   for (; c0 + 64 <= v_dim; c0 += 64) {

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
 
 namespace dsa::kernels::cpu {
@@ -80,12 +81,6 @@ inline float block_scale(const Linear& w, int r, int c0) {
 
 
 // ---- decode: fused dequantize + FMA GEMV, four rows at a time -------------------------
-__attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  return _mm_cvtss_f32(h);
-}
 
 // y[r] for rows [r0, r1) of an fp8 weight, one token. Full 128-column blocks go through
 // the vector loop with the block scale applied once per block; a ragged tail block and
@@ -241,6 +236,13 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
   }
 }
 
+// One token through rows [r0, r1) of an fp8 or bf16 weight, x prepared per thread in the
+// lane order of the kernel (y[r - base] receives row r).
+__attribute__((target("avx2,fma"))) inline void gemv_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
+  if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, x, prescale_x(x, w.cols), y, base, r0, r1);
+  else gemv_bf16_avx2(w, x, deinterleave_x(x, w.cols), y, base, r0, r1);
+}
+
 // ---- prefill: packed GEMM ------------------------------------------------------------
 // A block of 16 weight rows is dequantized (scale applied) into a k-major panel
 // pk[k][16] that stays in L2, then a 6x16 register-blocked FMA kernel runs every token
@@ -272,18 +274,13 @@ __attribute__((target("avx2,fma"))) inline void transpose8x8(const float* src, s
 // Dequantizes rows [r0, r0 + nr) x columns [k0, k0 + kc) into the k-major panel
 // pk[k][16] (rows past nr are zero), 128 columns at a time: rows are converted
 // contiguously, then 8x8 blocks are transposed with shuffles.
-// len fp8 weights times their block scale s, for packing: the bit placement of
-// gemv_fp8_avx2 in the original lane order (sign-extend, shift, mask: 2^-120 times the
-// value) and one multiply by s * 2^120, exact, instead of a conversion and a second pass.
+// len fp8 weights times their block scale s, for packing: fp8x8_bits and one multiply by
+// s * 2^120, exact, instead of a conversion and a second pass.
 __attribute__((target("avx2,fma"))) inline void load_fp8_scaled_avx2(const uint8_t* p, int len, float s, float* out) {
   int c = 0;
   if (s < 0x1p7f && s > -0x1p7f) {  // s * 2^120 stays finite
     const __m256 sv = _mm256_set1_ps(s * 0x1p120f);
-    const __m256i em = _mm256_set1_epi32(int32_t(0x87F00000u));
-    for (; c + 8 <= len; c += 8) {
-      const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + c)));
-      _mm256_store_ps(out + c, _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), em)), sv));
-    }
+    for (; c + 8 <= len; c += 8) _mm256_store_ps(out + c, _mm256_mul_ps(fp8x8_bits(p + c), sv));
   }
   for (; c < len; ++c) out[c] = fp8_e4m3_to_f32(p[c]) * s;
 }
@@ -421,8 +418,7 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
       for (int i = 0; i < n; ++i) {
         const float* xi = x + size_t(i) * size_t(w.cols);
         float* yi = y + size_t(i) * size_t(nrows);
-        if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xi, prescale_x(xi, w.cols), yi, row0, row0 + rb, row0 + re);
-        else gemv_bf16_avx2(w, xi, deinterleave_x(xi, w.cols), yi, row0, row0 + rb, row0 + re);
+        gemv_avx2(w, xi, yi, row0, row0 + rb, row0 + re);
       }
     };
     const int nt = nested ? 1 : std::min(omp_get_max_threads(), std::max(1, nrows / 64));
@@ -527,11 +523,6 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
 }
 
 namespace {
-// Eight e4m3 weights in their own order as f32 bits, 2^-120 times their values.
-__attribute__((target("avx2,fma"))) inline __m256 fp8x8_bits(const uint8_t* p, __m256i em) {
-  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), em));
-}
 
 // linear_t_one for fp8 weights with 64-column multiples: 64 output columns stay in eight
 // accumulators across all rows; each weight is placed as f32 bits once (2^-120 times its
@@ -542,7 +533,6 @@ __attribute__((target("avx2,fma"))) bool linear_t_one_fp8_avx2(const Linear& w, 
   for (int r = 0; r < nrows; ++r)
     for (int b = 0; b < sc; ++b)
       if (!(std::fabs(x[r] * w.scale[size_t((r0 + r) / w.block_rows) * size_t(sc) + size_t(b)]) < 0x1p60f)) return false;
-  const __m256i em = _mm256_set1_epi32(int32_t(0x87F00000u));
   const __m256 undo = _mm256_set1_ps(kFp8BitsUndo);
   for (int c0 = 0; c0 < w.cols; c0 += 64) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -551,14 +541,14 @@ __attribute__((target("avx2,fma"))) bool linear_t_one_fp8_avx2(const Linear& w, 
       const float* srow = w.scale + size_t((r0 + r) / w.block_rows) * size_t(sc);
       const __m256 xs = _mm256_set1_ps(x[r] * srow[blk] * kFp8XScale);
       const uint8_t* p = w.data + size_t(r0 + r) * size_t(w.cols) + size_t(c0);
-      a0 = _mm256_fmadd_ps(fp8x8_bits(p + 0, em), xs, a0);
-      a1 = _mm256_fmadd_ps(fp8x8_bits(p + 8, em), xs, a1);
-      a2 = _mm256_fmadd_ps(fp8x8_bits(p + 16, em), xs, a2);
-      a3 = _mm256_fmadd_ps(fp8x8_bits(p + 24, em), xs, a3);
-      a4 = _mm256_fmadd_ps(fp8x8_bits(p + 32, em), xs, a4);
-      a5 = _mm256_fmadd_ps(fp8x8_bits(p + 40, em), xs, a5);
-      a6 = _mm256_fmadd_ps(fp8x8_bits(p + 48, em), xs, a6);
-      a7 = _mm256_fmadd_ps(fp8x8_bits(p + 56, em), xs, a7);
+      a0 = _mm256_fmadd_ps(fp8x8_bits(p + 0), xs, a0);
+      a1 = _mm256_fmadd_ps(fp8x8_bits(p + 8), xs, a1);
+      a2 = _mm256_fmadd_ps(fp8x8_bits(p + 16), xs, a2);
+      a3 = _mm256_fmadd_ps(fp8x8_bits(p + 24), xs, a3);
+      a4 = _mm256_fmadd_ps(fp8x8_bits(p + 32), xs, a4);
+      a5 = _mm256_fmadd_ps(fp8x8_bits(p + 40), xs, a5);
+      a6 = _mm256_fmadd_ps(fp8x8_bits(p + 48), xs, a6);
+      a7 = _mm256_fmadd_ps(fp8x8_bits(p + 56), xs, a7);
     }
     _mm256_storeu_ps(y + c0, _mm256_mul_ps(a0, undo));
     _mm256_storeu_ps(y + c0 + 8, _mm256_mul_ps(a1, undo));
@@ -619,8 +609,7 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
       if (a >= b) continue;
       const Linear& w = *jobs[j].w;
       const int r0 = int(a - start[j]) * 4, r1 = std::min(w.rows, int(b - start[j]) * 4);
-      if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, jobs[j].x, prescale_x(jobs[j].x, w.cols), jobs[j].y, 0, r0, r1);
-      else gemv_bf16_avx2(w, jobs[j].x, deinterleave_x(jobs[j].x, w.cols), jobs[j].y, 0, r0, r1);
+      gemv_avx2(w, jobs[j].x, jobs[j].y, 0, r0, r1);
     }
   }
 }
@@ -642,8 +631,7 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
     const int r0 = h * head_stride + row0;
     float* yh = y + size_t(h) * size_t(y_stride);
     const float* xh = x + size_t(h) * size_t(w.cols);
-    if (fast && w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, xh, prescale_x(xh, w.cols), yh, r0, r0, r0 + nrows);
-    else if (fast) gemv_bf16_avx2(w, xh, deinterleave_x(xh, w.cols), yh, r0, r0, r0 + nrows);
+    if (fast) gemv_avx2(w, xh, yh, r0, r0, r0 + nrows);
     else
       for (int r = 0; r < nrows; ++r) {
         float acc = 0;
