@@ -128,6 +128,15 @@ void run(const Args& a) {
     }
     return b;
   };
+  // Wall time per token of all repeats not spent inside a profiled kernel call: the
+  // model's own glue (router selection, expert combine, residual adds, copies) and the
+  // threads' fork/join waits between kernels.
+  auto outside = [&](const std::vector<kernels::KernelStat>& v, const std::vector<double>& rates, int tokens) {
+    double total = 0, in = 0;
+    for (double r : rates) total += tokens / r;
+    for (const auto& x : v) in += wall(x);
+    return rates.empty() ? 0.0 : std::max(0.0, total - in) * 1e3 / (double(tokens) * double(rates.size()));
+  };
   nlohmann::json j = {{"model", a.model},
                       {"threads", threads},
                       {"depth", a.depth},
@@ -148,7 +157,9 @@ void run(const Args& a) {
                       {"prefill_gemm_gflops", gemm_gflops},
                       {"prefill_gemm_peak_fraction", gemm_gflops / peak},
                       {"prefill_kernels", breakdown(pstat, double(a.prompt) * a.repeat)},
-                      {"decode_kernels", breakdown(dstat, double(a.gen) * a.repeat)}};
+                      {"decode_kernels", breakdown(dstat, double(a.gen) * a.repeat)},
+                      {"decode_outside_kernels_ms_per_token", outside(dstat, tg, a.gen)},
+                      {"prefill_outside_kernels_ms_per_token", outside(pstat, pp, a.prompt)}};
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
     return;

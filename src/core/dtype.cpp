@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace dsa {
@@ -100,12 +101,13 @@ uint8_t f32_to_fp8_e4m3(float x) {
     const int q = int(std::nearbyint(a * 512.0f));  // 0..8; 8 encodes 2^-6 exactly
     return sign | uint8_t(q);
   }
-  int e;
-  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  int q = int(std::nearbyint((m * 2.0f - 1.0f) * 8.0f));  // exact in f32; ties to even
-  int be = e - 1 + 7;
-  if (q == 8) { q = 0; ++be; }
-  return sign | uint8_t(be << 3) | uint8_t(q);
+  // Normal range: keep the f32 exponent and the top 3 of its 23 mantissa bits, rounding the
+  // 20 dropped bits to nearest, ties to even (a carry out of the mantissa bumps the
+  // exponent, as it should), then rebias the exponent from 127 to 7.
+  uint32_t u;
+  std::memcpy(&u, &a, 4);
+  u += 0x7FFFFu + ((u >> 20) & 1u);
+  return uint8_t(sign | uint8_t((u >> 20) - (120u << 3)));
 }
 
 }  // namespace dsa

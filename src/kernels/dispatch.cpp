@@ -115,15 +115,32 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
   Timed t(KernelId::Linear, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
   DSA_DISPATCH(linear_heads, w, x, n_heads, head_stride, row0, nrows, y, y_stride);
 }
-void embed(const Linear& table, const int32_t* ids, int n, float* y) { ref::embed(table, ids, n, y); }
-void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) { DSA_DISPATCH(rmsnorm, x, w, n, dim, eps, y); }
+void embed(const Linear& table, const int32_t* ids, int n, float* y) {
+  Timed t(KernelId::Other, 0, double(table.bytes()) / table.rows * n);
+  ref::embed(table, ids, n, y);
+}
+void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) {
+  Timed t(KernelId::Other, 4.0 * n * dim, 8.0 * n * dim);
+  DSA_DISPATCH(rmsnorm, x, w, n, dim, eps, y);
+}
 void layernorm(const float* x, const Vec& w, const Vec& b, int n, int dim, float eps, float* y) {
+  Timed t(KernelId::Other, 7.0 * n * dim, 8.0 * n * dim);
   ref::layernorm(x, w, b, n, dim, eps, y);
 }
-void silu_mul(const float* gate, const float* up, size_t n, float* out) { DSA_DISPATCH(silu_mul, gate, up, n, out); }
-void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved) { ref::rope(x, dim, cos, sin, interleaved); }
-void hadamard128(float* x, int n_vec) { DSA_DISPATCH(hadamard128, x, n_vec); }
+void silu_mul(const float* gate, const float* up, size_t n, float* out) {
+  Timed t(KernelId::Other, 4.0 * double(n), 12.0 * double(n));
+  DSA_DISPATCH(silu_mul, gate, up, n, out);
+}
+void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved) {
+  Timed t(KernelId::Other, 3.0 * dim, 12.0 * dim);
+  ref::rope(x, dim, cos, sin, interleaved);
+}
+void hadamard128(float* x, int n_vec) {
+  Timed t(KernelId::Other, 7.0 * 128 * n_vec, 8.0 * 128 * n_vec);
+  DSA_DISPATCH(hadamard128, x, n_vec);
+}
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales) {
+  Timed t(KernelId::Other, 2.0 * n, 5.0 * n);
   ref::act_quant_fp8(x, n, block, ue8m0, codes, scales);
 }
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
@@ -136,6 +153,7 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   DSA_DISPATCH(topk, scores, n, k, out);
 }
 void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
+  Timed timed(KernelId::Other, 0, double(c.token_bytes()));
   ref::mla_cache_write(c, t, latent, k_rope);
 }
 void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) { ref::mla_cache_read(c, t, latent, k_rope); }

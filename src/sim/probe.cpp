@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -160,30 +161,55 @@ double measure_peak_gflops(int threads) {
 
 namespace {
 
-// The q-quantile of the seconds of `reps` calls of f (after one untimed warm-up call).
-template <class F>
-double quantile_seconds(int reps, double q, F&& f) {
-  f();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[size_t(q * double(t.size() - 1) + 0.5)];
-}
-template <class F>
-double median_seconds(int reps, F&& f) {
-  return quantile_seconds(reps, 0.5, f);
-}
-
 void fill_floats(float* p, size_t n, uint64_t seed) {
   uint64_t x = seed;
   for (size_t i = 0; i < n; ++i) {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
     p[i] = float(int64_t(x >> 40) % 2001 - 1000) / 1000.0f;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// One engine-kernel probe: a call, how many timed calls it makes per round, and the mean
+// seconds per call of each round.
+struct Probe {
+  std::function<void()> call;
+  int calls_per_round;
+  std::vector<double> round_means;
+  double fastest = 1e30;
+};
+
+// Runs every probe for one round each, `rounds` times over (one untimed warm-up call per
+// probe and round). Interleaving spreads each probe over the whole few seconds instead of
+// one short burst: on a shared machine the rate moves from second to second, and a probe
+// that sees only one second would carry that second's speed into every prediction.
+void run_rounds(std::vector<Probe>& probes, int rounds) {
+  for (int r = 0; r < rounds; ++r)
+    for (Probe& p : probes) {
+      p.call();
+      double sum = 0;
+      for (int i = 0; i < p.calls_per_round; ++i) {
+        const auto t0 = Clock::now();
+        p.call();
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        sum += s;
+        p.fastest = std::min(p.fastest, s);
+      }
+      p.round_means.push_back(sum / p.calls_per_round);
+    }
+}
+
+// Seconds per call as `dsa bench` reports its own rates: the mean of each round (every
+// stall inside a round counts, as inside one benchmark repeat), then the median of the
+// rounds (one slow or fast round does not move it).
+double median_of_round_means(const Probe& p) {
+  std::vector<double> m = p.round_means;
+  std::sort(m.begin(), m.end());
+  const size_t n = m.size();
+  return n % 2 ? m[n / 2] : 0.5 * (m[n / 2 - 1] + m[n / 2]);
 }
 
 }  // namespace
@@ -195,6 +221,7 @@ KernelRates measure_kernel_rates(int threads) {
   const Backend backend_before = backend();
   set_backend(Backend::Cpu);  // the optimized kernels, whatever DSA_KERNELS says
   KernelRates r;
+  std::vector<Probe> probes;
 
   // Weight streaming: one-token GEMVs over matrices that come from DRAM as the decode weights
   // do. Each call reads a different part of a 192 MiB buffer, so that no part read again is
@@ -207,158 +234,171 @@ KernelRates measure_kernel_rates(int threads) {
   std::memset(wbuf.data(), 0x3A, wbytes);
   std::vector<float> x(8192), y(8192);
   fill_floats(x.data(), x.size(), 1);
-  {
-    Linear w;
-    w.dtype = DType::BF16;
-    w.rows = 8192;
-    w.cols = 4096;
-    size_t call = 0;
-    const double s = median_seconds(41, [&] {
-      w.data = wbuf.data() + (call++ % 3) * region;
-      linear(w, x.data(), 1, y.data());
-    });
-    r.gemv_bf16_gbps = double(w.bytes()) / s / 1e9;
-  }
-  std::vector<float> scales(64 * 64, 1.0f);
+  Linear gemv_bf16;
+  gemv_bf16.dtype = DType::BF16;
+  gemv_bf16.rows = 8192;
+  gemv_bf16.cols = 4096;
+  size_t gemv_bf16_call = 0;
+  probes.push_back({[&] {
+                      gemv_bf16.data = wbuf.data() + (gemv_bf16_call++ % 3) * region;
+                      linear(gemv_bf16, x.data(), 1, y.data());
+                    },
+                    8, {}});
+  const size_t p_gemv_bf16 = probes.size() - 1;
+
   // fp8 GEMVs as decode runs them: one linear_multi over sixteen [512 x 2048] fp8 matrices
   // (a token's routed and shared experts' gate and up projections are such a call), 16 MiB
   // per call, rotating over twelve such groups.
-  {
-    const int jobs_n = 16, groups = 12;
-    std::vector<Linear> ws(size_t(jobs_n) * groups);
-    std::vector<float> ym(size_t(jobs_n) * 512);
-    std::vector<LinearJob> jobs(ws.size());
-    for (size_t j = 0; j < ws.size(); ++j) {
-      ws[j].dtype = DType::F8_E4M3;
-      ws[j].data = wbuf.data() + j * (size_t(1) << 20);
-      ws[j].rows = 512;
-      ws[j].cols = 2048;
-      ws[j].scale = scales.data();
-      jobs[j] = {&ws[j], x.data(), &ym[(j % size_t(jobs_n)) * 512]};
-    }
-    size_t call = 0;
-    const double s = median_seconds(41, [&] { linear_multi(&jobs[(call++ % groups) * size_t(jobs_n)], jobs_n); });
-    r.gemv_fp8_gbps = double(jobs_n) * double(ws[0].bytes()) / s / 1e9;
+  std::vector<float> scales(64 * 64, 1.0f);
+  const int fp8_jobs = 16, fp8_groups = 12;
+  std::vector<Linear> fp8_ws(size_t(fp8_jobs) * fp8_groups);
+  std::vector<float> fp8_y(size_t(fp8_jobs) * 512);
+  std::vector<LinearJob> fp8_calls(fp8_ws.size());
+  for (size_t j = 0; j < fp8_ws.size(); ++j) {
+    fp8_ws[j].dtype = DType::F8_E4M3;
+    fp8_ws[j].data = wbuf.data() + j * (size_t(1) << 20);
+    fp8_ws[j].rows = 512;
+    fp8_ws[j].cols = 2048;
+    fp8_ws[j].scale = scales.data();
+    fp8_calls[j] = {&fp8_ws[j], x.data(), &fp8_y[(j % size_t(fp8_jobs)) * 512]};
   }
+  size_t gemv_fp8_call = 0;
+  probes.push_back({[&] { linear_multi(&fp8_calls[(gemv_fp8_call++ % fp8_groups) * size_t(fp8_jobs)], fp8_jobs); }, 8, {}});
+  const size_t p_gemv_fp8 = probes.size() - 1;
+
   // Packed GEMMs on fp8 [1024 x 2048] weights (2 MiB each: compute-bound at these row
   // counts). 512 rows: one GEMM split across the threads (a dense prefill projection). 48
   // rows: eight experts' GEMMs in a parallel loop, each on one thread, as the engine's MoE
   // prefill runs them (kernels called inside a parallel region run single-threaded).
-  {
-    const int experts = 8;
-    std::vector<Linear> ws(experts);
-    for (int e = 0; e < experts; ++e) {
-      ws[size_t(e)].dtype = DType::F8_E4M3;
-      ws[size_t(e)].data = wbuf.data() + size_t(e) * (size_t(2) << 20);
-      ws[size_t(e)].rows = 1024;
-      ws[size_t(e)].cols = 2048;
-      ws[size_t(e)].scale = scales.data();
-    }
-    const Linear& w = ws[0];
-    std::vector<float> xs(size_t(kGemmLargeRows) * 2048), ys(size_t(std::max(kGemmLargeRows, experts * kGemmSmallRows)) * 1024);
-    fill_floats(xs.data(), xs.size(), 2);
-    const double s_large = median_seconds(7, [&] { linear(w, xs.data(), kGemmLargeRows, ys.data()); });
-    r.gemm_large_gflops = 2.0 * kGemmLargeRows * w.rows * w.cols / s_large / 1e9;
-    const double s_small = median_seconds(7, [&] {
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int e = 0; e < experts; ++e)
-        linear(ws[size_t(e)], xs.data() + size_t(e) * kGemmSmallRows * 2048, kGemmSmallRows,
-               ys.data() + size_t(e) * kGemmSmallRows * 1024);
-    });
-    r.gemm_small_gflops = 2.0 * experts * kGemmSmallRows * w.rows * w.cols / s_small / 1e9;
+  const int experts = 8;
+  std::vector<Linear> gemm_ws(experts);
+  for (int e = 0; e < experts; ++e) {
+    gemm_ws[size_t(e)].dtype = DType::F8_E4M3;
+    gemm_ws[size_t(e)].data = wbuf.data() + size_t(e) * (size_t(2) << 20);
+    gemm_ws[size_t(e)].rows = 1024;
+    gemm_ws[size_t(e)].cols = 2048;
+    gemm_ws[size_t(e)].scale = scales.data();
   }
+  std::vector<float> xs(size_t(kGemmLargeRows) * 2048), ys(size_t(std::max(kGemmLargeRows, experts * kGemmSmallRows)) * 1024);
+  fill_floats(xs.data(), xs.size(), 2);
+  probes.push_back({[&] { linear(gemm_ws[0], xs.data(), kGemmLargeRows, ys.data()); }, 2, {}});
+  const size_t p_gemm_large = probes.size() - 1;
+  probes.push_back({[&] {
+#pragma omp parallel for schedule(dynamic, 1)
+                      for (int e = 0; e < experts; ++e)
+                        linear(gemm_ws[size_t(e)], xs.data() + size_t(e) * kGemmSmallRows * 2048, kGemmSmallRows,
+                               ys.data() + size_t(e) * kGemmSmallRows * 1024);
+                    },
+                    2, {}});
+  const size_t p_gemm_small = probes.size() - 1;
+
   // Lightning indexer scan: 16 heads over 16,384 cached fp8 keys (2 MiB), each call on a
   // different slice of the weight buffer: at depth the engine's keys come from DRAM, the
   // weights streamed since the previous token having pushed them out of the cache.
-  {
-    const int heads = 16, keys = 16384;
-    const size_t slice = size_t(keys) * 128, slices = wbytes / slice;
-    std::vector<float> wh(heads), ks(keys), out(keys);
-    fill_floats(wh.data(), wh.size(), 3);
-    fill_floats(ks.data(), ks.size(), 4);
-    for (float& v : ks) v = 0.01f + std::abs(v);
-    size_t call = 0;
-    const double s = median_seconds(31, [&] {
-      const uint8_t* k8 = wbuf.data() + (call++ % slices) * slice;
-      indexer_scores(k8 + slice - 4096, wh.data(), heads, k8, ks.data(), keys, out.data());
-    });
-    r.indexer_gflops = 2.0 * heads * 128.0 * keys / s / 1e9;
-    // Top-k over 16,384 distinct scores (the indexer's output at that depth).
-    std::vector<float> sc(16384);
-    fill_floats(sc.data(), sc.size(), 5);
-    std::vector<int32_t> sel(2048);
-    const double st = median_seconds(15, [&] { topk(sc.data(), int(sc.size()), 2048, sel.data()); });
-    r.topk_keys_per_s = double(sc.size()) / st;
-  }
+  const int ix_heads = 16, ix_keys = 16384;
+  const size_t ix_slice = size_t(ix_keys) * 128, ix_slices = wbytes / ix_slice;
+  std::vector<float> ix_w(ix_heads), ix_ks(ix_keys), ix_out(ix_keys);
+  fill_floats(ix_w.data(), ix_w.size(), 3);
+  fill_floats(ix_ks.data(), ix_ks.size(), 4);
+  for (float& v : ix_ks) v = 0.01f + std::abs(v);
+  size_t ix_call = 0;
+  probes.push_back({[&] {
+                      const uint8_t* k8 = wbuf.data() + (ix_call++ % ix_slices) * ix_slice;
+                      indexer_scores(k8 + ix_slice - 4096, ix_w.data(), ix_heads, k8, ix_ks.data(), ix_keys, ix_out.data());
+                    },
+                    6, {}});
+  const size_t p_indexer = probes.size() - 1;
+  // Top-k over 16,384 distinct scores (the indexer's output at that depth).
+  std::vector<float> tk_scores(16384);
+  fill_floats(tk_scores.data(), tk_scores.size(), 5);
+  std::vector<int32_t> tk_sel(2048);
+  probes.push_back({[&] { topk(tk_scores.data(), int(tk_scores.size()), 2048, tk_sel.data()); }, 4, {}});
+  const size_t p_topk = probes.size() - 1;
+
   // Absorbed sparse decode: 16 heads over 2,048 latents selected in position order from a
   // 16,384-token fp8 cache (the engine's 784-byte layout), alternating between four such
   // caches (51 MiB in all) so each call gathers from DRAM, as a decode step at depth does.
+  const int sd_heads = 16, L = 512, R = 64, sd_n = 2048, sd_ctx = 16384, sd_copies = 4;
+  MlaCacheView sd_cache;
+  sd_cache.type = CacheType::FP8;
+  sd_cache.kv_lora = L;
+  sd_cache.rope = R;
+  const size_t tb = sd_cache.token_bytes();
+  std::vector<uint8_t> sd_bytes(tb * size_t(sd_ctx) * sd_copies);
   {
-    const int heads = 16, L = 512, R = 64, n = 2048, ctx = 16384, copies = 4;
-    MlaCacheView c;
-    c.type = CacheType::FP8;
-    c.kv_lora = L;
-    c.rope = R;
-    const size_t tb = c.token_bytes();
-    std::vector<uint8_t> cache(tb * size_t(ctx) * copies);
     std::vector<float> lat(L), kr(R);
-    c.data = cache.data();
+    sd_cache.data = sd_bytes.data();
     for (int t = 0; t < 64; ++t) {  // 64 distinct tokens, repeated: values do not change the work
       fill_floats(lat.data(), lat.size(), 10 + uint64_t(t));
       fill_floats(kr.data(), kr.size(), 90000 + uint64_t(t));
-      mla_cache_write(c, t, lat.data(), kr.data());
+      mla_cache_write(sd_cache, t, lat.data(), kr.data());
     }
-    for (size_t t = 64; t < size_t(ctx) * copies; ++t) std::memcpy(cache.data() + t * tb, cache.data() + (t % 64) * tb, tb);
-    std::vector<float> ql(size_t(heads) * L), qr(size_t(heads) * R), o(size_t(heads) * L);
-    fill_floats(ql.data(), ql.size(), 6);
-    fill_floats(qr.data(), qr.size(), 7);
-    // 2,048 of 16,384 positions, ascending (the top-k's order), spread by a fixed stride
-    // with a small pseudo-random jitter.
-    std::vector<int32_t> idx(n);
-    uint64_t x = 12345;
-    for (int j = 0; j < n; ++j) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      idx[size_t(j)] = j * (ctx / n) + int32_t((x >> 40) % uint64_t(ctx / n));
-    }
-    size_t call = 0;
-    const double s = median_seconds(31, [&] {
-      c.data = cache.data() + (call++ % copies) * tb * size_t(ctx);
-      mla_sparse_decode(c, ql.data(), qr.data(), heads, idx.data(), n, 0.05f, o.data());
-    });
-    r.sparse_decode_gflops = 2.0 * heads * n * (2.0 * L + R) / s / 1e9;
+    for (size_t t = 64; t < size_t(sd_ctx) * sd_copies; ++t) std::memcpy(sd_bytes.data() + t * tb, sd_bytes.data() + (t % 64) * tb, tb);
   }
+  std::vector<float> sd_ql(size_t(sd_heads) * L), sd_qr(size_t(sd_heads) * R), sd_o(size_t(sd_heads) * L);
+  fill_floats(sd_ql.data(), sd_ql.size(), 6);
+  fill_floats(sd_qr.data(), sd_qr.size(), 7);
+  // 2,048 of 16,384 positions, ascending (the top-k's order), spread by a fixed stride
+  // with a small pseudo-random jitter.
+  std::vector<int32_t> sd_idx(sd_n);
+  {
+    uint64_t s = 12345;
+    for (int j = 0; j < sd_n; ++j) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      sd_idx[size_t(j)] = j * (sd_ctx / sd_n) + int32_t((s >> 40) % uint64_t(sd_ctx / sd_n));
+    }
+  }
+  size_t sd_call = 0;
+  probes.push_back({[&] {
+                      sd_cache.data = sd_bytes.data() + (sd_call++ % sd_copies) * tb * size_t(sd_ctx);
+                      mla_sparse_decode(sd_cache, sd_ql.data(), sd_qr.data(), sd_heads, sd_idx.data(), sd_n, 0.05f, sd_o.data());
+                    },
+                    6, {}});
+  const size_t p_sparse_decode = probes.size() - 1;
+
   // Prefill attention in the expanded (MHA) form: queries in parallel as the engine runs
   // them, each over 512 keys of 16 heads x (128 nope + 64 rope | 128 v).
-  {
-    const int heads = 16, nope = 128, R = 64, vd = 128, n = 512, queries = 32;
-    std::vector<float> kv(size_t(n) * heads * (nope + vd)), kr(size_t(n) * R), q(size_t(queries) * heads * (nope + R)),
-        o(size_t(queries) * heads * vd);
-    fill_floats(kv.data(), kv.size(), 8);
-    fill_floats(kr.data(), kr.size(), 9);
-    fill_floats(q.data(), q.size(), 11);
-    std::vector<int32_t> idx(n);
-    for (int t = 0; t < n; ++t) idx[size_t(t)] = t;
-    const double s = median_seconds(5, [&] {
+  const int sp_heads = 16, nope = 128, vd = 128, sp_n = 512, queries = 32;
+  std::vector<float> sp_kv(size_t(sp_n) * sp_heads * (nope + vd)), sp_kr(size_t(sp_n) * R),
+      sp_q(size_t(queries) * sp_heads * (nope + R)), sp_o(size_t(queries) * sp_heads * vd);
+  fill_floats(sp_kv.data(), sp_kv.size(), 8);
+  fill_floats(sp_kr.data(), sp_kr.size(), 9);
+  fill_floats(sp_q.data(), sp_q.size(), 11);
+  std::vector<int32_t> sp_idx(sp_n);
+  for (int t = 0; t < sp_n; ++t) sp_idx[size_t(t)] = t;
+  probes.push_back({[&] {
 #pragma omp parallel for schedule(dynamic, 1)
-      for (int i = 0; i < queries; ++i)
-        mha_sparse_prefill(&q[size_t(i) * heads * (nope + R)], kv.data(), kr.data(), heads, nope, R, vd, idx.data(), n, 0.07f,
-                           &o[size_t(i) * heads * vd]);
-    });
-    r.sparse_prefill_gflops = 2.0 * queries * heads * n * double(nope + R + vd) / s / 1e9;
-  }
+                      for (int i = 0; i < queries; ++i)
+                        mha_sparse_prefill(&sp_q[size_t(i) * sp_heads * (nope + R)], sp_kv.data(), sp_kr.data(), sp_heads, nope,
+                                           R, vd, sp_idx.data(), sp_n, 0.07f, &sp_o[size_t(i) * sp_heads * vd]);
+                    },
+                    1, {}});
+  const size_t p_sparse_prefill = probes.size() - 1;
+
   // One kernel call with almost no work, large enough to be split across the threads. The
-  // fastest of 101: on a shared machine a fork or join that waits for a descheduled thread
-  // costs a scheduler time slice (milliseconds), a property of the machine's load, not of
-  // the call.
-  {
-    Linear w;
-    w.dtype = DType::BF16;
-    w.data = wbuf.data();
-    w.rows = 256;
-    w.cols = 64;
-    const double s = quantile_seconds(101, 0.0, [&] { linear(w, x.data(), 1, y.data()); });
-    r.call_overhead_us = s * 1e6;
-  }
+  // fastest call of all rounds: on a shared machine a fork or join that waits for a
+  // descheduled thread costs a scheduler time slice (milliseconds), a property of the
+  // machine's load, not of the call.
+  Linear tiny;
+  tiny.dtype = DType::BF16;
+  tiny.data = wbuf.data();
+  tiny.rows = 256;
+  tiny.cols = 64;
+  probes.push_back({[&] { linear(tiny, x.data(), 1, y.data()); }, 20, {}});
+  const size_t p_call = probes.size() - 1;
+
+  run_rounds(probes, 15);
+
+  auto sec = [&](size_t i) { return median_of_round_means(probes[i]); };
+  r.gemv_bf16_gbps = double(gemv_bf16.bytes()) / sec(p_gemv_bf16) / 1e9;
+  r.gemv_fp8_gbps = double(fp8_jobs) * double(fp8_ws[0].bytes()) / sec(p_gemv_fp8) / 1e9;
+  r.gemm_large_gflops = 2.0 * kGemmLargeRows * 1024.0 * 2048.0 / sec(p_gemm_large) / 1e9;
+  r.gemm_small_gflops = 2.0 * experts * kGemmSmallRows * 1024.0 * 2048.0 / sec(p_gemm_small) / 1e9;
+  r.indexer_gflops = 2.0 * ix_heads * 128.0 * ix_keys / sec(p_indexer) / 1e9;
+  r.topk_keys_per_s = double(tk_scores.size()) / sec(p_topk);
+  r.sparse_decode_gflops = 2.0 * sd_heads * sd_n * (2.0 * L + R) / sec(p_sparse_decode) / 1e9;
+  r.sparse_prefill_gflops = 2.0 * queries * sp_heads * sp_n * double(nope + R + vd) / sec(p_sparse_prefill) / 1e9;
+  r.call_overhead_us = probes[p_call].fastest * 1e6;
   set_backend(backend_before);
   if (threads > 0) omp_set_num_threads(saved);
   g_sink = g_sink + uint64_t(y[0] > 0);

@@ -237,25 +237,6 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
 
 namespace {
 
-// exp for 8 lanes (Cephes' expf scheme): x = n ln2 + r with |r| <= ln2/2, a degree-6
-// polynomial for e^r, 2^n through the exponent bits. About 1 ulp over the softmax's
-// range (x <= 0); below -87.3 it returns ~1e-38 instead of 0, which no softmax notices.
-__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-87.3365447504f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 // o[h][0:d] += Σ_j p[j][h] k_j[0:d] for 4 heads over nj tokens, 16 columns at a time
 // held in registers across the whole token loop. p rows (one per token) have stride ldp.
 __attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p, size_t ldp, const float* const* k, int nj, int d,
