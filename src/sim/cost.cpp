@@ -182,6 +182,8 @@ struct Builder {
     gemm("attn.q_a_proj", T, ql, h, aw);
     gemm("attn.kv_a_proj", T, kvl + rope, h, aw);
     gemm("attn.q_b_proj", T, H * qk, ql, aw);
+    // RoPE of every head's query and of the shared key, in place (bf16 in and out).
+    memory("attn.rope", T * (H + 1) * rope * 2.0 * 2.0, T * (H + 1) * rope * 3.0, tshape);
 
     const bool full_idx = m.has_indexer && c.is_indexer_full(li);
     if (full_idx) {
@@ -190,6 +192,10 @@ struct Builder {
       gemm("indexer.wk", T, D, h, aw);
       ops[index.at(prefix + "indexer.wk")].bytes += T * indexer_cache_bytes(m) * weight;  // k cache write
       gemm("indexer.weights_proj", T, IH, h, aw, /*bf16_weight=*/true);
+      // Each head's query and the token's key: RoPE, Hadamard rotation and fp8 quantization
+      // (bf16 in, fp8 out; log2(128) = 7 butterfly additions per value plus the rotation,
+      // the block max and the scaling).
+      memory("indexer.quant", T * (IH + 1) * D * 3.0, T * (IH + 1) * D * 10.0, tshape);
       const double keys_all = sum_keys(s.context, s.new_tokens, kNoCap);
       const double visible = double(s.context + s.new_tokens);
       Op score;
@@ -275,6 +281,7 @@ struct Builder {
     else {
       const double I = double(c.intermediate_size) / l.tp;
       gemm("mlp.gate_up", T, 2 * I, h, o.weight);
+      memory("mlp.act", T * I * 3.0 * 2.0, T * I * 4.0, tshape);  // silu(gate) * up
       gemm("mlp.down", T, h, I, o.weight);
     }
     if (l.tp > 1) allreduce(T);
@@ -325,6 +332,9 @@ struct Builder {
     dn.weight_elems = bits <= 8 ? hit * h * n_d : 0.0;
     dn.shape = "tokens=" + std::to_string(int64_t(assigned)) + ";experts=" + std::to_string(int64_t(experts_dev)) +
                ";N=" + std::to_string(int64_t(h)) + ";K=" + std::to_string(int64_t(n_d));
+    // silu(gate) * up of every routed and shared expert row this device computes.
+    const double act_elems = assigned * n_d + (c.n_shared_experts > 0 ? T * double(c.n_shared_experts) * mI / l.tp : 0.0);
+    memory("moe.act", act_elems * 3.0 * 2.0, act_elems * 4.0, "T=" + std::to_string(int64_t(T)));
     add(dn);
     if (c.n_shared_experts > 0) {
       const double sI = double(c.n_shared_experts) * mI / l.tp;

@@ -5,10 +5,10 @@
 // FLOP rates against it), so the two cannot drift apart.
 //
 // Operator names follow the engine's forward pass:
-//   embed, layer.norms, attn.{q_a_proj, kv_a_proj, q_b_proj, kv_b_proj, q_absorb, core,
-//   v_up, o_proj, cache_write}, indexer.{wq_b, wk, weights_proj, score, topk},
-//   mlp.{gate_up, down}, moe.{router, experts_gate_up, experts_down, shared_gate_up,
-//   shared_down, dispatch, combine}, tp.allreduce, pp.send, final_norm, lm_head,
+//   embed, layer.norms, attn.{q_a_proj, kv_a_proj, q_b_proj, rope, kv_b_proj, q_absorb,
+//   core, v_up, o_proj, cache_write}, indexer.{wq_b, wk, weights_proj, quant, score, topk},
+//   mlp.{gate_up, act, down}, moe.{router, experts_gate_up, act, experts_down,
+//   shared_gate_up, shared_down, dispatch, combine}, tp.allreduce, pp.send, final_norm, lm_head,
 //   and mtp.<any of these> for the multi-token-prediction draft layer.
 #include <cstdint>
 #include <string>

@@ -152,6 +152,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
     h.eff.indexer = num(e, "indexer", h.eff.indexer, w);
     h.eff.topk = num(e, "topk", h.eff.topk, w);
     h.eff.memory = num(e, "memory", h.eff.memory, w);
+    h.eff.elementwise = num(e, "elementwise", h.eff.memory, w);
     h.eff.comm = num(e, "comm", h.eff.comm, w);
   }
   auto positive = [&](const char* f, double v) {
@@ -162,7 +163,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   positive("memory_gib", h.memory_gib);
   positive("devices_per_node", h.devices_per_node);
   for (double e : {h.eff.gemm, h.eff.attention_dense, h.eff.attention_dense_prefill, h.eff.attention_sparse_decode,
-                   h.eff.attention_sparse_prefill, h.eff.indexer, h.eff.topk, h.eff.memory, h.eff.comm})
+                   h.eff.attention_sparse_prefill, h.eff.indexer, h.eff.topk, h.eff.memory, h.eff.elementwise, h.eff.comm})
     if (!(e > 0 && e <= 1)) throw Error(where + ": efficiency factors must be in (0, 1]");
   if (!(h.memory_usable_fraction > 0 && h.memory_usable_fraction <= 1))
     throw Error(where + ": field 'memory_usable_fraction': must be in (0, 1]");
@@ -184,7 +185,7 @@ std::string hardware_to_json(const Hardware& h) {
                             {"attention_sparse_decode", h.eff.attention_sparse_decode},
                             {"attention_sparse_prefill", h.eff.attention_sparse_prefill},
                             {"indexer", h.eff.indexer}, {"topk", h.eff.topk},
-                            {"memory", h.eff.memory}, {"comm", h.eff.comm}}},
+                            {"memory", h.eff.memory}, {"elementwise", h.eff.elementwise}, {"comm", h.eff.comm}}},
             {"sources", h.sources}};
   return j.dump(2);
 }
@@ -196,10 +197,10 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   std::snprintf(desc, sizeof desc,
                 "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f / fp8 "
                 "%.1f GB/s, GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
-                "prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, %.1f us per call",
+                "prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
                 threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemm_small_gflops, kGemmSmallRows,
                 k.gemm_large_gflops, kGemmLargeRows, k.indexer_gflops, k.sparse_decode_gflops, k.sparse_prefill_gflops,
-                k.topk_keys_per_s / 1e6, k.call_overhead_us);
+                k.topk_keys_per_s / 1e6, k.elementwise_gbps, k.call_overhead_us);
   h.description = desc;
   // CPU kernels widen bf16/fp8 to fp32 and use the same FMA units, so all precisions share
   // the measured fp32 peak.
@@ -243,6 +244,9 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   h.eff.topk = frac(k.topk_keys_per_s / P);
   h.eff.attention_sparse_decode = h.eff.attention_dense = frac(k.sparse_decode_gflops * 1e9 / P);
   h.eff.attention_sparse_prefill = h.eff.attention_dense_prefill = frac(k.sparse_prefill_gflops * 1e9 / P);
+  // Element-wise kernels (norms, RoPE, fp8 quantization of activations) run on one core at
+  // a fraction of the bandwidth: the probe's rate in the operator table's bytes.
+  h.eff.elementwise = frac(k.elementwise_gbps / h.memory_bandwidth_gbps);
   h.launch_overhead_us = k.call_overhead_us;
   h.sources = "measured by dsa::sim::measure_read_bandwidth_gbps, measure_peak_gflops and measure_kernel_rates (sim/probe.h)";
   return h;

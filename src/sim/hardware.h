@@ -18,6 +18,8 @@ struct Efficiency {
   double indexer = 0.70;                   // lightning-indexer scoring (fp8 MQA logits), compute side
   double topk = 0.70;                      // top-k selection: one operation per scored key
   double memory = 0.85;                    // achieved / peak memory bandwidth
+  double elementwise = 0.85;               // norms, RoPE, activation quantization, silu: achieved / peak
+                                           // bandwidth (a profile without it uses `memory`)
   double comm = 0.80;                      // achieved / peak link bandwidth
 };
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "sim/cost.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -246,24 +247,34 @@ KernelRates measure_kernel_rates(int threads) {
                     8, {}});
   const size_t p_gemv_bf16 = probes.size() - 1;
 
-  // fp8 GEMVs as decode runs them: one linear_multi over sixteen [512 x 2048] fp8 matrices
-  // (a token's routed and shared experts' gate and up projections are such a call), 16 MiB
-  // per call, rotating over twelve such groups.
+  // fp8 GEMVs as decode runs a MoE layer's experts: one linear_multi over sixteen
+  // [512 x 2048] matrices (gate and up projections: 2 KB rows), then one over eight
+  // [2048 x 512] (down projections: 512-byte rows, which stream about a sixth slower), the
+  // two-to-one byte mix of the expert weights; 24 MiB per call, rotating over eight such
+  // sets so every call reads from DRAM.
   std::vector<float> scales(64 * 64, 1.0f);
-  const int fp8_jobs = 16, fp8_groups = 12;
-  std::vector<Linear> fp8_ws(size_t(fp8_jobs) * fp8_groups);
-  std::vector<float> fp8_y(size_t(fp8_jobs) * 512);
+  const int fp8_up = 16, fp8_down = 8, fp8_sets = 8;
+  const size_t fp8_per_set = size_t(fp8_up + fp8_down);
+  std::vector<Linear> fp8_ws(fp8_per_set * fp8_sets);
+  std::vector<float> fp8_y(size_t(fp8_up) * 512 + size_t(fp8_down) * 2048);
   std::vector<LinearJob> fp8_calls(fp8_ws.size());
   for (size_t j = 0; j < fp8_ws.size(); ++j) {
+    const bool down = j % fp8_per_set >= size_t(fp8_up);
+    const size_t k = j % fp8_per_set;
     fp8_ws[j].dtype = DType::F8_E4M3;
     fp8_ws[j].data = wbuf.data() + j * (size_t(1) << 20);
-    fp8_ws[j].rows = 512;
-    fp8_ws[j].cols = 2048;
+    fp8_ws[j].rows = down ? 2048 : 512;
+    fp8_ws[j].cols = down ? 512 : 2048;
     fp8_ws[j].scale = scales.data();
-    fp8_calls[j] = {&fp8_ws[j], x.data(), &fp8_y[(j % size_t(fp8_jobs)) * 512]};
+    fp8_calls[j] = {&fp8_ws[j], x.data(), &fp8_y[down ? size_t(fp8_up) * 512 + (k - size_t(fp8_up)) * 2048 : k * 512]};
   }
   size_t gemv_fp8_call = 0;
-  probes.push_back({[&] { linear_multi(&fp8_calls[(gemv_fp8_call++ % fp8_groups) * size_t(fp8_jobs)], fp8_jobs); }, 8, {}});
+  probes.push_back({[&] {
+                      LinearJob* set = &fp8_calls[(gemv_fp8_call++ % fp8_sets) * fp8_per_set];
+                      linear_multi(set, fp8_up);
+                      linear_multi(set + fp8_up, fp8_down);
+                    },
+                    6, {}});
   const size_t p_gemv_fp8 = probes.size() - 1;
 
   // Packed GEMMs on fp8 [1024 x 2048] weights (2 MiB each: compute-bound at these row
@@ -375,6 +386,62 @@ KernelRates measure_kernel_rates(int threads) {
                     1, {}});
   const size_t p_sparse_prefill = probes.size() - 1;
 
+  // Element-wise work of one MoE layer with an indexer, called as the engine's forward pass
+  // calls it for a chunk of kEltTokens prompt tokens with the benchmark model's shapes
+  // (hidden 2048, 16 heads, latent 512, rope 64, indexer 16 x 128, 6 + 1 experts of 512):
+  // RMSNorms, per-vector RoPE, the indexer's Hadamard rotation and fp8 quantization, the
+  // experts' silu * up and the fp8 cache write. Its rate is expressed in the operator
+  // table's own bytes for that work (op_plan below), so that the plan charges the same
+  // kernels at the speed they ran here.
+  constexpr int T = kEltTokens, Hd = 2048, Hq = 16, QL = 512, KL = 512, RR = 64, IH = 16, MI = 512, EX = 7;
+  std::vector<float> e_x(size_t(T) * Hd), e_y(size_t(T) * Hd), e_q(size_t(T) * Hq * 192), e_kr(size_t(T) * RR),
+      e_iq(size_t(T) * IH * 128), e_ik(size_t(T) * 128), e_g(size_t(T) * EX * MI), e_u(size_t(T) * EX * MI),
+      e_cos(RR / 2), e_sin(RR / 2), e_iscale(size_t(T) * IH), e_kscale(T);
+  std::vector<uint8_t> e_iq8(size_t(T) * IH * 128), e_ik8(size_t(T) * 128), e_wbf16(size_t(Hd) * 2);
+  fill_floats(e_x.data(), e_x.size(), 21);
+  fill_floats(e_q.data(), e_q.size(), 22);
+  fill_floats(e_kr.data(), e_kr.size(), 23);
+  fill_floats(e_g.data(), e_g.size(), 24);
+  fill_floats(e_u.data(), e_u.size(), 25);
+  for (int i = 0; i < RR / 2; ++i) {
+    e_cos[size_t(i)] = std::cos(0.1f * float(i));
+    e_sin[size_t(i)] = std::sin(0.1f * float(i));
+  }
+  for (int i = 0; i < Hd; ++i) {  // bf16 norm weights (1.0), as the checkpoints store them
+    e_wbf16[size_t(2 * i)] = 0x80;
+    e_wbf16[size_t(2 * i + 1)] = 0x3F;
+  }
+  std::vector<float> e_lnw(128, 1.0f), e_lnb(128, 0.0f);
+  const Vec e_w{DType::BF16, e_wbf16.data(), Hd};
+  const Vec e_lw{DType::F32, reinterpret_cast<const uint8_t*>(e_lnw.data()), 128};
+  const Vec e_lb{DType::F32, reinterpret_cast<const uint8_t*>(e_lnb.data()), 128};
+  MlaCacheView e_cache = sd_cache;  // the fp8 cache of the sparse-decode probe: T rows of it
+  e_cache.data = sd_bytes.data();
+  probes.push_back({[&] {
+                      rmsnorm(e_x.data(), e_w, T, Hd, 1e-6f, e_y.data());  // input norm
+                      rmsnorm(e_y.data(), e_w, T, QL, 1e-6f, e_y.data());  // q latent norm
+                      rmsnorm(e_x.data(), e_w, T, KL, 1e-6f, e_x.data());  // kv latent norm
+                      for (int i = 0; i < T; ++i) {
+                        for (int h = 0; h < Hq; ++h) rope(&e_q[(size_t(i) * Hq + size_t(h)) * 192 + 128], RR, e_cos.data(), e_sin.data(), true);
+                        rope(&e_kr[size_t(i) * RR], RR, e_cos.data(), e_sin.data(), true);
+                      }
+                      for (int i = 0; i < T; ++i)
+                        for (int h = 0; h < IH; ++h) rope(&e_iq[(size_t(i) * IH + size_t(h)) * 128], RR, e_cos.data(), e_sin.data(), false);
+                      hadamard128(e_iq.data(), T * IH);
+                      for (int r = 0; r < T * IH; ++r)
+                        act_quant_fp8(&e_iq[size_t(r) * 128], 128, 128, true, &e_iq8[size_t(r) * 128], &e_iscale[size_t(r)]);
+                      layernorm(e_ik.data(), e_lw, e_lb, T, 128, 1e-6f, e_ik.data());
+                      for (int i = 0; i < T; ++i) rope(&e_ik[size_t(i) * 128], RR, e_cos.data(), e_sin.data(), false);
+                      hadamard128(e_ik.data(), T);
+                      for (int i = 0; i < T; ++i)
+                        act_quant_fp8(&e_ik[size_t(i) * 128], 128, 128, true, &e_ik8[size_t(i) * 128], &e_kscale[size_t(i)]);
+                      for (int i = 0; i < T; ++i) mla_cache_write(e_cache, i, &e_x[size_t(i) * Hd], &e_kr[size_t(i) * RR]);
+                      silu_mul(e_g.data(), e_u.data(), e_g.size(), e_g.data());  // in place, as the experts run it
+                      rmsnorm(e_x.data(), e_w, T, Hd, 1e-6f, e_y.data());  // post-attention norm
+                    },
+                    2, {}});
+  const size_t p_elementwise = probes.size() - 1;
+
   // One kernel call with almost no work, large enough to be split across the threads. The
   // fastest call of all rounds: on a shared machine a fork or join that waits for a
   // descheduled thread costs a scheduler time slice (milliseconds), a property of the
@@ -391,7 +458,7 @@ KernelRates measure_kernel_rates(int threads) {
 
   auto sec = [&](size_t i) { return median_of_round_means(probes[i]); };
   r.gemv_bf16_gbps = double(gemv_bf16.bytes()) / sec(p_gemv_bf16) / 1e9;
-  r.gemv_fp8_gbps = double(fp8_jobs) * double(fp8_ws[0].bytes()) / sec(p_gemv_fp8) / 1e9;
+  r.gemv_fp8_gbps = double(fp8_per_set) * double(fp8_ws[0].bytes()) / sec(p_gemv_fp8) / 1e9;
   r.gemm_large_gflops = 2.0 * kGemmLargeRows * 1024.0 * 2048.0 / sec(p_gemm_large) / 1e9;
   r.gemm_small_gflops = 2.0 * experts * kGemmSmallRows * 1024.0 * 2048.0 / sec(p_gemm_small) / 1e9;
   r.indexer_gflops = 2.0 * ix_heads * 128.0 * ix_keys / sec(p_indexer) / 1e9;
@@ -399,6 +466,16 @@ KernelRates measure_kernel_rates(int threads) {
   r.sparse_decode_gflops = 2.0 * sd_heads * sd_n * (2.0 * L + R) / sec(p_sparse_decode) / 1e9;
   r.sparse_prefill_gflops = 2.0 * queries * sp_heads * sp_n * double(nope + R + vd) / sec(p_sparse_prefill) / 1e9;
   r.call_overhead_us = probes[p_call].fastest * 1e6;
+  {
+    // The operator table's bytes for the element-wise work above: one MoE layer's share.
+    const SimModel mini = load_model("v32-mini");
+    double bytes = 0;
+    for (const Op& op : op_plan(mini, Step{Phase::Prefill, 1, T, 0}, Layout{}, Options{}))
+      if (op.name == "layer.norms" || op.name == "attn.rope" || op.name == "indexer.quant" || op.name == "moe.act" ||
+          op.name == "attn.cache_write")
+        bytes += op.bytes / op.count;
+    r.elementwise_gbps = bytes / sec(p_elementwise) / 1e9;
+  }
   set_backend(backend_before);
   if (threads > 0) omp_set_num_threads(saved);
   g_sink = g_sink + uint64_t(y[0] > 0);

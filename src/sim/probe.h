@@ -18,11 +18,13 @@ double physical_memory_bytes();
 // What the engine's own CPU kernels (kernels/kernels.h, the optimized backend) reach on
 // small synthetic operands: the `local` profile turns these into its efficiency factors,
 // so that `dsa plan --hardware local` composes end-to-end predictions from measured
-// operators. Each probe runs 5 to 41 repeats and keeps the median (the engine's runs are
-// medians too); all of them together take about 1.3 s on two cores.
+// operators. The probes run interleaved, fifteen rounds of a few calls each; a rate is the
+// median over rounds of each round's mean call time (as `dsa bench` takes the median of
+// repeats, each a mean over tokens). About 2.5 s on two cores.
 struct KernelRates {
   double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix, from DRAM
-  double gemv_fp8_gbps = 0;       // one-token linear_multi over sixteen fp8 [512 x 2048] matrices (16 MiB, from DRAM)
+  double gemv_fp8_gbps = 0;       // one-token linear_multi over sixteen fp8 [512 x 2048] and one over eight
+                                  // [2048 x 512] matrices (an expert layer's mix, 24 MiB, from DRAM)
   double gemm_small_gflops = 0;   // eight fp8 [1024 x 2048] GEMMs of kGemmSmallRows rows in a parallel
                                   // loop, one per thread (prefill experts, as the engine runs them)
   double gemm_large_gflops = 0;   // one such GEMM of kGemmLargeRows rows across the threads (a dense projection)
@@ -31,8 +33,10 @@ struct KernelRates {
   double sparse_decode_gflops = 0;   // mla_sparse_decode: 16 heads, 2,048 of 16,384 fp8 latents, from DRAM
   double sparse_prefill_gflops = 0;  // mha_sparse_prefill: 32 queries x 512 keys, 16 heads, in parallel
   double call_overhead_us = 0;    // one tiny kernel call (a parallel region's fork and join)
+  double elementwise_gbps = 0;    // norms, RoPE, indexer quantization, silu * up and cache writes of a
+                                  // kEltTokens-token chunk, in the operator table's bytes per second
 };
-constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512;
+constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256;
 KernelRates measure_kernel_rates(int threads = 0);
 
 }  // namespace dsa::sim

@@ -105,6 +105,18 @@ TEST(SimCost, DecodeOpsSingleSequence) {
   EXPECT_REL(ops.at("lm_head").bytes, 1000 * 256 * 2 + 256 * 2 + 1000 * 2);
   EXPECT_REL(ops.at("embed").bytes, 256 * 2 * 2);
   EXPECT_REL(ops.at("layer.norms").bytes, L * (2 * 256 + 64 + 128) * 4);
+  // Element-wise work: RoPE of 4 query heads + 1 key (16 dims, bf16 in and out); the
+  // indexer's 2 query heads + 1 key of 128 (bf16 in, fp8 out); silu * up (gate and up in,
+  // one out) over the dense layer's 512 and the MoE layers' 2 routed + 1 shared x 64.
+  EXPECT_REL(ops.at("attn.rope").bytes, L * (4 + 1) * 16 * 2 * 2);
+  EXPECT_REL(ops.at("attn.rope").flops, L * (4 + 1) * 16 * 3);
+  EXPECT_EQ(ops.at("attn.rope").cls, OpClass::Memory);
+  EXPECT_REL(ops.at("indexer.quant").bytes, L * (2 + 1) * 128 * 3);
+  EXPECT_REL(ops.at("indexer.quant").flops, L * (2 + 1) * 128 * 10);
+  EXPECT_REL(ops.at("mlp.act").bytes, 512 * 3 * 2);
+  EXPECT_EQ(ops.at("mlp.act").count, 1);
+  EXPECT_REL(ops.at("moe.act").bytes, Lmoe * (2 * 64 + 64) * 3 * 2);
+  EXPECT_REL(ops.at("moe.act").flops, Lmoe * (2 * 64 + 64) * 4);
 }
 
 TEST(SimCost, DecodeBytesGrowOnlyThroughTheIndexerPastTopK) {

@@ -200,10 +200,19 @@ TEST(SimTiming, TopkAndIndexerUseTheirOwnFactors) {
   op.bits = 8;
   op.flops = 1e9;  // 1e9 / (2e12 * 0.25) = 2000 us
   EXPECT_REL(time_op(op, hw, nullptr).compute_us, 2000.0);
+  // Element-wise ops stream at their own factor: 4e6 / (100e9 * 0.02) = 2000 us, + 1 launch.
+  hw.eff.elementwise = 0.02;
+  op.cls = OpClass::Memory;
+  op.flops = 0;
+  EXPECT_REL(time_op(op, hw, nullptr).time_us, 2001.0);
+  EXPECT_EQ(time_op(op, hw, nullptr).bound, "memory");
   // Round trip through the profile JSON.
   const Hardware back = hardware_from_json_text(hardware_to_json(hw), "back");
   EXPECT_EQ(back.eff.indexer, 0.25);
   EXPECT_EQ(back.eff.topk, 0.001);
+  EXPECT_EQ(back.eff.elementwise, 0.02);
+  // A profile that gives no element-wise factor uses its memory factor.
+  EXPECT_EQ(toy().eff.elementwise, 0.8);
 }
 
 TEST(SimHardware, LocalProfileFromKernelRates) {
@@ -219,6 +228,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   k.sparse_decode_gflops = 20;
   k.sparse_prefill_gflops = 5;
   k.call_overhead_us = 3;
+  k.elementwise_gbps = 1;  // / 20 GB/s -> 0.05
   const Hardware h = local_hardware_from(2, 20, 100, k);
   EXPECT_NEAR(h.eff.memory, 0.9, 1e-12);
   EXPECT_NEAR(h.eff.gemm, 0.5, 1e-12);
@@ -229,6 +239,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.attention_sparse_decode, 0.2, 1e-12);
   EXPECT_NEAR(h.eff.attention_sparse_prefill, 0.05, 1e-12);
   EXPECT_EQ(h.launch_overhead_us, 3);
+  EXPECT_NEAR(h.eff.elementwise, 0.05, 1e-12);
   EXPECT_EQ(h.peak_flops(8), 100e9);
   // The profile then reproduces its own probes: the 512-row GEMM and the fp8 GEMV.
   Op g;
@@ -366,7 +377,7 @@ TEST(SimProbe, MeasuresSomething) {
   EXPECT_GT(physical_memory_bytes(), 0.0);
   const KernelRates k = measure_kernel_rates(1);
   for (double v : {k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemm_small_gflops, k.gemm_large_gflops, k.indexer_gflops,
-                   k.topk_keys_per_s, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.call_overhead_us})
+                   k.topk_keys_per_s, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.call_overhead_us, k.elementwise_gbps})
     EXPECT_GT(v, 0.0);
 }
 
