@@ -151,7 +151,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
                                             ::testing::Values(1, 3, 17)));
 
 TEST(KernelTwins, IndexerScores) {
-  for (int heads : {1, 16, 64})
+  // 1 head (one padded lane group), 16 (a pair), 24 (a pair and an odd group), 64; key counts
+  // that leave partial blocks.
+  for (int heads : {1, 16, 24, 64})
     for (int keys : {1, 37, 600}) {
       std::mt19937 rng(heads * 1000 + keys);
       std::vector<uint8_t> q8(size_t(heads) * 128), k8(size_t(keys) * 128);
