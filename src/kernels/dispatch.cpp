@@ -21,6 +21,15 @@ Backend g_backend = initial_backend();
 }  // namespace
 
 void set_backend(Backend b) { g_backend = b; }
+
+void reserve_scratch(int max_cols, int n_heads, int latent_dim) {
+  // Every thread of the team the kernels' own parallel regions use (same size, same pool).
+#pragma omp parallel
+  {
+    cpu::reserve_gemv_scratch(max_cols);
+    cpu::reserve_decode_scratch(n_heads, latent_dim);
+  }
+}
 Backend backend() { return g_backend; }
 
 namespace {
@@ -167,6 +176,14 @@ void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, in
   Timed t(KernelId::SparsePrefill, 2.0 * n_heads * n_idx * double(nope + rope + v_dim),
           4.0 * n_idx * (double(n_heads) * (nope + v_dim) + rope));
   DSA_DISPATCH(mha_sparse_prefill, q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
+}
+void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
+                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride) {
+  double keys = 0;  // query b attends to pos0 + b + 1 keys
+  for (int b = 0; b < n_q; ++b) keys += double(pos0 + b + 1);
+  Timed t(KernelId::SparsePrefill, 2.0 * keys * double(nope + rope + v_dim),
+          4.0 * double(pos0 + n_q) * double(nope + rope + v_dim));
+  DSA_DISPATCH(mha_causal_prefill_head, q, q_stride, n_q, pos0, kv, k_rope, n_heads, head, nope, rope, v_dim, scale, out, out_stride);
 }
 
 }  // namespace dsa::kernels

@@ -55,6 +55,12 @@ namespace kernels {
 void set_backend(Backend b);
 Backend backend();
 
+// Sizes every worker thread's kernel scratch (GEMV input buffers up to max_cols columns, the
+// sparse decode's tile for n_heads heads of latent_dim values) in one parallel region, so
+// that a decode step allocates nothing whichever thread picks up which piece of work. The
+// caller's State does this once when it is built.
+void reserve_scratch(int max_cols, int n_heads, int latent_dim);
+
 // Per-kernel wall time and work, accumulated while profiling is on (off by default; one
 // branch per call when off). `dsa bench` uses it for its per-kernel breakdown and for the
 // GEMM part's fraction of the FMA peak.
@@ -136,6 +142,15 @@ void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q
 // idx are positions relative to the chunk's first token.
 void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
                         int v_dim, const int32_t* idx, int n_idx, float scale, float* out);
+// Causal MHA-form prefill of one head for a block of consecutive queries, each attending to
+// every key up to its own position (a fresh prompt while it is shorter than index_topk, when
+// the indexer selects every earlier key, or a model without an indexer). Query b (of n_q)
+// sits at position pos0 + b; its head row is q + b * q_stride ([nope | rope], as in
+// mha_sparse_prefill); kv and k_rope as in mha_sparse_prefill (head `head`); the result goes
+// to out + b * out_stride (v_dim values). Same result as mha_sparse_prefill with the
+// selection 0..pos0+b; blocking the queries lets every loaded key serve all of them.
+void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
+                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride);
 
 }  // namespace kernels
 }  // namespace dsa

@@ -2,6 +2,7 @@
 // only to the index_topk keys its lightning indexer selected.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -77,11 +78,26 @@ void attention_block(const Model& m, const LayerWeights& w, State& s, int layer,
     for (int i = 0; i < n; ++i)
       kernels::mla_cache_read(cache.view, i, &s.latent[size_t(i) * size_t(Lr)], &s.k_rope[size_t(i) * size_t(R)]);
     kernels::linear(a.kv_b_proj, s.latent.data(), n, s.kv.data());
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && !tap)
-    for (int i = 0; i < n; ++i)
-      kernels::mha_sparse_prefill(&s.q[size_t(i) * size_t(nh) * size_t(qk)], s.kv.data(), s.k_rope.data(), nh, nope, R, vd,
-                                  &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale,
-                                  &s.attn[size_t(i) * size_t(nh) * size_t(vd)]);
+    // The leading queries whose selection is every key up to their own position (all of
+    // them while the prompt is no longer than index_topk) run in blocks of sixteen per head,
+    // each loaded key serving the whole block; the rest attend to their own selections.
+    int causal = 0;
+    while (causal < n && s.topk_n[size_t(causal)] == causal + 1) ++causal;
+    constexpr int kBlock = 16;
+    const int blocks = (causal + kBlock - 1) / kBlock;
+    const size_t q_row = size_t(nh) * size_t(qk), o_row = size_t(nh) * size_t(vd);
+#pragma omp parallel for schedule(dynamic, 1) if (blocks * nh > 1 && !tap)
+    for (int t = 0; t < blocks * nh; ++t) {
+      const int blk = blocks - 1 - t / nh, h = t % nh;  // the longest (latest) blocks first
+      const int i0 = blk * kBlock, cnt = std::min(kBlock, causal - i0);
+      kernels::mha_causal_prefill_head(&s.q[size_t(i0) * q_row + size_t(h) * size_t(qk)], q_row, cnt, i0, s.kv.data(),
+                                       s.k_rope.data(), nh, h, nope, R, vd, scale, &s.attn[size_t(i0) * o_row + size_t(h) * size_t(vd)],
+                                       o_row);
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (n - causal > 1 && !tap)
+    for (int i = causal; i < n; ++i)
+      kernels::mha_sparse_prefill(&s.q[size_t(i) * q_row], s.kv.data(), s.k_rope.data(), nh, nope, R, vd,
+                                  &s.topk[size_t(i) * size_t(K)], s.topk_n[size_t(i)], scale, &s.attn[size_t(i) * o_row]);
   } else {
     // Absorbed (MQA) form over the cached latent: q_nope goes through the k part of kv_b,
     // attention runs in the kv_lora_rank space, the result through the v part. Per head,

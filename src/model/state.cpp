@@ -89,6 +89,11 @@ State::State(const ModelConfig& cfg, const StateOptions& o) : opt(o) {
   iq.resize(T * ih * 128); iq8.resize(T * ih * 128); iq_scale.resize(T * ih); iw.resize(T * ih);
   ik.resize(T * 128);
   scores.resize(size_t(omp_get_max_threads()) * C);
+  // Every worker thread's kernel scratch, sized now: a decode step then allocates nothing,
+  // whichever thread takes which piece of a parallel kernel.
+  const int widest = std::max({cfg.hidden_size * 2, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.q_lora_rank,
+                               cfg.kv_lora_rank, cfg.num_attention_heads * cfg.v_head_dim});
+  kernels::reserve_scratch(widest, cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim);
   topk.resize(T * K); topk_n.resize(T);
   const size_t E = size_t(std::max(cfg.n_routed_experts, 1)), k = size_t(std::max(cfg.num_experts_per_tok, 1));
   // g/u hold [tokens, inter] for the dense MLP and the shared expert, and

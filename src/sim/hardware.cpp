@@ -197,9 +197,9 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   std::snprintf(desc, sizeof desc,
                 "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f / fp8 "
                 "%.1f GB/s, GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
-                "prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
+                "prefill %.1f / causal prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
                 threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemm_small_gflops, kGemmSmallRows,
-                k.gemm_large_gflops, kGemmLargeRows, k.indexer_gflops, k.sparse_decode_gflops, k.sparse_prefill_gflops,
+                k.gemm_large_gflops, kGemmLargeRows, k.indexer_gflops, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.causal_prefill_gflops,
                 k.topk_keys_per_s / 1e6, k.elementwise_gbps, k.call_overhead_us);
   h.description = desc;
   // CPU kernels widen bf16/fp8 to fp32 and use the same FMA units, so all precisions share
@@ -243,7 +243,10 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   h.eff.indexer = frac(k.indexer_gflops * 1e9 / P);
   h.eff.topk = frac(k.topk_keys_per_s / P);
   h.eff.attention_sparse_decode = h.eff.attention_dense = frac(k.sparse_decode_gflops * 1e9 / P);
-  h.eff.attention_sparse_prefill = h.eff.attention_dense_prefill = frac(k.sparse_prefill_gflops * 1e9 / P);
+  h.eff.attention_sparse_prefill = frac(k.sparse_prefill_gflops * 1e9 / P);
+  // A fresh prompt's expanded-form attention runs the causal block kernel while every query
+  // selects all earlier keys; probes that predate it leave the sparse rate in place.
+  h.eff.attention_dense_prefill = frac((k.causal_prefill_gflops > 0 ? k.causal_prefill_gflops : k.sparse_prefill_gflops) * 1e9 / P);
   // Element-wise kernels (norms, RoPE, fp8 quantization of activations) run on one core at
   // a fraction of the bandwidth: the probe's rate in the operator table's bytes.
   h.eff.elementwise = frac(k.elementwise_gbps / h.memory_bandwidth_gbps);

@@ -386,6 +386,29 @@ KernelRates measure_kernel_rates(int threads) {
                     1, {}});
   const size_t p_sparse_prefill = probes.size() - 1;
 
+  // A fresh prompt's causal attention in the expanded (MHA) form, as the engine runs it while
+  // the prompt is no longer than index_topk: blocks of 16 queries per head in a parallel
+  // loop over blocks and heads, each query over every key up to its position (256 tokens).
+  const int cp_tokens = 256, cp_heads = 16;
+  std::vector<float> cp_kv(size_t(cp_tokens) * cp_heads * (nope + vd)), cp_kr(size_t(cp_tokens) * R),
+      cp_q(size_t(cp_tokens) * cp_heads * (nope + R)), cp_o(size_t(cp_tokens) * cp_heads * vd);
+  fill_floats(cp_kv.data(), cp_kv.size(), 12);
+  fill_floats(cp_kr.data(), cp_kr.size(), 13);
+  fill_floats(cp_q.data(), cp_q.size(), 14);
+  probes.push_back({[&] {
+                      const int blocks = cp_tokens / 16;
+                      const size_t q_row = size_t(cp_heads) * (nope + R), o_row = size_t(cp_heads) * vd;
+#pragma omp parallel for schedule(dynamic, 1)
+                      for (int t = 0; t < blocks * cp_heads; ++t) {
+                        const int blk = blocks - 1 - t / cp_heads, h = t % cp_heads;
+                        mha_causal_prefill_head(&cp_q[size_t(blk) * 16 * q_row + size_t(h) * (nope + R)], q_row, 16, blk * 16,
+                                                cp_kv.data(), cp_kr.data(), cp_heads, h, nope, R, vd, 0.07f,
+                                                &cp_o[size_t(blk) * 16 * o_row + size_t(h) * vd], o_row);
+                      }
+                    },
+                    1, {}});
+  const size_t p_causal_prefill = probes.size() - 1;
+
   // Element-wise work of one MoE layer with an indexer, called as the engine's forward pass
   // calls it for a chunk of kEltTokens prompt tokens with the benchmark model's shapes
   // (hidden 2048, 16 heads, latent 512, rope 64, indexer 16 x 128, 6 + 1 experts of 512):
@@ -465,6 +488,8 @@ KernelRates measure_kernel_rates(int threads) {
   r.topk_keys_per_s = double(tk_scores.size()) / sec(p_topk);
   r.sparse_decode_gflops = 2.0 * sd_heads * sd_n * (2.0 * L + R) / sec(p_sparse_decode) / 1e9;
   r.sparse_prefill_gflops = 2.0 * queries * sp_heads * sp_n * double(nope + R + vd) / sec(p_sparse_prefill) / 1e9;
+  r.causal_prefill_gflops =
+      2.0 * (double(cp_tokens) * (cp_tokens + 1) / 2) * cp_heads * double(nope + R + vd) / sec(p_causal_prefill) / 1e9;
   r.call_overhead_us = probes[p_call].fastest * 1e6;
   {
     // The operator table's bytes for the element-wise work above: one MoE layer's share.

@@ -32,6 +32,7 @@ struct KernelRates {
   double topk_keys_per_s = 0;     // topk: 2,048 of 16,384 scores
   double sparse_decode_gflops = 0;   // mla_sparse_decode: 16 heads, 2,048 of 16,384 fp8 latents, from DRAM
   double sparse_prefill_gflops = 0;  // mha_sparse_prefill: 32 queries x 512 keys, 16 heads, in parallel
+  double causal_prefill_gflops = 0;  // mha_causal_prefill_head: a 256-token prompt, 16 heads, blocks of 16 queries
   double call_overhead_us = 0;    // one tiny kernel call (a parallel region's fork and join)
   double elementwise_gbps = 0;    // norms, RoPE, indexer quantization, silu * up and cache writes of a
                                   // kEltTokens-token chunk, in the operator table's bytes per second

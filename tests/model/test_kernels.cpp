@@ -167,6 +167,35 @@ TEST(KernelTwins, IndexerScores) {
     }
 }
 
+TEST(KernelTwins, CausalPrefillHeadMatchesRefAndTheSparseForm) {
+  const int heads = 3, nope = 32, rope = 16, vd = 32, qk = nope + rope;
+  for (int pos0 : {0, 3, 70})
+    for (int nq : {1, 5, 16, 37}) {
+      const int ctx = pos0 + nq;
+      const auto kv = randv(size_t(ctx) * heads * (nope + vd), 41), kr = randv(size_t(ctx) * rope, 42);
+      const auto q = randv(size_t(nq) * heads * qk, 43);
+      for (int h : {0, 2}) {
+        // Head h of every query: rows of the [query][head][qk] layout, outputs [query][head][vd].
+        std::vector<float> a(size_t(nq) * heads * vd, 0.0f), b(a.size(), 0.0f), c(a.size(), 0.0f);
+        kernels::cpu::mha_causal_prefill_head(&q[size_t(h) * qk], size_t(heads) * qk, nq, pos0, kv.data(), kr.data(), heads, h, nope,
+                                              rope, vd, 0.2f, &a[size_t(h) * vd], size_t(heads) * vd);
+        kernels::ref::mha_causal_prefill_head(&q[size_t(h) * qk], size_t(heads) * qk, nq, pos0, kv.data(), kr.data(), heads, h, nope,
+                                              rope, vd, 0.2f, &b[size_t(h) * vd], size_t(heads) * vd);
+        EXPECT_LE(max_rel(a, b), 1e-5) << "pos0 " << pos0 << ", " << nq << " queries, head " << h;
+        // The same as each query attending to the selection 0..pos through the sparse form.
+        for (int i = 0; i < nq; ++i) {
+          std::vector<int32_t> idx(size_t(pos0 + i + 1));
+          for (size_t j = 0; j < idx.size(); ++j) idx[j] = int32_t(j);
+          std::vector<float> all(size_t(heads) * vd);
+          kernels::ref::mha_sparse_prefill(&q[size_t(i) * heads * qk], kv.data(), kr.data(), heads, nope, rope, vd, idx.data(),
+                                           int(idx.size()), 0.2f, all.data());
+          std::copy(all.begin() + h * vd, all.begin() + (h + 1) * vd, c.begin() + (size_t(i) * heads + size_t(h)) * vd);
+        }
+        EXPECT_LE(max_rel(b, c), 1e-6);
+      }
+    }
+}
+
 TEST(KernelTwins, TopkWithTiesGoesToLowerIndex) {
   std::mt19937 rng(1);
   for (int n : {1, 5, 64, 1000, 5000})

@@ -227,6 +227,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   k.topk_keys_per_s = 50e6;
   k.sparse_decode_gflops = 20;
   k.sparse_prefill_gflops = 5;
+  k.causal_prefill_gflops = 30;
   k.call_overhead_us = 3;
   k.elementwise_gbps = 1;  // / 20 GB/s -> 0.05
   const Hardware h = local_hardware_from(2, 20, 100, k);
@@ -238,6 +239,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.topk, 5e-4, 1e-15);
   EXPECT_NEAR(h.eff.attention_sparse_decode, 0.2, 1e-12);
   EXPECT_NEAR(h.eff.attention_sparse_prefill, 0.05, 1e-12);
+  EXPECT_NEAR(h.eff.attention_dense_prefill, 0.3, 1e-12);  // the causal block kernel's rate
   EXPECT_EQ(h.launch_overhead_us, 3);
   EXPECT_NEAR(h.eff.elementwise, 0.05, 1e-12);
   EXPECT_EQ(h.peak_flops(8), 100e9);
@@ -377,7 +379,8 @@ TEST(SimProbe, MeasuresSomething) {
   EXPECT_GT(physical_memory_bytes(), 0.0);
   const KernelRates k = measure_kernel_rates(1);
   for (double v : {k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemm_small_gflops, k.gemm_large_gflops, k.indexer_gflops,
-                   k.topk_keys_per_s, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.call_overhead_us, k.elementwise_gbps})
+                   k.topk_keys_per_s, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.causal_prefill_gflops, k.call_overhead_us,
+                   k.elementwise_gbps})
     EXPECT_GT(v, 0.0);
 }
 

@@ -315,8 +315,8 @@ __attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p
 namespace {
 constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 KB (L2)
 
-// Thread-local scratch for one tile of the sparse decode, sized by the model's shapes at
-// the first call, then reused: no allocation once warm.
+// Thread-local scratch for one tile of the sparse decode, sized by the model's shapes (by
+// reserve_scratch when the caller's state is built, else at the first call), then reused.
 struct DecodeScratch {
   std::vector<float> scores, tile;
   float* sc(int hp) {  // [kTile + 8][hp] (a padded last group of 8), 32-byte aligned for the lane loads
@@ -328,6 +328,7 @@ struct DecodeScratch {
     return tile.data();
   }
 };
+thread_local DecodeScratch t_decode_scratch;  // namespace scope: reserve_decode_scratch sizes every thread's
 
 // Softmax partials of the selected tokens idx[0..nj) for every head: o [H][L] (unnormalized),
 // m and l [hp] (running max and sum per head). qt is the query transposed [D][hp], times the
@@ -337,9 +338,8 @@ struct DecodeScratch {
 __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheView& c, const float* qt, int H, int hp,
                                                                  const int32_t* idx, int nj, float* o, float* m, float* l) {
   const int L = c.kv_lora, D = L + c.rope;
-  static thread_local DecodeScratch scratch;
-  float* sc = scratch.sc(hp);  // [token][hp] for one tile
-  float* tile = scratch.tl(D);
+  float* sc = t_decode_scratch.sc(hp);  // [token][hp] for one tile
+  float* tile = t_decode_scratch.tl(D);
   std::fill(o, o + size_t(H) * size_t(L), 0.0f);
   const size_t tb = c.token_bytes();
   const float* rows[kTile + 8];
@@ -581,6 +581,107 @@ void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, in
   for (int h = 0; h < n_heads; ++h)
     mha_head_avx2(q + size_t(h) * size_t(nope + rope), kv, kv_stride, size_t(h) * size_t(nope + v_dim), k_rope, nope, rope, v_dim,
                   idx, n_idx, scale, scores.data(), out + size_t(h) * size_t(v_dim));
+}
+
+namespace {
+
+// Queries in SIMD lanes, sixteen per block (as the sparse decode keeps heads in lanes): one
+// pass with an online softmax per tile of kTile keys; each key's nope and rope values are
+// copied once into the tile and its score computed for every query of the block (register
+// blocks of six keys x 16 queries), and its value row is read in place.
+__attribute__((target("avx2,fma,f16c"))) void causal_block_avx2(const float* q, size_t q_stride, int n_q, int pos0, const float* kv,
+                                                                size_t kv_stride, size_t hoff, const float* k_rope, int nope, int rope,
+                                                                int v_dim, float scale, float* out, size_t out_stride) {
+  constexpr int QB = 16;
+  const int D = nope + rope;
+  static thread_local std::vector<float> qt_buf, tile, sc_buf, o;
+  if (qt_buf.size() < size_t(D) * QB + 8) qt_buf.resize(size_t(D) * QB + 8);
+  if (tile.size() < size_t(kTile) * size_t(D)) tile.resize(size_t(kTile) * size_t(D));
+  if (sc_buf.size() < size_t(kTile + 8) * QB + 8) sc_buf.resize(size_t(kTile + 8) * QB + 8);
+  if (o.size() < size_t(QB) * size_t(v_dim)) o.resize(size_t(QB) * size_t(v_dim));
+  auto aligned = [](std::vector<float>& v) { return v.data() + (8 - (reinterpret_cast<uintptr_t>(v.data()) / 4) % 8) % 8; };
+  float* qt = aligned(qt_buf);  // [D][16]: query b's values times the softmax scale in lane b
+  float* sc = aligned(sc_buf);  // [key][16] for one tile
+  for (int d = 0; d < D; ++d)
+    for (int b = 0; b < QB; ++b) qt[size_t(d) * QB + size_t(b)] = b < n_q ? scale * q[size_t(b) * q_stride + size_t(d)] : 0.0f;
+  std::fill(o.begin(), o.begin() + size_t(QB) * size_t(v_dim), 0.0f);
+  __m256 mx[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)}, sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const float* rows[kTile + 8];
+  const float* vrows[kTile];
+  const int n_keys = pos0 + n_q, qb4 = (n_q + 3) / 4 * 4;
+  for (int jt = 0; jt < n_keys; jt += kTile) {
+    const int cnt = std::min(kTile, n_keys - jt), cnt4 = (cnt + 3) / 4 * 4;
+    for (int j = 0; j < cnt; ++j) {
+      const float* k = kv + size_t(jt + j) * kv_stride + hoff;
+      float* t = tile.data() + size_t(j) * size_t(D);
+      std::memcpy(t, k, size_t(nope) * sizeof(float));
+      std::memcpy(t + nope, k_rope + size_t(jt + j) * size_t(rope), size_t(rope) * sizeof(float));
+      rows[j] = t;
+      vrows[j] = k + nope;
+    }
+    for (int j = cnt; j < cnt4; ++j) rows[j] = rows[0];  // padding keys: computed, never used
+    scores_16h(qt, QB, rows, cnt4, D, sc, QB);
+    // Causal mask: key jt + j is visible to query b iff jt + j <= pos0 + b.
+    const bool masked = jt + cnt - 1 > pos0;
+    auto apply_mask = [&](float v) {
+      for (int j = std::max(0, pos0 + 1 - jt); j < cnt; ++j)
+        for (int b = 0; b < QB; ++b)
+          if (jt + j > pos0 + b) sc[size_t(j) * QB + size_t(b)] = v;
+    };
+    if (masked) apply_mask(-INFINITY);
+    for (int g = 0; g < 2; ++g) {
+      __m256 tmax = mx[g];
+      for (int j = 0; j < cnt; ++j) tmax = _mm256_max_ps(tmax, _mm256_load_ps(sc + size_t(j) * QB + size_t(8 * g)));
+      const __m256 alpha = exp8(_mm256_sub_ps(mx[g], tmax));
+      if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_OQ)) != 0) {
+        alignas(32) float al[8];
+        _mm256_store_ps(al, alpha);
+        for (int b = 8 * g; b < 8 * g + 8; ++b) {
+          if (al[b - 8 * g] == 1.0f) continue;
+          const __m256 a = _mm256_set1_ps(al[b - 8 * g]);
+          float* ob = o.data() + size_t(b) * size_t(v_dim);
+          for (int d = 0; d < v_dim; d += 8) _mm256_storeu_ps(ob + d, _mm256_mul_ps(_mm256_loadu_ps(ob + d), a));
+        }
+        sum[g] = _mm256_mul_ps(sum[g], alpha);
+      }
+      mx[g] = tmax;
+      for (int j = 0; j < cnt; ++j) {
+        float* sj = sc + size_t(j) * QB + size_t(8 * g);
+        _mm256_store_ps(sj, exp8(_mm256_sub_ps(_mm256_load_ps(sj), tmax)));
+      }
+    }
+    if (masked) apply_mask(0.0f);  // exp8 leaves about 1e-38 for -inf: masked keys weigh exactly nothing
+    for (int g = 0; g < 2; ++g)
+      for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * QB + size_t(8 * g)));
+    for (int b = 0; b < qb4; b += 4) accumulate_4heads(sc + b, QB, vrows, cnt, v_dim, o.data() + size_t(b) * size_t(v_dim), size_t(v_dim));
+  }
+  alignas(32) float l[QB];
+  _mm256_store_ps(l, sum[0]);
+  _mm256_store_ps(l + 8, sum[1]);
+  for (int b = 0; b < n_q; ++b) {
+    const float inv = 1.0f / l[b];
+    for (int d = 0; d < v_dim; ++d) out[size_t(b) * out_stride + size_t(d)] = o[size_t(b) * size_t(v_dim) + size_t(d)] * inv;
+  }
+}
+
+}  // namespace
+
+void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
+                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride) {
+  if (!has_avx2_fma() || v_dim % 16 != 0 || n_q <= 0 || pos0 < 0) {
+    ref::mha_causal_prefill_head(q, q_stride, n_q, pos0, kv, k_rope, n_heads, head, nope, rope, v_dim, scale, out, out_stride);
+    return;
+  }
+  // Blocks of sixteen queries, single-threaded: the caller runs blocks and heads in parallel.
+  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim), hoff = size_t(head) * size_t(nope + v_dim);
+  for (int b0 = 0; b0 < n_q; b0 += 16)
+    causal_block_avx2(q + size_t(b0) * q_stride, q_stride, std::min(16, n_q - b0), pos0 + b0, kv, kv_stride, hoff, k_rope, nope, rope,
+                      v_dim, scale, out + size_t(b0) * out_stride, out_stride);
+}
+
+void reserve_decode_scratch(int n_heads, int latent_dim) {
+  t_decode_scratch.sc((n_heads + 7) / 8 * 8);
+  t_decode_scratch.tl(latent_dim);
 }
 
 }  // namespace dsa::kernels::cpu

@@ -166,12 +166,17 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const fl
 // 32 columns permuted to the lane order of fp8x32_bits: [4i+3 | 4i+2 | 4i+1 | 4i].
 // Sized at first use for any input width in use (2 x hidden = 14336 for the MTP's eh_proj,
 // 18432 for DeepSeek's dense down_proj) so a decode step never grows it.
+// Namespace-scope so that reserve_gemv_scratch can size every thread's copy up front.
 constexpr size_t kXBufMin = 32768;
+thread_local std::vector<float> t_xscaled, t_xdeint;
+
+inline float* x_buffer(std::vector<float>& buf, size_t n) {
+  if (buf.size() < n) buf.resize(std::max(kXBufMin, n));
+  return buf.data();
+}
 
 inline const float* prescale_x(const float* x, int n) {
-  static thread_local std::vector<float> buf;
-  if (buf.size() < size_t(n)) buf.resize(std::max(kXBufMin, size_t(n)));
-  float* b = buf.data();
+  float* b = x_buffer(t_xscaled, size_t(n));
   int c = 0;
   for (; c + 32 <= n; c += 32)
     for (int k = 0; k < 4; ++k)
@@ -183,9 +188,7 @@ inline const float* prescale_x(const float* x, int n) {
 // x split per 16 columns into its even and odd columns, [x0 x2 .. x14 | x1 x3 .. x15], the
 // lane order gemv_bf16_avx2 produces; a per-thread buffer grown once, then reused.
 inline const float* deinterleave_x(const float* x, int n) {
-  static thread_local std::vector<float> buf;
-  if (buf.size() < size_t(n)) buf.resize(std::max(kXBufMin, size_t(n)));
-  float* b = buf.data();
+  float* b = x_buffer(t_xdeint, size_t(n));
   int c = 0;
   for (; c + 16 <= n; c += 16)
     for (int i = 0; i < 8; ++i) {
@@ -639,6 +642,11 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
         yh[r] = acc;
       }
   }
+}
+
+void reserve_gemv_scratch(int max_cols) {
+  x_buffer(t_xscaled, size_t(std::max(max_cols, 1)));
+  x_buffer(t_xdeint, size_t(std::max(max_cols, 1)));
 }
 
 }  // namespace dsa::kernels::cpu

@@ -138,4 +138,31 @@ void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, in
   }
 }
 
+void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
+                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride) {
+  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim), hoff = size_t(head) * size_t(nope + v_dim);
+  std::vector<double> p(static_cast<size_t>(pos0 + n_q));
+  for (int b = 0; b < n_q; ++b) {
+    const float* qh = q + size_t(b) * q_stride;
+    const int n = pos0 + b + 1;  // keys 0 .. pos0 + b
+    double mx = -INFINITY;
+    for (int j = 0; j < n; ++j) {
+      const float* k = kv + size_t(j) * kv_stride + hoff;
+      const float* kr = k_rope + size_t(j) * size_t(rope);
+      double sc = 0;
+      for (int d = 0; d < nope; ++d) sc += double(qh[d]) * k[d];
+      for (int d = 0; d < rope; ++d) sc += double(qh[nope + d]) * kr[d];
+      p[size_t(j)] = sc * scale;
+      mx = std::max(mx, p[size_t(j)]);
+    }
+    double sum = 0;
+    for (int j = 0; j < n; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+    for (int d = 0; d < v_dim; ++d) {
+      double acc = 0;
+      for (int j = 0; j < n; ++j) acc += p[size_t(j)] * kv[size_t(j) * kv_stride + hoff + size_t(nope + d)];
+      out[size_t(b) * out_stride + size_t(d)] = float(acc / sum);
+    }
+  }
+}
+
 }  // namespace dsa::kernels::ref
