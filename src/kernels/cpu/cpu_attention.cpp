@@ -48,37 +48,22 @@ __attribute__((target("avx2,fma"))) inline void scores_8tok(const float* qT, siz
   _mm256_store_ps(s + 6 * lds, a6); _mm256_store_ps(s + 7 * lds, a7);
 }
 
-// scores_8tok for 4 tokens and 16 heads (two lane groups): two q loads and four
-// broadcasts feed eight FMAs per d, fewer loads per FMA than 8 tokens x 8 heads.
-__attribute__((target("avx2,fma"))) inline void scores_4tok_16h(const float* qT, size_t ldq, const float* const* k, int d, float* s,
+// scores_8tok for NT = 6 or 4 tokens and 16 heads (two lane groups): two q loads and NT
+// broadcasts feed 2 NT FMAs per d, fewer loads per FMA than 8 tokens x 8 heads. Six keep
+// twelve independent accumulators in flight (4 cycles of FMA latency x 2 ports need at least
+// eight; with exactly eight the loop runs about a quarter slower in L1); four serve the
+// remainder. The accumulators are named, not an array: as an array GCC keeps them on the stack.
+template <int NT>
+__attribute__((target("avx2,fma"))) inline void scores_ntok_16h(const float* qT, size_t ldq, const float* const* k, int d, float* s,
                                                                size_t lds) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
-  for (int i = 0; i < d; ++i, qT += ldq) {
-    const __m256 qa = _mm256_load_ps(qT), qb = _mm256_load_ps(qT + 8);
-    __m256 kv = _mm256_broadcast_ss(k0 + i);
-    a0 = _mm256_fmadd_ps(qa, kv, a0); b0 = _mm256_fmadd_ps(qb, kv, b0);
-    kv = _mm256_broadcast_ss(k1 + i);
-    a1 = _mm256_fmadd_ps(qa, kv, a1); b1 = _mm256_fmadd_ps(qb, kv, b1);
-    kv = _mm256_broadcast_ss(k2 + i);
-    a2 = _mm256_fmadd_ps(qa, kv, a2); b2 = _mm256_fmadd_ps(qb, kv, b2);
-    kv = _mm256_broadcast_ss(k3 + i);
-    a3 = _mm256_fmadd_ps(qa, kv, a3); b3 = _mm256_fmadd_ps(qb, kv, b3);
-  }
-  _mm256_store_ps(s, a0); _mm256_store_ps(s + 8, b0);
-  _mm256_store_ps(s + lds, a1); _mm256_store_ps(s + lds + 8, b1);
-  _mm256_store_ps(s + 2 * lds, a2); _mm256_store_ps(s + 2 * lds + 8, b2);
-  _mm256_store_ps(s + 3 * lds, a3); _mm256_store_ps(s + 3 * lds + 8, b3);
-}
-
-// scores_4tok_16h for 6 tokens: twelve independent accumulators hide the FMA latency
-// (4 cycles x 2 ports need at least eight in flight; with exactly eight the loop runs about a
-// quarter slower in L1). Written out: as an array GCC keeps the accumulators on the stack.
-__attribute__((target("avx2,fma"))) inline void scores_6tok_16h(const float* qT, size_t ldq, const float* const* k, int d, float* s,
-                                                               size_t lds) {
+  static_assert(NT == 4 || NT == 6);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
   __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
-  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[4], *k5 = k[5];
+  const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3], *k4 = k[0], *k5 = k[0];
+  if constexpr (NT == 6) {
+    k4 = k[4];
+    k5 = k[5];
+  }
   for (int i = 0; i < d; ++i, qT += ldq) {
     const __m256 qa = _mm256_load_ps(qT), qb = _mm256_load_ps(qT + 8);
     __m256 kv = _mm256_broadcast_ss(k0 + i);
@@ -89,17 +74,21 @@ __attribute__((target("avx2,fma"))) inline void scores_6tok_16h(const float* qT,
     a2 = _mm256_fmadd_ps(qa, kv, a2); b2 = _mm256_fmadd_ps(qb, kv, b2);
     kv = _mm256_broadcast_ss(k3 + i);
     a3 = _mm256_fmadd_ps(qa, kv, a3); b3 = _mm256_fmadd_ps(qb, kv, b3);
-    kv = _mm256_broadcast_ss(k4 + i);
-    a4 = _mm256_fmadd_ps(qa, kv, a4); b4 = _mm256_fmadd_ps(qb, kv, b4);
-    kv = _mm256_broadcast_ss(k5 + i);
-    a5 = _mm256_fmadd_ps(qa, kv, a5); b5 = _mm256_fmadd_ps(qb, kv, b5);
+    if constexpr (NT == 6) {
+      kv = _mm256_broadcast_ss(k4 + i);
+      a4 = _mm256_fmadd_ps(qa, kv, a4); b4 = _mm256_fmadd_ps(qb, kv, b4);
+      kv = _mm256_broadcast_ss(k5 + i);
+      a5 = _mm256_fmadd_ps(qa, kv, a5); b5 = _mm256_fmadd_ps(qb, kv, b5);
+    }
   }
   _mm256_store_ps(s, a0); _mm256_store_ps(s + 8, b0);
   _mm256_store_ps(s + lds, a1); _mm256_store_ps(s + lds + 8, b1);
   _mm256_store_ps(s + 2 * lds, a2); _mm256_store_ps(s + 2 * lds + 8, b2);
   _mm256_store_ps(s + 3 * lds, a3); _mm256_store_ps(s + 3 * lds + 8, b3);
-  _mm256_store_ps(s + 4 * lds, a4); _mm256_store_ps(s + 4 * lds + 8, b4);
-  _mm256_store_ps(s + 5 * lds, a5); _mm256_store_ps(s + 5 * lds + 8, b5);
+  if constexpr (NT == 6) {
+    _mm256_store_ps(s + 4 * lds, a4); _mm256_store_ps(s + 4 * lds + 8, b4);
+    _mm256_store_ps(s + 5 * lds, a5); _mm256_store_ps(s + 5 * lds + 8, b5);
+  }
 }
 
 // n tokens (a multiple of 4; rows padded) for 16 heads: blocks of six, the rest in fours.
@@ -108,8 +97,8 @@ __attribute__((target("avx2,fma"))) inline void scores_16h(const float* qT, size
   int n6 = n / 6;
   while ((n - 6 * n6) % 4 != 0) --n6;
   int j = 0;
-  for (; j < 6 * n6; j += 6) scores_6tok_16h(qT, ldq, k + j, d, s + size_t(j) * lds, lds);
-  for (; j < n; j += 4) scores_4tok_16h(qT, ldq, k + j, d, s + size_t(j) * lds, lds);
+  for (; j < 6 * n6; j += 6) scores_ntok_16h<6>(qT, ldq, k + j, d, s + size_t(j) * lds, lds);
+  for (; j < n; j += 4) scores_ntok_16h<4>(qT, ldq, k + j, d, s + size_t(j) * lds, lds);
 }
 
 // Heads in SIMD lanes, twelve keys at a time: dot_j[h] = Σ_d qT[d][h] * k_j[d] through the
@@ -133,8 +122,8 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
       for (int c = 0; c < 128; c += 8) _mm256_store_ps(&kb[j][c], fp8x8_to_f32_scaled(src + c));
     }
     for (int g = 0; g < g16; g += 2) {
-      scores_6tok_16h(qT + 8 * g, size_t(hp), rows, 128, dots + 8 * g, size_t(hp));
-      scores_6tok_16h(qT + 8 * g, size_t(hp), rows + 6, 128, dots + 6 * hp + 8 * g, size_t(hp));
+      scores_ntok_16h<6>(qT + 8 * g, size_t(hp), rows, 128, dots + 8 * g, size_t(hp));
+      scores_ntok_16h<6>(qT + 8 * g, size_t(hp), rows + 6, 128, dots + 6 * hp + 8 * g, size_t(hp));
     }
     if (g16 < hp / 8) {
       // Keys 0-7, then 4-11: keys 4-7 are computed twice, the same way, to the same values.
