@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "command.h"
+#include "core/numa.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
 #include "sim/cost.h"
@@ -139,6 +140,8 @@ void run(const Args& a) {
   };
   nlohmann::json j = {{"model", a.model},
                       {"threads", threads},
+                      {"numa_nodes", numa_status().nodes},
+                      {"numa_interleaved", numa_status().interleaved},
                       {"depth", a.depth},
                       {"prompt_tokens", a.prompt},
                       {"gen_tokens", a.gen},
@@ -164,7 +167,8 @@ void run(const Args& a) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("model %s, %d threads, depth %d, kv cache %s\n", a.model.c_str(), threads, a.depth, a.kv_cache.c_str());
+  std::printf("model %s, %d threads, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), threads, a.depth, a.kv_cache.c_str(),
+              numa_status().nodes, numa_status().nodes > 1 ? "s" : "", numa_status().interleaved ? " (pages interleaved)" : "");
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);
   std::printf("        GEMM part:   %8.0f GFLOP/s = %.2f of the FMA peak\n", gemm_gflops, gemm_gflops / peak);

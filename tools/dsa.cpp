@@ -8,6 +8,7 @@
 
 #include "command.h"
 #include "core/error.h"
+#include "core/numa.h"
 #include "core/threads.h"
 
 namespace dsa::cli {
@@ -29,10 +30,20 @@ int main(int argc, char** argv) {
                "(DeepSeek-V3.2 and GLM-5 families, Hugging Face checkpoints with fp8 block weights)"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
+  // Memory placement is set before any OpenMP region creates the workers (they inherit it):
+  // auto now, then whatever --numa says while the command line is parsed, before the
+  // command runs. Accepted before or after the command name (fallthrough).
+  app.fallthrough();
+  app.add_option_function<std::string>(
+         "--numa", [](const std::string& m) { dsa::numa_setup(dsa::parse_numa_mode(m)); },
+         "Memory placement on multi-socket machines: auto (interleave pages over the NUMA nodes when "
+         "there are several; the default), interleave, or off")
+      ->trigger_on_parse();
   auto& reg = dsa::cli::registry();
   std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
   for (const auto& e : reg) e.setup(app);
   try {
+    dsa::numa_setup(dsa::NumaMode::Auto);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
