@@ -15,15 +15,6 @@
 namespace dsa::kernels::cpu {
 namespace {
 
-// e4m3 codes -> f32 through the half-precision bit trick (see cpu_linear.cpp): the
-// result is 2^-8 times the e4m3 value.
-__attribute__((target("avx2,fma,f16c"))) inline __m256 fp8x8_to_f32_scaled(const uint8_t* p) {
-  const __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8),
-                                 _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7));
-  return _mm256_cvtph_ps(h);
-}
-
 // s[j][h] = Σ_d k_j[d] qT[d][h] for 8 tokens (rows k[0..7], d values each) and the 8 heads
 // of one lane group: heads in SIMD lanes, one q load and eight broadcasts per d feed
 // eight FMAs, no horizontal sums. qT rows have stride ldq; s rows stride lds.
@@ -103,10 +94,12 @@ __attribute__((target("avx2,fma"))) inline void scores_16h(const float* qT, size
 
 // Heads in SIMD lanes, twelve keys at a time: dot_j[h] = Σ_d qT[d][h] * k_j[d] through the
 // register blocks above, no horizontal sum until each key's ReLU-weighted head sum (one
-// per key). q and the keys are e4m3 values widened to f32 (each 2^-8 too
-// small, undone in w): products of two e4m3 values are exact in f32, so only the
-// summation order differs from the reference. qT is [128][hp] with hp = n_heads rounded
-// up to 8; padded heads have q = 0 and w = 0 and add nothing.
+// per key). The keys are widened with integer ops only (fp8x8_bits: 2^-120 times their
+// values, subnormal codes on f32 subnormals), q is 2^64 times its e4m3 values, and w
+// undoes the 2^-56 (a power of two: it commutes with the ReLU). Products of two e4m3
+// values are exact in f32 and stay far from the subnormal range, so only the summation
+// order differs from the reference. qT is [128][hp] with hp = n_heads rounded up to 8;
+// padded heads have q = 0 and w = 0 and add nothing.
 __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* qT, const float* w, int hp, const uint8_t* k8,
                                                                    const float* k_scale, int t0, int t1, float* out) {
   constexpr int kKeys = 12;
@@ -119,7 +112,7 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
     const int cnt = std::min(kKeys, t1 - t);
     for (int j = 0; j < kKeys; ++j) {
       const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
-      for (int c = 0; c < 128; c += 8) _mm256_store_ps(&kb[j][c], fp8x8_to_f32_scaled(src + c));
+      for (int c = 0; c < 128; c += 8) _mm256_store_ps(&kb[j][c], fp8x8_bits(src + c));
     }
     for (int g = 0; g < g16; g += 2) {
       scores_ntok_16h<6>(qT + 8 * g, size_t(hp), rows, 128, dots + 8 * g, size_t(hp));
@@ -144,7 +137,9 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
 
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
                     int n_keys, float* out) {
-  if (!has_avx2_fma() || n_heads > 64) {
+  bool fast = has_avx2_fma() && n_heads <= 64;
+  for (int h = 0; h < n_heads && fast; ++h) fast = std::fabs(w[h]) < 0x1p60f;  // w * 2^56 stays finite
+  if (!fast) {
     ref::indexer_scores(q8, w, n_heads, k8, k_scale, n_keys, out);
     return;
   }
@@ -152,8 +147,8 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_
   alignas(32) float qT[128 * 64];
   alignas(32) float wp[64];
   for (int h = 0; h < hp; ++h) {
-    wp[h] = h < n_heads ? w[h] * 65536.0f : 0.0f;  // undoes the two 2^-8 (positive: commutes with ReLU)
-    for (int d = 0; d < 128; ++d) qT[d * hp + h] = h < n_heads ? fp8_e4m3_to_f32(q8[h * 128 + d]) / 256.0f : 0.0f;
+    wp[h] = h < n_heads ? w[h] * 0x1p56f : 0.0f;  // undoes 2^64 * 2^-120 (positive: commutes with ReLU)
+    for (int d = 0; d < 128; ++d) qT[d * hp + h] = h < n_heads ? fp8_e4m3_to_f32(q8[h * 128 + d]) * 0x1p64f : 0.0f;
   }
   // The scan over every cached key (132 bytes each) splits the keys across threads.
   const int chunk = 256;
