@@ -128,14 +128,16 @@ TEST(KernelTwins, LinearMulti) {
 }
 
 TEST(KernelTwins, PerHeadSlices) {
-  // kv_b-like: 5 heads of [nope 24 | v 20] rows over 256 columns, fp8 with ragged blocks.
-  for (DType dt : {DType::F8_E4M3, DType::BF16, DType::F32}) {
-    const int heads = 5, nope = 24, vd = 20, cols = 256;
+  // kv_b-like: 5 heads of [nope | v 20] rows over 256 columns, fp8 with ragged blocks; nope
+  // 24 is whole groups of eight rows, 27 and 45 leave single rows, 45 reaches the prefetch.
+  for (DType dt : {DType::F8_E4M3, DType::BF16, DType::F32})
+  for (int nope : {24, 27, 45}) {
+    const int heads = 5, vd = 20, cols = 256;
     const auto w = make_linear(dt, heads * (nope + vd), cols, 9);
-    const auto x = randv(size_t(heads) * 40, 4);  // x_stride 40 >= nope
+    const auto x = randv(size_t(heads) * 48, 4);  // x_stride 48 >= nope
     std::vector<float> a(size_t(heads) * cols), b(a.size());
-    kernels::cpu::linear_t_heads(w.l, x.data(), 40, heads, nope + vd, 0, nope, a.data());
-    kernels::ref::linear_t_heads(w.l, x.data(), 40, heads, nope + vd, 0, nope, b.data());
+    kernels::cpu::linear_t_heads(w.l, x.data(), 48, heads, nope + vd, 0, nope, a.data());
+    kernels::ref::linear_t_heads(w.l, x.data(), 48, heads, nope + vd, 0, nope, b.data());
     EXPECT_LE(max_rel(a, b), 2e-6);
     const auto o = randv(size_t(heads) * cols, 6);
     std::vector<float> c(size_t(heads) * vd), d(c.size());
