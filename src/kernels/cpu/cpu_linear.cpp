@@ -252,10 +252,9 @@ __attribute__((target("avx2,fma"))) inline void gemv_avx2(const Linear& w, const
 // against it: 12 accumulators, two panel loads and six broadcasts per k.
 constexpr int kNr = 16, kMr = 6, kKc = 2048;
 
-// 8x8 transpose of rows src[0..7] (stride lds) into dst rows (stride ldd).
-__attribute__((target("avx2,fma"))) inline void transpose8x8(const float* src, size_t lds, float* dst, size_t ldd) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + size_t(i) * lds);
+// 8x8 transpose of the rows r[0..7] into dst rows (stride ldd).
+__attribute__((target("avx2,fma"))) inline void transpose8x8_store(const __m256* r, float* dst, size_t ldd) {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -272,6 +271,28 @@ __attribute__((target("avx2,fma"))) inline void transpose8x8(const float* src, s
   _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
   _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
   _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// 8x8 transpose of rows src[0..7] (stride lds) into dst rows (stride ldd).
+__attribute__((target("avx2,fma"))) inline void transpose8x8(const float* src, size_t lds, float* dst, size_t ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + size_t(i) * lds);
+  transpose8x8_store(r, dst, ldd);
+}
+
+// A full fp8 panel chunk (16 rows x len columns, len a multiple of 8, one scale block):
+// each 8 x 8 block of weights is widened (fp8x8_bits), scaled per row and transposed in
+// registers straight into the panel, with no row buffer between the two. s[j] is row j's
+// block scale times 2^120.
+__attribute__((target("avx2,fma"))) void pack_fp8_chunk_avx2(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst) {
+  __m256 sv[kNr];
+  for (int j = 0; j < kNr; ++j) sv[j] = _mm256_set1_ps(s[j]);
+  for (int k = 0; k < len; k += 8)
+    for (int h = 0; h < kNr; h += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(fp8x8_bits(w0 + size_t(h + i) * ldw + size_t(k)), sv[h + i]);
+      transpose8x8_store(r, dst + size_t(k) * kNr + size_t(h), kNr);
+    }
 }
 
 // Dequantizes rows [r0, r0 + nr) x columns [k0, k0 + kc) into the k-major panel
@@ -294,6 +315,20 @@ void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool
     // A chunk never straddles an fp8 scale block, whatever the block width.
     int len = std::min(128, k0 + kc - c0);
     if (w.dtype == DType::F8_E4M3) len = std::min(len, (c0 / w.block_cols + 1) * w.block_cols - c0);
+    if (avx && w.dtype == DType::F8_E4M3 && nr == kNr && len % 8 == 0) {
+      float sv[kNr];
+      bool ok = true;
+      for (int j = 0; j < kNr && ok; ++j) {
+        const float s = w.scale[size_t((r0 + j) / w.block_rows) * size_t(w.scale_cols()) + size_t(c0 / w.block_cols)];
+        ok = s < 0x1p7f && s > -0x1p7f;  // s * 2^120 stays finite (as in load_fp8_scaled_avx2)
+        sv[j] = s * 0x1p120f;
+      }
+      if (ok) {
+        pack_fp8_chunk_avx2(w.data + size_t(r0) * size_t(w.cols) + size_t(c0), size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
+        c0 += len;
+        continue;
+      }
+    }
     for (int j = 0; j < kNr; ++j) {
       if (j >= nr) {
         std::fill(rows[j], rows[j] + len, 0.0f);
