@@ -383,7 +383,15 @@ __attribute__((target("avx2,fma"))) inline void micro_6x16(const float* pk, int 
   _mm256_store_ps(t[5], c50); _mm256_store_ps(t[5] + 8, c51);
   for (int i = 0; i < MR; ++i) {
     float* yi = y + size_t(i) * size_t(ldy);
-    if (accumulate)
+    if (nr == kNr) {  // a full panel: two vector stores (the loops below become memmove calls)
+      __m256 lo = _mm256_load_ps(t[i]), hi = _mm256_load_ps(t[i] + 8);
+      if (accumulate) {
+        lo = _mm256_add_ps(lo, _mm256_loadu_ps(yi));
+        hi = _mm256_add_ps(hi, _mm256_loadu_ps(yi + 8));
+      }
+      _mm256_storeu_ps(yi, lo);
+      _mm256_storeu_ps(yi + 8, hi);
+    } else if (accumulate)
       for (int j = 0; j < nr; ++j) yi[j] += t[i][j];
     else
       for (int j = 0; j < nr; ++j) yi[j] = t[i][j];
