@@ -400,13 +400,26 @@ __attribute__((target("avx2,fma"))) inline void micro_6x16(const float* pk, int 
 
 // Packs tokens [0, n) of x[:, k0 : k0 + kc] into blocks of kMr tokens (the last block
 // holds the remainder), each k-major.
+// A full block of six is written k by k: contiguous stores fed by six row streams (row by
+// row, every store landed 24 bytes after the previous one).
 void pack_x_block(const float* x, int n, int ldx, int k0, int kc, float* xp, int i0) {
   const int mr = std::min(kMr, n - i0);
   float* b = xp + size_t(i0) * size_t(kc);
-  for (int i = 0; i < mr; ++i) {
-    const float* xi = x + size_t(i0 + i) * size_t(ldx) + size_t(k0);
-    for (int k = 0; k < kc; ++k) b[k * mr + i] = xi[k];
+  const float* xi = x + size_t(i0) * size_t(ldx) + size_t(k0);
+  if (mr == kMr) {
+    const size_t l = size_t(ldx);
+    for (int k = 0; k < kc; ++k, b += kMr) {
+      b[0] = xi[k];
+      b[1] = xi[l + size_t(k)];
+      b[2] = xi[2 * l + size_t(k)];
+      b[3] = xi[3 * l + size_t(k)];
+      b[4] = xi[4 * l + size_t(k)];
+      b[5] = xi[5 * l + size_t(k)];
+    }
+    return;
   }
+  for (int i = 0; i < mr; ++i)
+    for (int k = 0; k < kc; ++k) b[k * mr + i] = xi[size_t(i) * size_t(ldx) + size_t(k)];
 }
 void pack_x(const float* x, int n, int ldx, int k0, int kc, float* xp) {
   for (int i0 = 0; i0 < n; i0 += kMr) pack_x_block(x, n, ldx, k0, kc, xp, i0);
