@@ -211,6 +211,18 @@ TEST(KernelTwins, TopkWithTiesGoesToLowerIndex) {
       kernels::ref::topk(s.data(), n, k, b.data());
       EXPECT_EQ(a, b) << "n=" << n << " k=" << k;
     }
+  // Continuous scores (the selection's boundary bin small enough to be gathered) and scores
+  // packed into one top-level bin (more keys there than the gather buffer holds), with ties.
+  for (int packed : {0, 1}) {
+    const int n = 20000, k = 2048;
+    std::vector<float> s(static_cast<size_t>(n));
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    for (auto& v : s) v = packed ? 1.0f + float(rng() % 4000) * 1e-5f : nd(rng);
+    std::vector<int32_t> a(static_cast<size_t>(k)), b(static_cast<size_t>(k));
+    kernels::cpu::topk(s.data(), n, k, a.data());
+    kernels::ref::topk(s.data(), n, k, b.data());
+    EXPECT_EQ(a, b) << "packed=" << packed;
+  }
   // Hand-computed cases: ties at the boundary keep the lower positions; the result lists
   // positions in ascending order.
   const std::vector<float> s = {1, 3, 2, 3, 2, 0};

@@ -176,33 +176,60 @@ inline uint32_t order_key(float f) {
 
 void topk(const float* scores, int n, int k, int32_t* out) {
   // Selection without sorting and without a copy of the scores: a radix select on the
-  // order keys (11 + 11 + 10 bits; each pass histograms only the keys that match the bits
-  // fixed so far) finds the k-th largest key tau exactly and how many keys equal to tau
-  // belong to the set. A last pass emits, in position order, every key above tau and the
-  // first `ties` keys at tau: ties go to the lower positions.
+  // order keys (11 + 11 + 10 bits) finds the k-th largest key tau exactly and how many keys
+  // equal to tau belong to the set. A last pass emits, in position order, every key above
+  // tau and the first `ties` keys at tau: ties go to the lower positions.
   DSA_CHECK(k <= n, "topk: k > n");
   if (k == 0) return;
-  uint32_t prefix = 0, hi_mask = 0;
+  // Level 1 over every key, into two histograms taken alternately: neighbouring scores tend
+  // to share a bin, and one histogram makes each increment wait for the previous one.
+  uint32_t h0[2048] = {}, h1[2048] = {};
+  int i = 0;
+  for (; i + 2 <= n; i += 2) {
+    ++h0[order_key(scores[i]) >> 21];
+    ++h1[order_key(scores[i + 1]) >> 21];
+  }
+  if (i < n) ++h0[order_key(scores[i]) >> 21];
   int need = k;  // keys still wanted among those matching `prefix` on the fixed bits
-  constexpr int kShift[3] = {21, 10, 0}, kBits[3] = {11, 11, 10};
-  for (int level = 0; level < 3; ++level) {
+  int bin = 2047;
+  for (; bin > 0 && int(h0[bin] + h1[bin]) < need; --bin) need -= int(h0[bin] + h1[bin]);
+  uint32_t prefix = uint32_t(bin) << 21, hi_mask = 0x7FFu << 21;
+  // Levels 2 and 3 look only at the keys in that bin: gathered once into a stack buffer
+  // when they fit (then two passes over all n keys are one), else re-read from the scores.
+  constexpr int kCand = 4096;
+  uint32_t cand[kCand];
+  const int in_bin = int(h0[bin] + h1[bin]);
+  const bool gathered = in_bin <= kCand;
+  int m = 0;
+  if (gathered)
+    for (int j = 0; j < n; ++j) {
+      const uint32_t key = order_key(scores[j]);
+      if ((key & hi_mask) == prefix) cand[m++] = key;
+    }
+  constexpr int kShift[2] = {10, 0}, kBits[2] = {11, 10};
+  for (int level = 0; level < 2; ++level) {
     uint32_t hist[2048] = {};
     const int sh = kShift[level];
     const uint32_t low = (1u << kBits[level]) - 1;
-    for (int i = 0; i < n; ++i) {
-      const uint32_t key = order_key(scores[i]);
-      if ((key & hi_mask) == prefix) ++hist[(key >> sh) & low];
+    if (gathered) {
+      for (int j = 0; j < m; ++j)
+        if ((cand[j] & hi_mask) == prefix) ++hist[(cand[j] >> sh) & low];
+    } else {
+      for (int j = 0; j < n; ++j) {
+        const uint32_t key = order_key(scores[j]);
+        if ((key & hi_mask) == prefix) ++hist[(key >> sh) & low];
+      }
     }
-    int bin = int(low);
-    for (; bin > 0 && int(hist[bin]) < need; --bin) need -= int(hist[bin]);
-    prefix |= uint32_t(bin) << sh;
+    int b = int(low);
+    for (; b > 0 && int(hist[b]) < need; --b) need -= int(hist[b]);
+    prefix |= uint32_t(b) << sh;
     hi_mask |= low << sh;
   }
   const uint32_t tau = prefix;
-  int m = 0, ties = need;
-  for (int i = 0; i < n && m < k; ++i) {
-    const uint32_t key = order_key(scores[i]);
-    if (key > tau || (key == tau && ties-- > 0)) out[m++] = i;
+  int cnt = 0, ties = need;
+  for (int j = 0; j < n && cnt < k; ++j) {
+    const uint32_t key = order_key(scores[j]);
+    if (key > tau || (key == tau && ties-- > 0)) out[cnt++] = j;
   }
 }
 
