@@ -296,8 +296,9 @@ __attribute__((target("avx2,fma"))) void pack_fp8_chunk_avx2(const uint8_t* w0, 
 }
 
 // Dequantizes rows [r0, r0 + nr) x columns [k0, k0 + kc) into the k-major panel
-// pk[k][16] (rows past nr are zero), 128 columns at a time: rows are converted
-// contiguously, then 8x8 blocks are transposed with shuffles.
+// pk[k][16] (rows past nr are zero), 128 columns at a time: full fp8 chunks go through
+// pack_fp8_chunk_avx2; otherwise rows are converted contiguously into a row buffer, then
+// 8x8 blocks are transposed with shuffles.
 // len fp8 weights times their block scale s, for packing: fp8x8_bits and one multiply by
 // s * 2^120, exact, instead of a conversion and a second pass.
 __attribute__((target("avx2,fma"))) inline void load_fp8_scaled_avx2(const uint8_t* p, int len, float s, float* out) {
@@ -324,7 +325,8 @@ void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool
         sv[j] = s * 0x1p120f;
       }
       if (ok) {
-        pack_fp8_chunk_avx2(w.data + size_t(r0) * size_t(w.cols) + size_t(c0), size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
+        const uint8_t* w0 = w.data + size_t(r0) * size_t(w.cols) + size_t(c0);
+        pack_fp8_chunk_avx2(w0, size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
         c0 += len;
         continue;
       }
@@ -583,8 +585,8 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
 
 namespace {
 
-// linear_t_one for fp8 weights whose width is a whole number of 8-column scale blocks: rows
-// are streamed in order, eight at a time, each weight placed as f32 bits once (2^-120 times
+// linear_t_one for fp8 weights whose width is a whole number of scale blocks (the block
+// width a multiple of 8): rows are streamed in order, eight at a time, each weight placed as f32 bits once (2^-120 times
 // its value, as in gemv_fp8_avx2) and multiplied by x[r] * its block scale * 2^64, y
 // accumulating in L1; the sums are scaled by 2^56 at the end. Each column sums its rows in
 // row order. Rows are prefetched 16 ahead: one head's block (64 KB for DeepSeek's k_nope
