@@ -21,6 +21,7 @@ Backend g_backend = initial_backend();
 }  // namespace
 
 void set_backend(Backend b) { g_backend = b; }
+Backend backend() { return g_backend; }
 
 void reserve_scratch(int max_cols, int n_heads, int latent_dim) {
   // Every thread of the team the kernels' own parallel regions use (same size, same pool).
@@ -30,7 +31,6 @@ void reserve_scratch(int max_cols, int n_heads, int latent_dim) {
     cpu::reserve_decode_scratch(n_heads, latent_dim);
   }
 }
-Backend backend() { return g_backend; }
 
 namespace {
 bool g_profile = false;

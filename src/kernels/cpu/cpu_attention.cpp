@@ -328,11 +328,43 @@ constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 K
 
 // Thread-local scratch for one tile of the sparse decode, sized by the model's shapes (by
 // reserve_scratch when the caller's state is built, else at the first call), then reused.
+// The first 32-byte aligned float of a buffer allocated with 8 floats to spare (the lane
+// loads of the score tiles and transposed queries are aligned).
+inline float* align32(std::vector<float>& v) { return v.data() + (8 - (reinterpret_cast<uintptr_t>(v.data()) / 4) % 8) % 8; }
+
+// One tile's online-softmax step for the lane group g of 8 rows (heads, or queries of a
+// causal block): the tile's scores sc[j][8g..8g+8) (row stride ld, cnt keys) become
+// e^(score - running max) in place; when the running max mx rises, the group's rows of the
+// unnormalized output o (rows [8g, min(rows, 8g + 8)), width width, stride width) and its
+// running sum are rescaled by e^(old - new) first. The caller adds the tile's weights to sum.
+__attribute__((target("avx2,fma"))) inline void softmax_tile_group(float* sc, size_t ld, int cnt, int g, __m256& mx, __m256& sum,
+                                                                  float* o, int rows, int width) {
+  __m256 tmax = mx;
+  for (int j = 0; j < cnt; ++j) tmax = _mm256_max_ps(tmax, _mm256_load_ps(sc + size_t(j) * ld + size_t(8 * g)));
+  const __m256 alpha = exp8(_mm256_sub_ps(mx, tmax));  // about 0 on the first tile (nothing to rescale)
+  if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_OQ)) != 0) {
+    alignas(32) float al[8];
+    _mm256_store_ps(al, alpha);
+    for (int r = 8 * g; r < std::min(rows, 8 * g + 8); ++r) {
+      if (al[r - 8 * g] == 1.0f) continue;
+      const __m256 a = _mm256_set1_ps(al[r - 8 * g]);
+      float* orow = o + size_t(r) * size_t(width);
+      for (int d = 0; d < width; d += 8) _mm256_storeu_ps(orow + d, _mm256_mul_ps(_mm256_loadu_ps(orow + d), a));
+    }
+    sum = _mm256_mul_ps(sum, alpha);
+  }
+  mx = tmax;
+  for (int j = 0; j < cnt; ++j) {
+    float* sj = sc + size_t(j) * ld + size_t(8 * g);
+    _mm256_store_ps(sj, exp8(_mm256_sub_ps(_mm256_load_ps(sj), tmax)));
+  }
+}
+
 struct DecodeScratch {
   std::vector<float> scores, tile;
   float* sc(int hp) {  // [kTile + 8][hp] (a padded last group of 8), 32-byte aligned for the lane loads
     if (scores.size() < size_t(kTile + 8) * size_t(hp) + 8) scores.resize(size_t(kTile + 8) * size_t(hp) + 8);
-    return scores.data() + (8 - (reinterpret_cast<uintptr_t>(scores.data()) / 4) % 8) % 8;
+    return align32(scores);
   }
   float* tl(int D) {
     if (tile.size() < size_t(kTile) * size_t(D)) tile.resize(size_t(kTile) * size_t(D));
@@ -381,29 +413,8 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
       for (int jb = 0; jb < cnt; jb += 8)
         scores_8tok(qt + 8 * g16, size_t(hp), rows + jb, D, sc + size_t(jb) * size_t(hp) + size_t(8 * g16), size_t(hp));
     for (int g = 0; g < hp / 8; ++g) {
-      // The tile's max for this lane group of heads.
-      __m256 tmax = mx[g];
-      for (int j = 0; j < cnt; ++j) tmax = _mm256_max_ps(tmax, _mm256_load_ps(sc + size_t(j) * size_t(hp) + size_t(8 * g)));
-      // A higher max rescales what this group has accumulated: e^(old - new) per head.
-      const __m256 alpha = exp8(_mm256_sub_ps(mx[g], tmax));  // about 0 on the first tile (nothing to rescale)
-      if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_OQ)) != 0) {
-        alignas(32) float al[8];
-        _mm256_store_ps(al, alpha);
-        for (int h = 8 * g; h < std::min(H, 8 * g + 8); ++h) {
-          if (al[h - 8 * g] == 1.0f) continue;
-          const __m256 a = _mm256_set1_ps(al[h - 8 * g]);
-          float* oh = o + size_t(h) * size_t(L);
-          for (int d = 0; d < L; d += 8) _mm256_storeu_ps(oh + d, _mm256_mul_ps(_mm256_loadu_ps(oh + d), a));
-        }
-        sum[g] = _mm256_mul_ps(sum[g], alpha);
-      }
-      mx[g] = tmax;
-      for (int j = 0; j < cnt; ++j) {
-        float* sj = sc + size_t(j) * size_t(hp) + size_t(8 * g);
-        const __m256 pj = exp8(_mm256_sub_ps(_mm256_load_ps(sj), tmax));
-        _mm256_store_ps(sj, pj);
-        sum[g] = _mm256_add_ps(sum[g], pj);
-      }
+      softmax_tile_group(sc, size_t(hp), cnt, g, mx[g], sum[g], o, H, L);
+      for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * size_t(hp) + size_t(8 * g)));
     }
     for (int h = 0; h < H; h += 4)
       accumulate_4heads(sc + size_t(h), size_t(hp), rows, cnt, L, o + size_t(h) * size_t(L), size_t(L));
@@ -433,7 +444,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
   if (qT.size() < size_t(D) * size_t(hp) + 8) qT.resize(size_t(D) * size_t(hp) + 8);
   if (part_o.size() < size_t(parts) * size_t(H) * size_t(L)) part_o.resize(size_t(parts) * size_t(H) * size_t(L));
   if (part_m.size() < size_t(parts) * size_t(hp)) { part_m.resize(size_t(parts) * size_t(hp)); part_l.resize(size_t(parts) * size_t(hp)); }
-  float* qt = qT.data() + (8 - (reinterpret_cast<uintptr_t>(qT.data()) / 4) % 8) % 8;  // 32-byte aligned rows
+  float* qt = align32(qT);  // 32-byte aligned rows
   for (int d = 0; d < D; ++d)
     for (int h = 0; h < hp; ++h)
       qt[size_t(d) * size_t(hp) + size_t(h)] = h < H ? scale * (d < L ? q_lat[size_t(h) * size_t(L) + size_t(d)] : q_rope[size_t(h) * size_t(R) + size_t(d - L)]) : 0.0f;
@@ -610,9 +621,8 @@ __attribute__((target("avx2,fma,f16c"))) void causal_block_avx2(const float* q, 
   if (tile.size() < size_t(kTile) * size_t(D)) tile.resize(size_t(kTile) * size_t(D));
   if (sc_buf.size() < size_t(kTile + 8) * QB + 8) sc_buf.resize(size_t(kTile + 8) * QB + 8);
   if (o.size() < size_t(QB) * size_t(v_dim)) o.resize(size_t(QB) * size_t(v_dim));
-  auto aligned = [](std::vector<float>& v) { return v.data() + (8 - (reinterpret_cast<uintptr_t>(v.data()) / 4) % 8) % 8; };
-  float* qt = aligned(qt_buf);  // [D][16]: query b's values times the softmax scale in lane b
-  float* sc = aligned(sc_buf);  // [key][16] for one tile
+  float* qt = align32(qt_buf);  // [D][16]: query b's values times the softmax scale in lane b
+  float* sc = align32(sc_buf);  // [key][16] for one tile
   for (int d = 0; d < D; ++d)
     for (int b = 0; b < QB; ++b) qt[size_t(d) * QB + size_t(b)] = b < n_q ? scale * q[size_t(b) * q_stride + size_t(d)] : 0.0f;
   std::fill(o.begin(), o.begin() + size_t(QB) * size_t(v_dim), 0.0f);
@@ -640,27 +650,7 @@ __attribute__((target("avx2,fma,f16c"))) void causal_block_avx2(const float* q, 
           if (jt + j > pos0 + b) sc[size_t(j) * QB + size_t(b)] = v;
     };
     if (masked) apply_mask(-INFINITY);
-    for (int g = 0; g < 2; ++g) {
-      __m256 tmax = mx[g];
-      for (int j = 0; j < cnt; ++j) tmax = _mm256_max_ps(tmax, _mm256_load_ps(sc + size_t(j) * QB + size_t(8 * g)));
-      const __m256 alpha = exp8(_mm256_sub_ps(mx[g], tmax));
-      if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_OQ)) != 0) {
-        alignas(32) float al[8];
-        _mm256_store_ps(al, alpha);
-        for (int b = 8 * g; b < 8 * g + 8; ++b) {
-          if (al[b - 8 * g] == 1.0f) continue;
-          const __m256 a = _mm256_set1_ps(al[b - 8 * g]);
-          float* ob = o.data() + size_t(b) * size_t(v_dim);
-          for (int d = 0; d < v_dim; d += 8) _mm256_storeu_ps(ob + d, _mm256_mul_ps(_mm256_loadu_ps(ob + d), a));
-        }
-        sum[g] = _mm256_mul_ps(sum[g], alpha);
-      }
-      mx[g] = tmax;
-      for (int j = 0; j < cnt; ++j) {
-        float* sj = sc + size_t(j) * QB + size_t(8 * g);
-        _mm256_store_ps(sj, exp8(_mm256_sub_ps(_mm256_load_ps(sj), tmax)));
-      }
-    }
+    for (int g = 0; g < 2; ++g) softmax_tile_group(sc, QB, cnt, g, mx[g], sum[g], o.data(), QB, v_dim);
     if (masked) apply_mask(0.0f);  // exp8 leaves about 1e-38 for -inf: masked keys weigh exactly nothing
     for (int g = 0; g < 2; ++g)
       for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * QB + size_t(8 * g)));

@@ -71,12 +71,8 @@ void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) 
     if (avx) return rmsnorm_row_avx2(xi, w, dim, eps, yi);
     ref::rmsnorm(xi, w, 1, dim, eps, yi);
   };
-  if (parallel_worth(int64_t(n) * dim) && n > 1) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; ++i) row(i);
-  } else {
-    for (int i = 0; i < n; ++i) row(i);
-  }
+#pragma omp parallel for schedule(static) if (n > 1 && parallel_worth(int64_t(n) * dim))
+  for (int i = 0; i < n; ++i) row(i);
 }
 
 void silu_mul(const float* gate, const float* up, size_t n, float* out) {
@@ -103,12 +99,8 @@ void hadamard128(float* x, int n_vec) {
     const float s = 0.08838834764831845f;  // 128^-0.5
     for (int i = 0; i < 128; ++i) t[i] *= s;
   };
-  if (parallel_worth(int64_t(n_vec) * 128)) {
-#pragma omp parallel for schedule(static)
-    for (int v = 0; v < n_vec; ++v) one(x + size_t(v) * 128);
-  } else {
-    for (int v = 0; v < n_vec; ++v) one(x + size_t(v) * 128);
-  }
+#pragma omp parallel for schedule(static) if (parallel_worth(int64_t(n_vec) * 128))
+  for (int v = 0; v < n_vec; ++v) one(x + size_t(v) * 128);
 }
 
 }  // namespace dsa::kernels::cpu
