@@ -1,13 +1,74 @@
 #pragma once
 // Small helpers shared by the command files.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
 
 namespace dsa::cli {
+
+// Integer options: CLI11's range check with the bounds in the message. Bounds keep sums
+// such as prompt + generated tokens far from int overflow.
+inline CLI::Validator int_in(int64_t lo, int64_t hi) { return CLI::Range(lo, hi); }
+inline constexpr int64_t kMaxTokens = int64_t(1) << 24;  // 16M tokens: any context, any prompt
+
+// Floating-point options: CLI::Range lets NaN through (every comparison is false).
+inline CLI::Validator finite_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return "expected a number, got '" + s + "'";
+        if (!std::isfinite(v) || v < lo || v > hi)
+          return "must be a finite number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "], got " + s;
+        return {};
+      },
+      "NUMBER in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
+}
+
+// Threads: at least one, at most four per logical CPU (more only thrashes; 100000 threads
+// would not even start).
+inline CLI::Validator thread_count() {
+  const int64_t hw = std::max(1u, std::thread::hardware_concurrency());
+  return CLI::Range(int64_t(1), std::max<int64_t>(4, 4 * hw));
+}
+
+// A seed: decimal digits that fit in 64 bits ("-1" would otherwise wrap to 2^64 - 1 and an
+// overlong number saturate, both silently).
+inline CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return "expected an integer in [0, 2^64), got '" + s + "'";
+        return {};
+      },
+      "UINT64");
+}
+
+// A value that must not be empty (an output path).
+inline CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& s) -> std::string { return s.empty() ? "must not be empty" : ""; }, "TEXT");
+}
+
+// A path that must name an existing regular file (not a directory, FIFO or device).
+inline CLI::Validator regular_file() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        std::error_code ec;
+        if (!std::filesystem::exists(s, ec)) return "file '" + s + "' does not exist";
+        if (!std::filesystem::is_regular_file(s, ec)) return "'" + s + "' is not a regular file";
+        return {};
+      },
+      "FILE");
+}
 
 // "1,2,3" -> {1, 2, 3}; one clear error for anything else.
 inline std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {

@@ -185,11 +185,11 @@ void setup_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against this machine's bandwidth and FMA peak");
   cmd->add_option("--model", a->model, "Model directory");
   cmd->require_subcommand(0, 1);
-  cmd->add_option("-p,--prompt", a->prompt, "Prefill tokens (0: skip)")->capture_default_str();
-  cmd->add_option("-n,--gen", a->gen, "Decode tokens (0: skip)")->capture_default_str();
-  cmd->add_option("--depth", a->depth, "Tokens already in the cache before prefill and decode (filled synthetically)")->capture_default_str();
-  cmd->add_option("-t,--threads", a->threads, "Threads (default: OpenMP's, the cores)");
-  cmd->add_option("--repeat", a->repeat, "Repeats; medians are reported")->capture_default_str();
+  cmd->add_option("-p,--prompt", a->prompt, "Prefill tokens (0: skip)")->capture_default_str()->check(dsa::cli::int_in(0, dsa::cli::kMaxTokens));
+  cmd->add_option("-n,--gen", a->gen, "Decode tokens (0: skip)")->capture_default_str()->check(dsa::cli::int_in(0, dsa::cli::kMaxTokens));
+  cmd->add_option("--depth", a->depth, "Tokens already in the cache before prefill and decode (filled synthetically)")->capture_default_str()->check(dsa::cli::int_in(0, dsa::cli::kMaxTokens));
+  cmd->add_option("-t,--threads", a->threads, "Threads (default: OpenMP's, the cores)")->check(dsa::cli::thread_count());
+  cmd->add_option("--repeat", a->repeat, "Repeats; medians are reported")->capture_default_str()->check(dsa::cli::int_in(1, 1000));
   cmd->add_option("--kv-cache", a->kv_cache, "f32 | bf16 | fp8 | fp8-656")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed for the random prompt and cache")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object");

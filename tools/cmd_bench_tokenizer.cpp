@@ -1,12 +1,12 @@
 // `dsa bench tokenizer --model DIR [-f FILE]`: encode throughput on one core.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
+#include "cli_util.h"
 #include "command.h"
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "tokenizer/bench.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -22,11 +22,7 @@ void run(const Args& a) {
   const dsa::Tokenizer tok = dsa::Tokenizer::from_dir(a.model);
   std::string text;
   if (!a.file.empty()) {
-    std::ifstream f(a.file, std::ios::binary);
-    if (!f) throw dsa::Error("cannot open " + a.file);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
+    text = dsa::read_text_file(a.file, "-f text", size_t(1) << 30);
     if (!dsa::utf8::valid(text)) throw dsa::Error(a.file + " is not valid UTF-8");
   } else {
     text = dsa::builtin_bench_text();
@@ -43,8 +39,8 @@ void setup_bench_tokenizer(CLI::App& app) {
   // A subcommand of `dsa bench` (registered after it).
   auto* cmd = app.get_subcommand("bench")->add_subcommand("tokenizer", "Measure tokenizer encode throughput (MB/s, one core)");
   cmd->add_option("--model", a->model, "Directory with tokenizer.json")->required();
-  cmd->add_option("-f,--file", a->file, "UTF-8 text to encode (default: a built-in English/code/CJK/emoji mix)");
-  cmd->add_option("--repeats", a->repeats, "Timed passes; the best is reported")->capture_default_str();
+  cmd->add_option("-f,--file", a->file, "UTF-8 text to encode (default: a built-in English/code/CJK/emoji mix)")->check(dsa::cli::regular_file());
+  cmd->add_option("--repeats", a->repeats, "Timed passes; the best is reported")->capture_default_str()->check(dsa::cli::int_in(1, 1000000));
   cmd->callback([a] { run(*a); });
 }
 

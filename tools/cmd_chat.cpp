@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <string_view>
 
 #include "command.h"
 #include "cli_util.h"
@@ -78,7 +79,9 @@ void run(Args& a) {
       if (r.reason == StopReason::ContextFull) std::fprintf(stderr, "[the context is full: /reset to start over]\n");
     } catch (const Error& e) {
       std::printf("\n");
-      std::fprintf(stderr, "error: %s\n", e.what());
+      // The turn is dropped; the conversation stays usable (a too-long turn, or a full context).
+      std::fprintf(stderr, "error: %s%s\n", e.what(),
+                   std::string_view(e.what()).find("exceeds the context") != std::string_view::npos ? " (/reset to start over)" : "");
     }
   }
 }
@@ -89,9 +92,9 @@ void setup_chat(CLI::App& app) {
   cmd->add_option("--model", a->model, "Model directory (config.json, safetensors, tokenizer.json)")->required();
   cmd->add_flag("--thinking", a->thinking, "Thinking mode: the model reasons first (shown dimmed)");
   cmd->add_option("--system", a->system, "System prompt");
-  cmd->add_option("-n,--n-predict", a->n, "Maximum tokens per reply")->capture_default_str();
-  cmd->add_option("--ctx", a->ctx, "KV cache size in tokens (the whole conversation)")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward call")->capture_default_str();
+  cmd->add_option("-n,--n-predict", a->n, "Maximum tokens per reply")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
+  cmd->add_option("--ctx", a->ctx, "KV cache size in tokens (the whole conversation)")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
+  cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward call")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();
   a->sampling.add(cmd);
   cmd->callback([a] { run(*a); });

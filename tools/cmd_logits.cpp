@@ -2,6 +2,7 @@
 // writes every row of logits (and optionally MTP logits and the golden-named internals)
 // to a safetensors file. External checks call this; keep the contract stable.
 #include <cstdio>
+#include <filesystem>
 
 #include "cli_util.h"
 #include "command.h"
@@ -23,6 +24,15 @@ void run(const Args& a) {
   if (a.prompt_len < 1 || a.prompt_len > T)
     throw Error("--prompt-len: expected 1.." + std::to_string(T) + " (the number of ids), got " + std::to_string(a.prompt_len));
   const CacheType cache = cli::parse_cache_type(a.kv_cache);
+  // The output path is checked before the work, not after it.
+  {
+    namespace fs = std::filesystem;
+    const fs::path out(a.out);
+    const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    if (a.out.empty() || out.filename().empty() || fs::is_directory(out))
+      throw Error("--out: expected a file path for the .safetensors output, got '" + a.out + "'");
+    if (!fs::is_directory(parent)) throw Error("--out: directory '" + parent.string() + "' does not exist");
+  }
 
   auto model = Model::load(a.model, a.mtp);
   const ModelConfig& c = model->config;

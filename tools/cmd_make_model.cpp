@@ -8,6 +8,7 @@
 #include "model/make_model.h"
 #ifdef DSA_HAS_RUNTIME
 #include "runtime/synthetic_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #endif
 
 namespace {
@@ -15,27 +16,77 @@ namespace {
 struct Args {
   dsa::MakeModelOptions opt;
   std::string tokenizer;
+  bool force = false;
 };
 
+namespace fs = std::filesystem;
+
+// The files a checkpoint folder of this kind holds: what --force replaces.
+bool is_model_file(const std::string& n) {
+  return n == "config.json" || n == "tokenizer.json" || n == "tokenizer_config.json" || n == "model.safetensors.index.json" ||
+         (n.rfind("model", 0) == 0 && n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0);
+}
+
+fs::path tokenizer_source(const std::string& t) {
+  return fs::is_directory(t) ? fs::path(t) / "tokenizer.json" : fs::path(t);
+}
+
+// Everything is written into OUT.partial first and moved into place only when complete,
+// so a failure leaves no half-written checkpoint; an existing checkpoint is replaced only
+// with --force (and then its stale shards or index go too).
 void run(const Args& a) {
-  namespace fs = std::filesystem;
+  fs::path out = fs::path(a.opt.out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  if (out.empty()) throw dsa::Error("--out: an output directory is required");
+  if (fs::exists(out) && !fs::is_directory(out)) throw dsa::Error("--out: '" + out.string() + "' exists and is not a directory");
+  if (fs::is_directory(out) && !fs::is_empty(out) && !a.force)
+    throw dsa::Error("--out: '" + out.string() + "' exists and is not empty (choose a new directory, or pass --force to replace the checkpoint there)");
   if (!a.tokenizer.empty()) {
-    const fs::path src = fs::is_directory(a.tokenizer) ? fs::path(a.tokenizer) / "tokenizer.json" : fs::path(a.tokenizer);
-    if (!fs::exists(src)) throw dsa::Error("--tokenizer: '" + src.string() + "' does not exist (expected a tokenizer.json or its folder)");
+    const fs::path src = tokenizer_source(a.tokenizer);
+    if (!fs::is_regular_file(src)) throw dsa::Error("--tokenizer: '" + src.string() + "' is not a file (expected a tokenizer.json or its folder)");
   }
-  dsa::make_model(a.opt);
-  const std::string& out = a.opt.out_dir;
-  if (!a.tokenizer.empty()) {
-    const fs::path src = fs::is_directory(a.tokenizer) ? fs::path(a.tokenizer) / "tokenizer.json" : fs::path(a.tokenizer);
-    fs::copy_file(src, fs::path(out) / "tokenizer.json", fs::copy_options::overwrite_existing);
-    const fs::path cfg = src.parent_path() / "tokenizer_config.json";
-    if (fs::exists(cfg)) fs::copy_file(cfg, fs::path(out) / "tokenizer_config.json", fs::copy_options::overwrite_existing);
-  } else {
+  const fs::path stage = out.parent_path() / (out.filename().string() + ".partial");
+  fs::remove_all(stage);  // what an interrupted run left
+  try {
+    dsa::MakeModelOptions opt = a.opt;
+    opt.out_dir = stage.string();
+    dsa::make_model(opt);
+    const int vocab = dsa::ModelConfig::from_file(stage.string()).vocab_size;
+    if (!a.tokenizer.empty()) {
+      const fs::path src = tokenizer_source(a.tokenizer);
+      const fs::path cfg = src.parent_path() / "tokenizer_config.json";
 #ifdef DSA_HAS_RUNTIME
-    // A small byte-level BPE sized to the model's vocabulary, with the DeepSeek-V3.2 and
-    // GLM-5 chat tokens, so `dsa run` and `dsa chat` work on the random model.
-    dsa::write_synthetic_tokenizer(out, dsa::ModelConfig::from_file(out).vocab_size);
+      // Parse it now: a bad file or a vocabulary larger than the model's would otherwise
+      // only fail at the first prompt.
+      const dsa::Tokenizer tok = dsa::Tokenizer::from_file(src.string(), fs::exists(cfg) ? cfg.string() : "");
+      if (tok.vocab_size() > vocab)
+        throw dsa::Error("--tokenizer: '" + src.string() + "' has " + std::to_string(tok.vocab_size()) + " tokens, more than preset " +
+                         a.opt.preset + "'s vocab_size " + std::to_string(vocab) + " (use a preset with the tokenizer's vocabulary, e.g. v32-mini)");
 #endif
+      fs::copy_file(src, stage / "tokenizer.json");
+      if (fs::exists(cfg)) fs::copy_file(cfg, stage / "tokenizer_config.json");
+    } else {
+#ifdef DSA_HAS_RUNTIME
+      // A small byte-level BPE sized to the model's vocabulary, with the DeepSeek-V3.2 and
+      // GLM-5 chat tokens, so `dsa run` and `dsa chat` work on the random model.
+      dsa::write_synthetic_tokenizer(stage.string(), vocab);
+#endif
+    }
+    if (!fs::exists(out)) {
+      fs::rename(stage, out);
+    } else {
+      for (const auto& e : fs::directory_iterator(out))
+        if (is_model_file(e.path().filename().string())) fs::remove_all(e.path());
+      for (const auto& e : fs::directory_iterator(stage)) fs::rename(e.path(), out / e.path().filename());
+      fs::remove(stage);
+    }
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(stage);
+    throw dsa::Error("make-model: cannot write '" + out.string() + "': " + e.code().message() + " (" + e.path1().string() + ")");
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(stage, ec);
+    throw;
   }
   std::fprintf(stderr, "wrote %s (preset %s, %s): RANDOM weights, for trying and benchmarking the engine only\n",
                out.c_str(), a.opt.preset.c_str(), a.opt.dtype.c_str());
@@ -50,6 +101,7 @@ void setup_make_model(CLI::App& app) {
   cmd->add_option("--shards", a->opt.shards, "Number of safetensors shards (with model.safetensors.index.json)")->capture_default_str();
   cmd->add_option("--seed", a->opt.seed, "Random seed")->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer, "Copy this tokenizer.json (or folder) instead of generating a small one");
+  cmd->add_flag("--force", a->force, "Replace the checkpoint files in an existing --out directory");
   cmd->callback([a] { run(*a); });
 }
 

@@ -2,13 +2,13 @@
 // second half of each scored; see runtime/perplexity.h), with its standard error.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli_util.h"
 #include "command.h"
+#include "core/mmap_file.h"
 #include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace {
 
@@ -20,13 +20,11 @@ struct Args {
 
 void run(const Args& a) {
   using namespace dsa;
-  std::ifstream f(a.file, std::ios::binary);
-  if (!f) throw Error("-f: cannot open " + a.file);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_text_file(a.file, "-f text", size_t(1) << 30);
+  if (!utf8::valid(text)) throw Error("-f: '" + a.file + "' is not valid UTF-8");
   auto model = Model::load(a.model, /*load_mtp=*/false, /*verbose=*/true);
   const Tokenizer tok = Tokenizer::from_dir(a.model);
-  const std::vector<int32_t> ids = tok.encode(ss.str());
+  const std::vector<int32_t> ids = tok.encode(text);
 
   PerplexityOptions o;
   o.ctx = a.ctx;
@@ -51,10 +49,10 @@ void setup_perplexity(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp windows), with its standard error");
   cmd->add_option("--model", a->model, "Model directory (config.json, safetensors, tokenizer.json)")->required();
-  cmd->add_option("-f,--file", a->file, "Text file")->required();
-  cmd->add_option("--ctx", a->ctx, "Window size in tokens")->capture_default_str();
+  cmd->add_option("-f,--file", a->file, "Text file")->required()->check(dsa::cli::regular_file());
+  cmd->add_option("--ctx", a->ctx, "Window size in tokens")->capture_default_str()->check(dsa::cli::int_in(2, dsa::cli::kMaxTokens));
   cmd->add_flag("--score-all", a->score_all, "Score every position of a window, not only the second half");
-  cmd->add_option("--batch", a->batch, "Tokens per forward call within a window")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Tokens per forward call within a window")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();
   cmd->callback([a] { run(*a); });
 }

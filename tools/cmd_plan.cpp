@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "command.h"
 #include "core/error.h"
 #include "sim/report.h"
@@ -139,34 +140,38 @@ void setup_plan(CLI::App& app) {
                   "Hardware profile: h800, h100, h200, h20, b200, gb200, mi300x, ascend-910b, ascend-910c, "
                   "local (measure this CPU), or a profile JSON file")
       ->capture_default_str();
-  cmd->add_option("--devices", a->req.devices, "Devices in total (default: one node, or tp*dp*pp)");
-  cmd->add_option("--tp", a->req.tp, "Tensor-parallel ways for attention and dense layers")->capture_default_str();
-  cmd->add_option("--dp", a->req.dp, "Data-parallel attention groups (default: devices / (tp*pp))");
-  cmd->add_option("--ep", a->req.ep, "Expert-parallel ways for MoE (default: every device of a pipeline stage)");
-  cmd->add_option("--pp", a->req.pp, "Pipeline stages")->capture_default_str();
+  cmd->add_option("--devices", a->req.devices, "Devices in total (default: one node, or tp*dp*pp)")->check(dsa::cli::int_in(1, 1 << 20));
+  cmd->add_option("--tp", a->req.tp, "Tensor-parallel ways for attention and dense layers")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));
+  cmd->add_option("--dp", a->req.dp, "Data-parallel attention groups (default: devices / (tp*pp))")->check(dsa::cli::int_in(1, 1 << 20));
+  cmd->add_option("--ep", a->req.ep, "Expert-parallel ways for MoE (default: every device of a pipeline stage)")->check(dsa::cli::int_in(1, 1 << 20));
+  cmd->add_option("--pp", a->req.pp, "Pipeline stages")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--batch", a->req.batch,
-                  "Concurrent sequences in the whole deployment (default: what fits in memory, at most 128 per device)");
+                  "Concurrent sequences in the whole deployment (default: what fits in memory, at most 128 per device)")
+      ->check(dsa::cli::int_in(1, int64_t(1) << 40));
   cmd->add_option("--input-len", a->req.input_len, "Prompt tokens per request")->capture_default_str();
   cmd->add_option("--output-len", a->req.output_len, "Generated tokens per request")->capture_default_str();
-  cmd->add_option("--context", a->req.context, "Cached tokens at which decode is evaluated (default: input + output/2)");
+  cmd->add_option("--context", a->req.context, "Cached tokens at which decode is evaluated (default: input + output/2)")
+      ->check(dsa::cli::int_in(0, int64_t(1) << 30));
   cmd->add_option("--prefill-batch", a->req.prefill_batch, "Prompts per data-parallel group in one prefill step")
       ->capture_default_str();
   cmd->add_option("--cache-hit", a->req.cache_hit,
                   "Fraction of each prompt already in a prefix cache: prefill computes the rest and counts all")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(dsa::cli::finite_in(0, 1));
   cmd->add_option("--weight-dtype", a->weight, "Weights: fp8 (128x128 blocks), bf16, or nvfp4 (MLP/experts in fp4)")
       ->capture_default_str();
   cmd->add_option("--kv-cache", a->cache, "MLA latent cache: fp8 (656 B/token/layer) or bf16 (1152)")->capture_default_str();
-  cmd->add_option("--mtp", a->req.opt.mtp, "Multi-token-prediction draft tokens per decode step")->capture_default_str();
-  cmd->add_option("--acceptance", a->req.acceptance, "Acceptance rate of each draft token")->capture_default_str();
-  cmd->add_option("--price", a->req.price_per_hour, "$ per device-hour (default: the profile's assumption)");
+  cmd->add_option("--mtp", a->req.opt.mtp, "Multi-token-prediction draft tokens per decode step")->capture_default_str()->check(dsa::cli::int_in(0, 16));
+  cmd->add_option("--acceptance", a->req.acceptance, "Acceptance rate of each draft token")->capture_default_str()->check(dsa::cli::finite_in(0, 1));
+  cmd->add_option("--price", a->req.price_per_hour, "$ per device-hour (default: the profile's assumption)")->check(dsa::cli::finite_in(0, 1e9));
   cmd->add_flag("--no-overlap", a->no_overlap, "Do not overlap expert all-to-all with compute (single micro-batch)");
   cmd->add_option("--kernel-table", a->kernel_table,
-                  "CSV of measured latencies (op,shape,latency_us) that override the roofline where they match");
-  cmd->add_option("--sweep-context", a->sweep_context, "Decode depths to sweep (comma-separated)")->delimiter(',');
-  cmd->add_option("--sweep-batch", a->sweep_batch, "Deployment batch sizes to sweep (comma-separated)")->delimiter(',');
-  cmd->add_option("--svg-cost", a->svg_cost, "Write an SVG of cost per million tokens vs token position");
-  cmd->add_option("--svg-throughput", a->svg_throughput, "Write an SVG of decode throughput vs batch");
+                  "CSV of measured latencies (op,shape,latency_us) that override the roofline where they match")
+      ->check(dsa::cli::regular_file());
+  cmd->add_option("--sweep-context", a->sweep_context, "Decode depths to sweep (comma-separated)")->delimiter(',')->check(dsa::cli::int_in(0, int64_t(1) << 30));
+  cmd->add_option("--sweep-batch", a->sweep_batch, "Deployment batch sizes to sweep (comma-separated)")->delimiter(',')->check(dsa::cli::int_in(1, int64_t(1) << 40));
+  cmd->add_option("--svg-cost", a->svg_cost, "Write an SVG of cost per million tokens vs token position")->check(dsa::cli::non_empty());
+  cmd->add_option("--svg-throughput", a->svg_throughput, "Write an SVG of decode throughput vs batch")->check(dsa::cli::non_empty());
   cmd->add_option("--compare", a->compare, "Second model for the cost plot (e.g. deepseek-v3 against deepseek-v3.2)");
   cmd->add_flag("--json", a->json, "Print one JSON object (all figures, per-op table, sweeps) instead of text");
   cmd->add_flag("--no-ops", a->no_ops, "Leave the per-operator tables out of the text report");

@@ -93,13 +93,13 @@ void setup_run(CLI::App& app) {
   cmd->add_option("-p,--prompt", a->prompt, "Prompt text");
   cmd->add_option("--ids", a->ids, "Prompt as comma-separated token ids (no tokenizer needed; with --print-ids)");
   cmd->add_flag("--print-ids", a->print_ids, "Print the generated ids as one comma-separated line instead of text");
-  cmd->add_option("-n,--n-predict", a->n, "Maximum tokens to generate")->capture_default_str();
+  cmd->add_option("-n,--n-predict", a->n, "Maximum tokens to generate")->capture_default_str()->check(dsa::cli::int_in(0, dsa::cli::kMaxTokens));
   cmd->add_option("--stop", a->stop, "Stop when this text is produced (repeatable; not printed)");
   cmd->add_flag("--chat", a->chat, "Wrap the prompt as one user message in the model's chat encoding");
   cmd->add_flag("--thinking", a->thinking, "Chat encoding in thinking mode (implies --chat)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
-  cmd->add_option("--ctx", a->ctx, "KV cache size in tokens (default: prompt + n)");
-  cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward call")->capture_default_str();
+  cmd->add_option("--ctx", a->ctx, "KV cache size in tokens (default: prompt + n)")->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
+  cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward call")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();
   a->sampling.add(cmd);
   cmd->callback([a] { run(*a); });

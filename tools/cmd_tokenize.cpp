@@ -12,6 +12,7 @@
 
 #include "command.h"
 #include "core/error.h"
+#include "io/json.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -35,7 +36,7 @@ void run(const Args& a) {
     const std::string where = "stdin line " + std::to_string(n) + ": ";
     nlohmann::json v;
     try {
-      v = nlohmann::json::parse(line);
+      v = dsa::parse_json_bounded(line);
     } catch (const nlohmann::json::exception& e) {
       throw Error(where + "not valid JSON (" + e.what() + ")");
     }

@@ -14,7 +14,8 @@
 namespace dsa {
 
 MmapFile::MmapFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is rejected just below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
   struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -31,6 +32,35 @@ MmapFile::MmapFile(const std::string& path) : path_(path) {
     data_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);
+}
+
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error("cannot open " + what + " '" + path + "': " + std::strerror(errno));
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(what + " '" + path + "' is not a regular file");
+  }
+  if (size_t(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw Error(what + " '" + path + "' is " + std::to_string(st.st_size) + " bytes, more than the " +
+                std::to_string(max_bytes) + " expected");
+  }
+  std::string s(size_t(st.st_size), '\0');
+  size_t got = 0;
+  while (got < s.size()) {
+    const ssize_t n = ::read(fd, s.data() + got, s.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error("cannot read " + what + " '" + path + "': " + (n == 0 ? "file shrank while reading" : std::strerror(err)));
+    }
+    got += size_t(n);
+  }
+  ::close(fd);
+  return s;
 }
 
 MmapFile::~MmapFile() {

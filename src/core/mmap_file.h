@@ -27,4 +27,9 @@ private:
   size_t size_ = 0;
 };
 
+// The whole of a small text file (config.json, a tokenizer, a profile, a prompt): one error
+// naming the path when it is missing, not a regular file (a directory, a FIFO that would
+// block, /dev/zero that never ends) or larger than max_bytes.
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes = size_t(256) << 20);
+
 }  // namespace dsa

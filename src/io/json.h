@@ -3,15 +3,35 @@
 // names where the text came from (config.json, a hardware profile, a header).
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
 namespace dsa {
 
+// Nesting deeper than this is refused while parsing: nlohmann's dump() (used in error
+// messages) recurses, and a line of 100000 '[' overflows the stack. No file or request the
+// engine reads nests beyond a handful of levels.
+inline constexpr int kMaxJsonDepth = 128;
+
+// A nlohmann exception, so that the callers' existing handlers add their context.
+struct JsonTooDeep : nlohmann::json::exception {
+  JsonTooDeep() : nlohmann::json::exception(700, "[json.exception.too_deep] nested deeper than 128 levels") {}
+};
+
+// Json::parse with the depth bound; Json is nlohmann::json or nlohmann::ordered_json.
+template <class Json = nlohmann::json, class... Input>
+Json parse_json_bounded(Input&&... in) {
+  return Json::parse(std::forward<Input>(in)..., [](int depth, typename Json::parse_event_t, Json&) {
+    if (depth > kMaxJsonDepth) throw JsonTooDeep();
+    return true;
+  });
+}
+
 inline nlohmann::json parse_json_object(const std::string& text, const std::string& where) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_bounded(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + ": malformed JSON: " + e.what());
   }

@@ -1,13 +1,18 @@
 #include "io/safetensors.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
+#include "core/mmap_file.h"
+#include "io/json.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -47,13 +52,22 @@ void SafeTensors::add_file(const std::string& path) {
     throw Error("'" + path + "': header length " + std::to_string(header_len) + " exceeds file size " + std::to_string(size));
   json header;
   try {
-    header = json::parse(file->data() + 8, file->data() + 8 + header_len);
+    // Duplicate tensor names would silently keep the last entry (nlohmann's rule): refuse.
+    std::set<std::string> seen;
+    header = json::parse(file->data() + 8, file->data() + 8 + header_len, [&](int depth, json::parse_event_t ev, json& v) {
+      if (depth > kMaxJsonDepth) throw JsonTooDeep();
+      if (ev == json::parse_event_t::key && depth == 1 && !seen.insert(v.get<std::string>()).second)
+        throw Error("'" + path + "': tensor '" + v.get<std::string>() + "' appears twice in the safetensors header");
+      return true;
+    });
   } catch (const json::exception& e) {
     throw Error("'" + path + "': malformed safetensors header: " + e.what());
   }
   if (!header.is_object()) throw Error("'" + path + "': safetensors header is not a JSON object");
   const uint8_t* base = file->data() + 8 + header_len;
   const size_t data_size = size - 8 - header_len;
+  std::vector<std::pair<uint64_t, std::string>> extents;  // [begin, end) per tensor, for the overlap check
+  std::vector<uint64_t> ends;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = "'" + path + "': tensor '" + name + "'";
@@ -70,6 +84,11 @@ void SafeTensors::add_file(const std::string& path) {
         if (x < 0) throw Error(where + ": negative dimension");
         t.shape.push_back(x);
       }
+      // The element count must not wrap (a [2^32, 2^32] shape would otherwise "need 0 bytes").
+      uint64_t n = 1;
+      for (int64_t x : t.shape)
+        if (__builtin_mul_overflow(n, uint64_t(x), &n) || __builtin_mul_overflow(n, uint64_t(dtype_size(t.dtype)), &n))
+          throw Error(where + ": shape " + t.shape_str() + " is too large");
       const auto& off = v.at("data_offsets");
       if (!off.is_array() || off.size() != 2) throw Error(where + ": data_offsets must be [begin, end]");
       const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
@@ -86,8 +105,20 @@ void SafeTensors::add_file(const std::string& path) {
       throw Error(where + ": " + std::to_string(t.nbytes) + " bytes stored, but " + dtype_name(t.dtype) + " " +
                   t.shape_str() + " needs " + std::to_string(want));
     if (tensors_.count(name)) throw Error(where + ": tensor appears in more than one file");
+    if (t.nbytes > 0) {
+      extents.emplace_back(uint64_t(t.data - base), name);
+      ends.push_back(uint64_t(t.data - base) + t.nbytes);
+    }
     tensors_.emplace(name, std::move(t));
   }
+  // Two tensors sharing bytes means a corrupt header (writers lay tensors out back to back).
+  std::vector<size_t> order(extents.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return extents[a].first < extents[b].first; });
+  for (size_t i = 1; i < order.size(); ++i)
+    if (extents[order[i]].first < ends[order[i - 1]])
+      throw Error("'" + path + "': tensors '" + extents[order[i - 1]].second + "' and '" + extents[order[i]].second +
+                  "' overlap in the data region (corrupt header)");
   files_.push_back(std::move(file));
 }
 
@@ -103,8 +134,7 @@ SafeTensors SafeTensors::open(const std::string& path) {
   if (fs::exists(index)) {
     json j;
     try {
-      std::ifstream in(index);
-      j = json::parse(in);
+      j = parse_json_bounded(read_text_file(index.string(), "safetensors index", size_t(64) << 20));
     } catch (const json::exception& e) {
       throw Error("'" + index.string() + "': malformed JSON: " + e.what());
     }

@@ -1,12 +1,12 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "io/json.h"
 
 using nlohmann::json;
@@ -22,20 +22,33 @@ struct Reader {
     throw Error(where + ": field '" + key + "': " + what);
   }
   bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  // An integer that fits in int: nlohmann's get<int>() would wrap 2^32 + 256 to 256.
+  int as_int(const json& v, const std::string& k) const {
+    if (!v.is_number_integer()) fail(k, "expected an integer, got " + v.dump());
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                             : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+    if (!fits) fail(k, "integer out of range, got " + v.dump());
+    return int(v.get<int64_t>());
+  }
   int req_int(const char* k) const {
     if (!has(k)) fail(k, "missing (required, no default)");
-    if (!j[k].is_number_integer()) fail(k, "expected an integer, got " + j[k].dump());
-    return j[k].get<int>();
+    return as_int(j[k], k);
   }
   int opt_int(const char* k, int def) const {
     if (!has(k)) return def;
-    if (!j[k].is_number_integer()) fail(k, "expected an integer, got " + j[k].dump());
-    return j[k].get<int>();
+    return as_int(j[k], k);
   }
   double opt_num(const json& o, const char* k, double def, const std::string& prefix = "") const {
     if (!o.contains(k) || o[k].is_null()) return def;
     if (!o[k].is_number()) fail(prefix + k, "expected a number, got " + o[k].dump());
     return o[k].get<double>();
+  }
+  // A finite number > 0 (norm epsilons, RoPE bases, scaling factors): zero, negative or
+  // infinite values would turn every logit into NaN downstream.
+  double opt_pos(const json& o, const char* k, double def, const std::string& prefix = "") const {
+    const double v = opt_num(o, k, def, prefix);
+    if (!(v > 0) || !std::isfinite(v)) fail(prefix + k, "must be a finite number > 0, got " + o[k].dump());
+    return v;
   }
   double req_num(const char* k) const {
     if (!has(k)) fail(k, "missing (required, no default)");
@@ -57,32 +70,36 @@ struct Reader {
 void parse_rope(const Reader& r, ModelConfig& c) {
   // Legacy DeepSeek: rope_theta + rope_scaling {type: yarn, ...}. Re-saved configs (GLM,
   // transformers 5.x): rope_parameters {rope_theta, rope_type, ...}.
-  c.rope.theta = r.opt_num(r.j, "rope_theta", 10000.0);
+  c.rope.theta = r.opt_pos(r.j, "rope_theta", 10000.0);
   const json* scaling = nullptr;
   std::string key;
   if (r.has("rope_scaling")) { scaling = &r.j["rope_scaling"]; key = "rope_scaling"; }
   if (r.has("rope_parameters")) {
     const json& p = r.j["rope_parameters"];
     if (!p.is_object()) r.fail("rope_parameters", "expected an object");
-    c.rope.theta = r.opt_num(p, "rope_theta", c.rope.theta, "rope_parameters.");
+    c.rope.theta = r.opt_pos(p, "rope_theta", c.rope.theta, "rope_parameters.");
     if (!scaling) { scaling = &p; key = "rope_parameters"; }
   }
   if (!scaling) return;
   if (!scaling->is_object()) r.fail(key, "expected an object");
   std::string type;
-  for (const char* k : {"type", "rope_type"})
-    if (scaling->contains(k) && (*scaling)[k].is_string()) type = (*scaling)[k].get<std::string>();
+  for (const char* k : {"type", "rope_type"}) {
+    if (!scaling->contains(k) || (*scaling)[k].is_null()) continue;
+    if (!(*scaling)[k].is_string()) r.fail(key + "." + k, "expected a string (yarn or default), got " + (*scaling)[k].dump());
+    type = (*scaling)[k].get<std::string>();
+  }
   if (type.empty() || type == "default") return;
   if (type != "yarn" && type != "deepseek_yarn") r.fail(key + ".type", "unsupported rope type '" + type + "' (expected yarn or default)");
   c.rope.yarn = true;
   const std::string pre = key + ".";
-  c.rope.factor = r.opt_num(*scaling, "factor", 1.0, pre);
-  c.rope.original_max_position = r.opt_num(*scaling, "original_max_position_embeddings", 4096, pre);
-  c.rope.beta_fast = r.opt_num(*scaling, "beta_fast", 32, pre);
-  c.rope.beta_slow = r.opt_num(*scaling, "beta_slow", 1, pre);
+  c.rope.factor = r.opt_pos(*scaling, "factor", 1.0, pre);
+  c.rope.original_max_position = r.opt_pos(*scaling, "original_max_position_embeddings", 4096, pre);
+  c.rope.beta_fast = r.opt_pos(*scaling, "beta_fast", 32, pre);
+  c.rope.beta_slow = r.opt_pos(*scaling, "beta_slow", 1, pre);
   c.rope.mscale = r.opt_num(*scaling, "mscale", 1.0, pre);
   c.rope.mscale_all_dim = r.opt_num(*scaling, "mscale_all_dim", 0.0, pre);
-  if (c.rope.factor <= 0) r.fail(pre + "factor", "must be positive");
+  for (const auto& [name, v] : {std::pair{"mscale", c.rope.mscale}, std::pair{"mscale_all_dim", c.rope.mscale_all_dim}})
+    if (!(v >= 0) || !std::isfinite(v)) r.fail(pre + name, "must be a finite number >= 0, got " + (*scaling)[name].dump());
 }
 
 void parse_indexer_schedule(const Reader& r, ModelConfig& c) {
@@ -116,8 +133,10 @@ void parse_indexer_schedule(const Reader& r, ModelConfig& c) {
       c.indexer_full[size_t(i)] = s[size_t(i)] == 'F';
     }
   } else {
-    const int freq = std::max(r.opt_int("index_topk_freq", 1), 1);
+    const int freq = r.opt_int("index_topk_freq", 1);
     const int offset = r.opt_int("index_skip_topk_offset", 2);
+    if (freq < 1) r.fail("index_topk_freq", "must be >= 1, got " + std::to_string(freq));
+    if (offset < 0) r.fail("index_skip_topk_offset", "must be >= 0, got " + std::to_string(offset));
     for (int i = 0; i < n; ++i) c.indexer_full[size_t(i)] = std::max(i - offset + 1, 0) % freq == 0;
   }
   if (n > 0 && !c.indexer_full[0]) r.fail("indexer_types", "layer 0 must run its own indexer (\"full\"): a shared layer needs an earlier full layer");
@@ -139,23 +158,25 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.hidden_size = r.req_int("hidden_size");
   c.intermediate_size = r.req_int("intermediate_size");
   c.num_hidden_layers = r.req_int("num_hidden_layers");
+  // Checked here, before the indexer schedule is sized by it.
+  if (c.num_hidden_layers <= 0 || c.num_hidden_layers > kMaxLayers)
+    r.fail("num_hidden_layers", "must be in [1, " + std::to_string(kMaxLayers) + "], got " + std::to_string(c.num_hidden_layers));
   c.num_attention_heads = r.req_int("num_attention_heads");
   c.q_lora_rank = r.req_int("q_lora_rank");
   c.kv_lora_rank = r.req_int("kv_lora_rank");
   c.qk_nope_head_dim = r.req_int("qk_nope_head_dim");
   c.qk_rope_head_dim = r.req_int("qk_rope_head_dim");
   c.v_head_dim = r.req_int("v_head_dim");
-  c.rms_norm_eps = r.opt_num(j, "rms_norm_eps", 1e-6);
+  c.rms_norm_eps = r.opt_pos(j, "rms_norm_eps", 1e-6);
   c.max_position_embeddings = r.opt_int("max_position_embeddings", 163840);
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.bos_token_id = r.opt_int("bos_token_id", -1);
   if (r.has("eos_token_id")) {
     const json& e = j["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int>());
+    if (e.is_number_integer()) c.eos_token_ids.push_back(r.as_int(e, "eos_token_id"));
     else if (e.is_array()) {
       for (const auto& x : e) {
-        if (!x.is_number_integer()) r.fail("eos_token_id", "expected integers");
-        c.eos_token_ids.push_back(x.get<int>());
+        c.eos_token_ids.push_back(r.as_int(x, "eos_token_id"));
       }
     } else r.fail("eos_token_id", "expected an integer or a list of integers");
   }
@@ -166,7 +187,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.num_experts_per_tok = c.n_routed_experts > 0 ? r.req_int("num_experts_per_tok") : 0;
   c.n_group = r.opt_int("n_group", 1);
   c.topk_group = r.opt_int("topk_group", 1);
-  c.routed_scaling_factor = r.opt_num(j, "routed_scaling_factor", 1.0);
+  c.routed_scaling_factor = r.opt_pos(j, "routed_scaling_factor", 1.0);
   c.scoring_func = r.opt_str("scoring_func", "sigmoid");
   c.topk_method = r.opt_str("topk_method", "noaux_tc");
   c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
@@ -194,12 +215,12 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       const json& b = q["weight_block_size"];
       if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
         r.fail("quantization_config.weight_block_size", "expected [rows, cols]");
-      c.quant.block_rows = b[0].get<int>();
-      c.quant.block_cols = b[1].get<int>();
+      c.quant.block_rows = r.as_int(b[0], "quantization_config.weight_block_size");
+      c.quant.block_cols = r.as_int(b[1], "quantization_config.weight_block_size");
     }
     if (q.contains("scale_fmt") && !q["scale_fmt"].is_null()) {
-      const std::string sf = q["scale_fmt"].is_string() ? q["scale_fmt"].get<std::string>() : "?";
-      if (sf != "ue8m0") r.fail("quantization_config.scale_fmt", "unsupported '" + sf + "' (expected \"ue8m0\" or absent)");
+      const std::string sf = q["scale_fmt"].is_string() ? q["scale_fmt"].get<std::string>() : "";
+      if (sf != "ue8m0") r.fail("quantization_config.scale_fmt", "unsupported " + q["scale_fmt"].dump() + " (expected \"ue8m0\" or absent)");
       c.quant.scale_ue8m0 = true;
     }
   }
@@ -221,6 +242,18 @@ void ModelConfig::validate() const {
   pos("v_head_dim", v_head_dim);
   pos("index_n_heads", index_n_heads);
   pos("index_topk", index_topk);
+  // Generous bounds far above any released model, so that a typo fails here instead of
+  // as an allocation of many gigabytes (the top-k rows are sized by index_topk).
+  if (index_topk > kMaxIndexTopk) bad("index_topk", "at most " + std::to_string(kMaxIndexTopk) + " supported, got " + std::to_string(index_topk));
+  if (num_hidden_layers > kMaxLayers) bad("num_hidden_layers", "at most " + std::to_string(kMaxLayers) + " supported, got " + std::to_string(num_hidden_layers));
+  pos("max_position_embeddings", max_position_embeddings);
+  if (n_shared_experts < 0 || n_shared_experts > 64) bad("n_shared_experts", "must be in [0, 64], got " + std::to_string(n_shared_experts));
+  if (n_routed_experts < 0) bad("n_routed_experts", "must be >= 0, got " + std::to_string(n_routed_experts));
+  if (first_k_dense_replace < 0 || first_k_dense_replace > num_hidden_layers)
+    bad("first_k_dense_replace", "must be in [0, num_hidden_layers], got " + std::to_string(first_k_dense_replace));
+  if (!moe_router_dtype.empty() && moe_router_dtype != "float32" && moe_router_dtype != "fp32" && moe_router_dtype != "bfloat16" &&
+      moe_router_dtype != "float16")
+    bad("moe_router_dtype", "unsupported '" + moe_router_dtype + "' (expected float32, bfloat16 or float16; the router runs in f32 whatever it says)");
   pos("moe_layer_freq", moe_layer_freq);
   if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2) bad("qk_rope_head_dim", "must be a positive even number, got " + std::to_string(qk_rope_head_dim));
   if (index_head_dim != 128) bad("index_head_dim", "must be 128 (Hadamard-128 and one fp8 block per head), got " + std::to_string(index_head_dim));
@@ -247,11 +280,8 @@ void ModelConfig::validate() const {
 ModelConfig ModelConfig::from_file(const std::string& path) {
   std::filesystem::path p(path);
   if (std::filesystem::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) throw Error("cannot open '" + p.string() + "' (expected a model directory with config.json)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json_text(ss.str(), p.string());
+  if (!std::filesystem::exists(p)) throw Error("cannot open '" + p.string() + "' (expected a model directory with config.json)");
+  return from_json_text(read_text_file(p.string(), "model config", size_t(16) << 20), p.string());
 }
 
 int ModelConfig::num_full_indexer_layers() const {

@@ -25,6 +25,11 @@ struct QuantConfig {
   bool scale_ue8m0 = false;        // scale_fmt == "ue8m0": power-of-two activation/KV scales
 };
 
+// Bounds far above any released model (61-78 layers, top-k 2048): a typo fails in
+// validation, not as a multi-gigabyte allocation or an endless plan.
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int kMaxIndexTopk = 1 << 16;
+
 struct ModelConfig {
   Family family = Family::DeepseekV32;
   std::string model_type;          // "deepseek_v32" | "glm_moe_dsa"

@@ -1,7 +1,9 @@
 #include "model/weights.h"
 
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 
@@ -19,16 +21,18 @@ bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DTyp
 struct Binder {
   const ModelConfig& cfg;
   const SafeTensors& st;
+  std::set<std::string> used = {};  // every tensor bound, for the consistency check
 
-  const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape) const {
+  const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape) {
     const TensorInfo* t = st.find(name);
     if (!t) throw Error("missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
+    used.insert(name);
     if (t->shape != shape)
       throw Error("tensor '" + name + "' has shape " + t->shape_str() + ", expected " + shape_str(shape));
     return *t;
   }
 
-  Linear linear(const std::string& name, int64_t rows, int64_t cols) const {
+  Linear linear(const std::string& name, int64_t rows, int64_t cols) {
     const TensorInfo& t = tensor(name + ".weight", {rows, cols});
     Linear l;
     l.dtype = t.dtype;
@@ -51,18 +55,18 @@ struct Binder {
     return l;
   }
 
-  Vec vec(const std::string& name, int64_t n) const {
+  Vec vec(const std::string& name, int64_t n) {
     const TensorInfo& t = tensor(name, {n});
     if (!is_float(t.dtype)) throw Error("tensor '" + name + "' has dtype " + dtype_name(t.dtype) + ", expected BF16, F16 or F32");
     return Vec{t.dtype, t.data, int(n)};
   }
 
-  MlpWeights mlp(const std::string& p, int inter) const {
+  MlpWeights mlp(const std::string& p, int inter) {
     const int H = cfg.hidden_size;
     return {linear(p + ".gate_proj", inter, H), linear(p + ".up_proj", inter, H), linear(p + ".down_proj", H, inter)};
   }
 
-  LayerWeights layer(int i) const {
+  LayerWeights layer(int i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     const int H = cfg.hidden_size, nh = cfg.num_attention_heads;
     LayerWeights L;
@@ -106,6 +110,51 @@ struct Binder {
   }
 };
 
+// Layer index of "model.layers.{i}.…", or -1.
+int layer_of(const std::string& name) {
+  static const std::string pre = "model.layers.";
+  if (name.compare(0, pre.size(), pre) != 0) return -1;
+  int i = 0;
+  size_t k = pre.size();
+  if (k >= name.size() || !std::isdigit(static_cast<unsigned char>(name[k]))) return -1;
+  for (; k < name.size() && std::isdigit(static_cast<unsigned char>(name[k])) && i < 1000000; ++k) i = i * 10 + (name[k] - '0');
+  return k < name.size() && name[k] == '.' ? i : -1;
+}
+
+// A config.json that does not describe the checkpoint must fail, not run a different model:
+// an MTP layer taken for a decoder layer, decoder layers past num_hidden_layers, or
+// shared / routed experts that the config leaves out. Other unread tensors of the main
+// layers get one warning (a shared-indexer layer may carry indexer tensors it ignores).
+void check_layers_match(const ModelConfig& cfg, const SafeTensors& st, const std::set<std::string>& used) {
+  const int L = cfg.num_hidden_layers;
+  auto is_mtp = [&](int i) { return st.has("model.layers." + std::to_string(i) + ".eh_proj.weight"); };
+  for (int i = 0; i < L; ++i)
+    if (is_mtp(i))
+      throw Error("config.json says num_hidden_layers = " + std::to_string(L) + ", but layer " + std::to_string(i) +
+                  " of the checkpoint is an MTP layer (it has eh_proj): the config does not match the checkpoint");
+  size_t unused = 0;
+  std::string first_unused;
+  for (const auto& [name, t] : st.tensors()) {
+    const int i = layer_of(name);
+    if (i < 0) continue;
+    if (i >= L) {
+      if (is_mtp(i)) continue;  // an MTP layer, loaded only when asked for
+      throw Error("the checkpoint has decoder layer " + std::to_string(i) + " ('" + name + "'), but config.json says num_hidden_layers = " +
+                  std::to_string(L) + ": the config does not match the checkpoint");
+    }
+    if (used.count(name)) continue;
+    if (name.find(".mlp.shared_experts.") != std::string::npos || name.find(".mlp.experts.") != std::string::npos)
+      throw Error("tensor '" + name + "' is not part of the model config.json describes (n_routed_experts = " +
+                  std::to_string(cfg.n_routed_experts) + ", n_shared_experts = " + std::to_string(cfg.n_shared_experts) +
+                  ", first_k_dense_replace = " + std::to_string(cfg.first_k_dense_replace) + "): the config does not match the checkpoint");
+    if (!cfg.is_indexer_full(i) && name.find(".self_attn.indexer.") != std::string::npos) continue;
+    if (unused++ == 0) first_unused = name;
+  }
+  if (unused)
+    std::fprintf(stderr, "warning: %zu tensor(s) of the main layers are not used (first: '%s'); check that config.json matches the checkpoint\n",
+                 unused, first_unused.c_str());
+}
+
 }  // namespace
 
 ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, bool load_mtp) {
@@ -117,6 +166,7 @@ ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, b
   w.norm = b.vec("model.norm.weight", H);
   w.lm_head = cfg.tie_word_embeddings && !st.has("lm_head.weight") ? w.embed_tokens : b.linear("lm_head", V, H);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) w.layers.push_back(b.layer(i));
+  check_layers_match(cfg, st, b.used);
   if (load_mtp && cfg.num_nextn_predict_layers > 0) {
     const int l = cfg.num_hidden_layers;
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -135,7 +185,8 @@ ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, b
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose) {
-  if (!std::filesystem::is_directory(dir)) throw Error("model directory '" + dir + "' does not exist");
+  if (!std::filesystem::exists(dir)) throw Error("model directory '" + dir + "' does not exist");
+  if (!std::filesystem::is_directory(dir)) throw Error("'" + dir + "' is not a directory (expected the model folder holding config.json)");
   auto m = std::make_unique<Model>();
   m->config = ModelConfig::from_file(dir);
   if (verbose) std::fprintf(stderr, "loading %s: mapping safetensors ...\n", dir.c_str());

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "tokenizer/dsv32_encoding.h"
 #include "tokenizer/glm5_template.h"
+#include "tokenizer/utf8.h"
 
 namespace dsa {
 
@@ -61,6 +62,7 @@ ChatSession::ChatSession(Generator& gen, const Tokenizer& tok, bool thinking, st
 
 void ChatSession::reset() {
   messages_ = nlohmann::ordered_json::array();
+  if (!utf8::valid(system_)) throw Error("chat: the system prompt is not valid UTF-8");
   if (!system_.empty()) messages_.push_back({{"role", "system"}, {"content", system_}});
 }
 

@@ -23,9 +23,18 @@ bool before(const Sampler::Candidate& a, const Sampler::Candidate& b) {
 
 Sampler::Sampler(int vocab_size, const SamplerParams& params) : vocab_(vocab_size), p_(params) {
   if (vocab_size <= 0) throw Error("sampler: vocabulary size must be positive");
-  if (!(p_.top_p > 0.0f)) throw Error("sampler: top_p must be > 0, got " + std::to_string(p_.top_p));
-  if (p_.min_p > 1.0f) throw Error("sampler: min_p must be <= 1, got " + std::to_string(p_.min_p));
-  if (!(p_.repeat_penalty > 0.0f)) throw Error("sampler: repeat penalty must be > 0, got " + std::to_string(p_.repeat_penalty));
+  // NaN fails every comparison below (written so that it does): one error, not a stream of
+  // token 0 or an all-NaN distribution.
+  auto check = [](bool ok, const char* what, float v) {
+    if (!ok) throw Error(std::string("sampler: ") + what + ", got " + std::to_string(v));
+  };
+  check(std::isfinite(p_.temperature), "temperature must be a finite number (<= 0: greedy)", p_.temperature);
+  check(p_.top_k >= 0, "top_k must be >= 0 (0: off)", float(p_.top_k));
+  check(p_.top_p > 0.0f && p_.top_p <= 1.0f, "top_p must be in (0, 1] (1: off)", p_.top_p);
+  check(p_.min_p >= 0.0f && p_.min_p <= 1.0f, "min_p must be in [0, 1] (0: off)", p_.min_p);
+  check(p_.repeat_penalty > 0.0f && std::isfinite(p_.repeat_penalty), "repeat penalty must be a finite number > 0 (1: off)", p_.repeat_penalty);
+  check(std::isfinite(p_.presence_penalty), "presence penalty must be a finite number", p_.presence_penalty);
+  check(std::isfinite(p_.frequency_penalty), "frequency penalty must be a finite number", p_.frequency_penalty);
   if (p_.penalty_last_n < -1) throw Error("sampler: penalty_last_n must be >= -1");
   const auto V = size_t(vocab_size);
   work_.resize(V);

@@ -7,11 +7,10 @@
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "io/json.h"
 #include "sim/probe.h"
 
@@ -90,7 +89,30 @@ std::string lower(const std::string& s) {
 double num(const json& j, const char* k, double def, const std::string& where) {
   if (!j.contains(k) || j[k].is_null()) return def;
   if (!j[k].is_number()) throw Error(where + ": field '" + std::string(k) + "': expected a number, got " + j[k].dump());
-  return j[k].get<double>();
+  const double v = j[k].get<double>();
+  // Every figure of a profile is a rate, a size, a latency or a price: finite and >= 0.
+  if (!(v >= 0) || !std::isfinite(v) || v > 1e15)
+    throw Error(where + ": field '" + std::string(k) + "': must be a finite number >= 0, got " + j[k].dump());
+  return v;
+}
+
+std::string str(const json& j, const char* k, const std::string& def, const std::string& where) {
+  if (!j.contains(k) || j[k].is_null()) return def;
+  if (!j[k].is_string()) throw Error(where + ": field '" + std::string(k) + "': expected a string, got " + j[k].dump());
+  return j[k].get<std::string>();
+}
+
+// A misspelt key would otherwise leave its default in place without a word.
+void known_keys(const json& j, std::initializer_list<const char*> keys, const std::string& where) {
+  for (const auto& [k, v] : j.items()) {
+    bool ok = false;
+    for (const char* x : keys) ok = ok || k == x;
+    if (!ok) {
+      std::string list;
+      for (const char* x : keys) list += (list.empty() ? "" : ", ") + std::string(x);
+      throw Error(where + ": unknown field '" + k + "' (known: " + list + ")");
+    }
+  }
 }
 
 }  // namespace
@@ -120,16 +142,24 @@ std::string builtin_hardware_json(const std::string& name) {
 
 Hardware hardware_from_json_text(const std::string& text, const std::string& where) {
   const json j = parse_json_object(text, where);
+  known_keys(j, {"name", "description", "sources", "bf16_tflops", "fp8_tflops", "fp4_tflops", "memory_bandwidth_gbps", "memory_gib",
+                 "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "inter_node_bandwidth_gbps",
+                 "inter_node_latency_us", "launch_overhead_us", "dequant_flops_per_weight", "pack_flops_per_weight",
+                 "memory_usable_fraction", "memory_reserve_gib", "price_per_hour", "efficiency"},
+             where);
   Hardware h;
-  h.name = j.value("name", where);
-  h.description = j.value("description", "");
-  h.sources = j.value("sources", "");
+  h.name = str(j, "name", where, where);
+  h.description = str(j, "description", "", where);
+  h.sources = str(j, "sources", "", where);
   h.bf16_tflops = num(j, "bf16_tflops", 0, where);
   h.fp8_tflops = num(j, "fp8_tflops", 0, where);
   h.fp4_tflops = num(j, "fp4_tflops", 0, where);
   h.memory_bandwidth_gbps = num(j, "memory_bandwidth_gbps", 0, where);
   h.memory_gib = num(j, "memory_gib", 0, where);
-  h.devices_per_node = int(num(j, "devices_per_node", 8, where));
+  const double dpn = num(j, "devices_per_node", 8, where);
+  if (dpn != std::floor(dpn) || dpn < 1 || dpn > 1024)
+    throw Error(where + ": field 'devices_per_node': must be a whole number in [1, 1024], got " + j["devices_per_node"].dump());
+  h.devices_per_node = int(dpn);
   h.intra_node_bandwidth_gbps = num(j, "intra_node_bandwidth_gbps", 0, where);
   h.intra_node_latency_us = num(j, "intra_node_latency_us", 0, where);
   h.inter_node_bandwidth_gbps = num(j, "inter_node_bandwidth_gbps", 0, where);
@@ -144,6 +174,9 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
     const json& e = j["efficiency"];
     if (!e.is_object()) throw Error(where + ": field 'efficiency': expected an object");
     const std::string w = where + " efficiency";
+    known_keys(e, {"gemm", "attention_dense", "attention_dense_prefill", "attention_sparse_decode", "attention_sparse_prefill", "indexer",
+                   "topk", "memory", "elementwise", "comm"},
+               w);
     h.eff.gemm = num(e, "gemm", h.eff.gemm, w);
     h.eff.attention_dense = num(e, "attention_dense", h.eff.attention_dense, w);
     h.eff.attention_dense_prefill = num(e, "attention_dense_prefill", h.eff.attention_dense_prefill, w);
@@ -162,6 +195,8 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   positive("memory_bandwidth_gbps", h.memory_bandwidth_gbps);
   positive("memory_gib", h.memory_gib);
   positive("devices_per_node", h.devices_per_node);
+  if (h.devices_per_node > 1) positive("intra_node_bandwidth_gbps", h.intra_node_bandwidth_gbps);  // 0: one device, no link
+  if (h.memory_reserve_gib >= h.memory_gib) throw Error(where + ": field 'memory_reserve_gib': must be below memory_gib");
   for (double e : {h.eff.gemm, h.eff.attention_dense, h.eff.attention_dense_prefill, h.eff.attention_sparse_decode,
                    h.eff.attention_sparse_prefill, h.eff.indexer, h.eff.topk, h.eff.memory, h.eff.elementwise, h.eff.comm})
     if (!(e > 0 && e <= 1)) throw Error(where + ": efficiency factors must be in (0, 1]");
@@ -269,11 +304,7 @@ Hardware load_hardware(const std::string& name_or_path) {
   for (const auto& b : kBuiltins)
     if (n == lower(b.name)) return hardware_from_json_text(b.json, std::string("built-in ") + b.name);
   if (!std::filesystem::exists(name_or_path)) builtin_hardware_json(name_or_path);  // throws the "unknown" message
-  std::ifstream in(name_or_path);
-  if (!in) throw Error("cannot open hardware profile '" + name_or_path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return hardware_from_json_text(ss.str(), name_or_path);
+  return hardware_from_json_text(read_text_file(name_or_path, "hardware profile", size_t(16) << 20), name_or_path);
 }
 
 }  // namespace dsa::sim

@@ -1,11 +1,10 @@
 #include "sim/model.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/mmap_file.h"
 #include "io/json.h"
 #include "model/make_model.h"
 
@@ -106,11 +105,8 @@ SimModel load_model(const std::string& name_or_path) {
   std::filesystem::path p(name_or_path);
   if (!std::filesystem::exists(p)) builtin_model_json(name_or_path);  // throws the "unknown model" message
   if (std::filesystem::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) throw Error("cannot open '" + p.string() + "' (expected a model directory with config.json)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  SimModel m = model_from_json_text(ss.str(), p.string());
+  if (!std::filesystem::exists(p)) throw Error("cannot open '" + p.string() + "' (expected a model directory with config.json)");
+  SimModel m = model_from_json_text(read_text_file(p.string(), "model config", size_t(16) << 20), p.string());
   m.name = name_or_path;
   return m;
 }

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/mmap_file.h"
 
 namespace dsa::sim {
 
@@ -38,11 +38,7 @@ KernelTable kernel_table_from_csv(const std::string& text, const std::string& wh
 }
 
 KernelTable load_kernel_table(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot open kernel table '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return kernel_table_from_csv(ss.str(), path);
+  return kernel_table_from_csv(read_text_file(path, "kernel table"), path);
 }
 
 static double efficiency(const Hardware& hw, const Op& op) {
@@ -108,10 +104,13 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
 }
 
 Layout resolve_layout(const PlanRequest& r, const Hardware& hw) {
+  // 0 means "derive it" for devices, dp and ep; tp and pp have no automatic value.
+  if (r.tp < 1 || r.pp < 1) throw Error("--tp and --pp must be at least 1");
+  if (r.devices < 0 || r.dp < 0 || r.ep < 0) throw Error("--devices, --dp and --ep must be positive (or left out)");
   Layout l;
   l.devices_per_node = std::max(1, hw.devices_per_node);
-  l.tp = std::max(1, r.tp);
-  l.pp = std::max(1, r.pp);
+  l.tp = r.tp;
+  l.pp = r.pp;
   // Default: one node (at most 8 devices; 1 for the local CPU), or what tp/dp/pp imply.
   int devices = r.devices;
   if (devices <= 0) devices = r.dp > 0 ? l.tp * r.dp * l.pp : std::max(std::min(l.devices_per_node, 8), l.tp * l.pp);
@@ -121,6 +120,9 @@ Layout resolve_layout(const PlanRequest& r, const Hardware& hw) {
   if (l.tp * l.dp * l.pp != devices)
     throw Error("tp*dp*pp = " + std::to_string(l.tp * l.dp * l.pp) + " does not match --devices " + std::to_string(devices));
   l.ep = r.ep > 0 ? r.ep : l.tp * l.dp;
+  if (devices > l.devices_per_node && !(hw.inter_node_bandwidth_gbps > 0))
+    throw Error("--devices " + std::to_string(devices) + " spans several nodes, but hardware profile '" + hw.name +
+                "' gives no inter_node_bandwidth_gbps");
   l.validate();
   return l;
 }
@@ -139,6 +141,9 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   if (r.prefill_batch < 1) throw Error("--prefill-batch must be positive");
   if (!(r.cache_hit >= 0 && r.cache_hit < 1)) throw Error("--cache-hit must be in [0, 1)");
   if (r.opt.mtp < 0) throw Error("--mtp must not be negative");
+  if (r.batch < 0 || r.context < -1) throw Error("--batch and --context must not be negative");
+  if (r.pp > m.cfg.num_hidden_layers)
+    throw Error("--pp " + std::to_string(r.pp) + " exceeds the model's " + std::to_string(m.cfg.num_hidden_layers) + " layers");
   if (r.opt.mtp > 0 && !(r.acceptance >= 0 && r.acceptance <= 1)) throw Error("--acceptance must be in [0, 1]");
   PlanResult p;
   p.layout = resolve_layout(r, hw);

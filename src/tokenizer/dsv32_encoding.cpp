@@ -1,6 +1,7 @@
 #include "tokenizer/dsv32_encoding.h"
 
 #include "core/error.h"
+#include "io/json.h"
 #include "tokenizer/pyjson.h"
 
 namespace dsa::chat {
@@ -115,7 +116,7 @@ std::string render_invoke(const ojson& call) {
   const ojson& a = fn.contains("arguments") ? fn["arguments"] : ojson();
   if (a.is_string()) {
     try {
-      args = ojson::parse(a.get<std::string>());
+      args = parse_json_bounded<ojson>(a.get<std::string>());
     } catch (const nlohmann::json::exception& e) {
       throw Error("tool call arguments are not valid JSON: " + std::string(e.what()));
     }

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "io/json.h"
 #include "tokenizer/pyjson.h"
 #include "tokenizer/utf8.h"
 
@@ -85,7 +86,7 @@ void render_tool_calls(const ojson& calls, std::string& out) {
     if (args.is_string()) {
       // OpenAI requests carry arguments as a JSON string; the template iterates .items().
       try {
-        args = ojson::parse(args.get<std::string>());
+        args = parse_json_bounded<ojson>(args.get<std::string>());
       } catch (const nlohmann::json::exception& e) {
         throw Error("tool call arguments are not valid JSON: " + std::string(e.what()));
       }

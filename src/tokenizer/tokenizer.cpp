@@ -6,13 +6,13 @@
 #include <climits>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/mmap_file.h"
+#include "io/json.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -159,12 +159,9 @@ struct Segment {
 };
 
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot open " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_text_file(path, "tokenizer file");
   try {
-    return nlohmann::json::parse(ss.str());
+    return parse_json_bounded(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error("cannot parse " + path + ": " + e.what());
   }

@@ -93,6 +93,26 @@ TEST(Cli, LogitsErrorsLeaveNoOutput) {
   EXPECT_EQ(st.get("logits").shape, (std::vector<int64_t>{4, 1024}));
   EXPECT_EQ(st.get("mtp.logits").shape, (std::vector<int64_t>{3, 1024}));
   EXPECT_EQ(st.get("indexer.topk.3").shape, (std::vector<int64_t>{3, 8}));
+  // make-model never overwrites a checkpoint unasked, and --force replaces every file of
+  // the old one (no stale shard left beside the new index).
+  const auto again = sh(test::dsa_binary() + " make-model --preset tiny --out " + model);
+  EXPECT_NE(again.code, 0);
+  EXPECT_NE(again.out.find("not empty"), std::string::npos) << again.out;
+  const auto forced = sh(test::dsa_binary() + " make-model --preset tiny --shards 2 --force --out " + model);
+  ASSERT_EQ(forced.code, 0) << forced.out;
+  EXPECT_FALSE(fs::exists(model + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(model + "/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(model + ".partial"));
+  // Sampling values that used to produce garbage ids; a deeply nested line for tokenize.
+  for (const char* bad : {"--temp nan", "--top-p 2", "--min-p -1", "--seed -1"}) {
+    const auto r = sh(test::dsa_binary() + " run --model " + model + " --ids 1,2 --print-ids -n 2 " + bad);
+    EXPECT_NE(r.code, 0) << bad;
+    EXPECT_NE(r.out.find(std::string(bad).substr(0, std::string(bad).find(' '))), std::string::npos) << r.out;
+  }
+  const auto deep = sh("printf '%s' '" + std::string(2000, '[') + std::string(2000, ']') + "' | " + test::dsa_binary() +
+                       " tokenize --decode --model " + model);
+  EXPECT_EQ(deep.code, 1) << deep.out;
+  EXPECT_NE(deep.out.find("nested deeper"), std::string::npos) << deep.out;
   fs::remove_all(model);
   fs::remove(out);
 }

@@ -1,6 +1,7 @@
 // Config and checkpoint loading: the happy paths (single file, sharded, fp8, bf16) and
 // every error path, each of which must name the thing that is wrong.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -177,6 +178,77 @@ TEST(Config, ErrorsNameTheField) {
   fs::remove(dir + "/config.json");
   expect_load_error(dir, {"config.json"});
   expect_load_error(dir + "/nope", {"does not exist"});
+}
+
+TEST(Config, ValuesThatWouldWrapOrPoisonAreRefused) {
+  auto base = nlohmann::json::parse(make_model_config("tiny", "fp8"));
+  auto expect_error = [&](const std::function<void(nlohmann::json&)>& edit, std::initializer_list<std::string> needles) {
+    auto j = base;
+    edit(j);
+    try {
+      ModelConfig::from_json_text(j.dump());
+      FAIL() << "accepted: " << j.dump();
+    } catch (const Error& e) {
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\nmissing: " << n;
+    }
+  };
+  // 2^32 + 256 must not become 256, nor 2^31 a negative number.
+  expect_error([](auto& j) { j["hidden_size"] = 4294967552ull; }, {"hidden_size", "out of range"});
+  expect_error([](auto& j) { j["n_shared_experts"] = 2147483648ll; }, {"n_shared_experts", "out of range"});
+  expect_error([](auto& j) { j["num_hidden_layers"] = -1; }, {"num_hidden_layers"});
+  expect_error([](auto& j) { j["num_hidden_layers"] = 100000000; }, {"num_hidden_layers"});
+  expect_error([](auto& j) { j["index_topk"] = 1000000000; }, {"index_topk", "at most"});
+  // Values that turn every logit into NaN.
+  expect_error([](auto& j) { j["rms_norm_eps"] = -1; }, {"rms_norm_eps", "> 0"});
+  expect_error([](auto& j) { j["rope_theta"] = 0; }, {"rope_theta", "> 0"});
+  expect_error([](auto& j) { j["rope_scaling"]["factor"] = 0; }, {"rope_scaling.factor"});
+  expect_error([](auto& j) { j["rope_scaling"]["type"] = 5; }, {"rope_scaling.type", "string"});
+  expect_error([](auto& j) { j["routed_scaling_factor"] = -1; }, {"routed_scaling_factor"});
+  expect_error([](auto& j) { j["index_topk_freq"] = 0; }, {"index_topk_freq"});
+  expect_error([](auto& j) { j["first_k_dense_replace"] = -1; }, {"first_k_dense_replace"});
+  expect_error([](auto& j) { j["n_routed_experts"] = -16; }, {"n_routed_experts"});
+  expect_error([](auto& j) { j["moe_router_dtype"] = "int8"; }, {"moe_router_dtype", "int8"});
+  EXPECT_NO_THROW(ModelConfig::from_json_text(base.dump()));
+}
+
+TEST(Loader, ConfigThatDoesNotDescribeTheCheckpointFails) {
+  // tiny: 3 main layers (layer 0 dense) + the MTP layer 3.
+  const std::string dir = make("mismatch", "tiny", "fp8", 1);
+  set_config(dir, [](auto& j) { j["num_hidden_layers"] = 4; });
+  expect_load_error(dir, {"layer 3", "MTP"});
+  set_config(dir, [](auto& j) { j["num_hidden_layers"] = 2; });
+  expect_load_error(dir, {"decoder layer 2", "num_hidden_layers = 2"});
+  set_config(dir, [](auto& j) { j["num_hidden_layers"] = 3; j["n_shared_experts"] = 0; });
+  expect_load_error(dir, {"shared_experts", "n_shared_experts = 0"});
+  set_config(dir, [](auto& j) { j["n_shared_experts"] = 1; });
+  EXPECT_NO_THROW(Model::load(dir, true));
+}
+
+TEST(Loader, CorruptHeadersAndSpecialFiles) {
+  const std::string dir = make("corrupt", "tiny", "fp8", 1);
+  const std::string f = dir + "/model.safetensors";
+  auto write_raw = [&](const std::string& h, size_t data) {
+    std::ofstream o(f, std::ios::binary | std::ios::trunc);
+    const uint64_t n = h.size();
+    o.write(reinterpret_cast<const char*>(&n), 8);
+    o << h << std::string(data, '\0');
+  };
+  write_raw(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", 24);
+  expect_load_error(dir, {"'a'", "'b'", "overlap"});
+  write_raw(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "a": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})", 32);
+  expect_load_error(dir, {"'a'", "twice"});
+  write_raw(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0);
+  expect_load_error(dir, {"'a'", "too large"});
+  write_raw("{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}", 0);
+  expect_load_error(dir, {"model.safetensors", "nested deeper"});
+  // A FIFO must be refused, not waited on.
+  fs::remove(f);
+  ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0);
+  expect_load_error(dir, {"model.safetensors", "not a regular file"});
+  fs::remove(f);
+  fs::remove(dir + "/config.json");
+  fs::create_directory(dir + "/config.json");
+  expect_load_error(dir, {"config.json", "not a regular file"});
 }
 
 TEST(Config, IndexerScheduleAndRopeVariants) {

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 
+#include "core/error.h"
 #include "sampling/sampler.h"
 
 using namespace dsa;
@@ -267,6 +269,27 @@ TEST(Sampler, RejectsBadParameters) {
   p.repeat_penalty = 0.0f;
   EXPECT_THROW(Sampler(8, p), std::exception);
   EXPECT_THROW(Sampler(0, plain()), std::exception);
+  // NaN passes a plain range check; every field must refuse it (or garbage ids follow).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float SamplerParams::*f : {&SamplerParams::temperature, &SamplerParams::top_p, &SamplerParams::min_p,
+                                  &SamplerParams::repeat_penalty, &SamplerParams::presence_penalty, &SamplerParams::frequency_penalty}) {
+    p = plain();
+    p.*f = nan;
+    EXPECT_THROW(Sampler(8, p), dsa::Error);
+  }
+  p = plain();
+  p.top_p = 2.0f;
+  EXPECT_THROW(Sampler(8, p), dsa::Error);
+  p = plain();
+  p.min_p = -1.0f;
+  EXPECT_THROW(Sampler(8, p), dsa::Error);
+  p = plain();
+  p.top_k = -1;
+  EXPECT_THROW(Sampler(8, p), dsa::Error);
+  p = plain();
+  p.repeat_penalty = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(Sampler(8, p), dsa::Error);
+  EXPECT_NO_THROW(Sampler(8, plain()));
 }
 
 }  // namespace

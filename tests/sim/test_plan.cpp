@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "sim/memory.h"
@@ -116,6 +118,28 @@ TEST(SimHardware, BuiltinsAndUserProfiles) {
   EXPECT_THROW(hardware_from_json_text(R"({"bf16_tflops": 1, "memory_bandwidth_gbps": 1, "memory_gib": 1,
                                           "efficiency": {"gemm": 1.5}})", "x"), dsa::Error);
   EXPECT_THROW(hardware_from_json_text(R"({"memory_bandwidth_gbps": 1, "memory_gib": 1})", "x"), dsa::Error);
+  // A profile's mistakes are named: wrong types, misspelt keys, impossible values.
+  const std::string ok = R"({"bf16_tflops": 1, "memory_bandwidth_gbps": 1, "memory_gib": 100, "devices_per_node": 1)";
+  EXPECT_NO_THROW(hardware_from_json_text(ok + "}", "x"));
+  for (const auto& [extra, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"(, "name": 7})", "'name'"},
+           {R"(, "memory_bandwith_gbps": 2})", "unknown field 'memory_bandwith_gbps'"},
+           {R"(, "efficiency": {"gem": 0.5}})", "unknown field 'gem'"},
+           {R"(, "launch_overhead_us": -100})", "'launch_overhead_us'"},
+           {R"(, "price_per_hour": -3})", "'price_per_hour'"},
+           {R"(, "memory_reserve_gib": 500})", "'memory_reserve_gib'"}}) {
+    try {
+      hardware_from_json_text(ok + extra, "p.json");
+      ADD_FAILURE() << "accepted " << extra;
+    } catch (const dsa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("p.json"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(hardware_from_json_text(R"({"bf16_tflops": 1, "memory_bandwidth_gbps": 1, "memory_gib": 1e300, "devices_per_node": 1})", "x"),
+               dsa::Error);
+  EXPECT_THROW(hardware_from_json_text(R"({"bf16_tflops": 1, "memory_bandwidth_gbps": 1, "memory_gib": 1, "devices_per_node": 8.5})", "x"),
+               dsa::Error);
   const Hardware t = toy();
   EXPECT_EQ(t.peak_flops(16), 1e12);
   EXPECT_EQ(t.peak_flops(8), 2e12);
@@ -425,4 +449,34 @@ TEST(SimCli, NumaOptionBeforeOrAfterTheCommand) {
   EXPECT_GT(nlohmann::json::parse(out)["decode_tokens_per_s_per_device"].get<double>(), 0);
   EXPECT_NE(run(plan + " --numa sideways", out), 0);
   EXPECT_NE(out.find("--numa: unknown mode 'sideways' (expected auto, off or interleave)"), std::string::npos) << out;
+}
+
+// Invalid options are refused with the option named, never replaced by a default.
+TEST(SimCli, InvalidOptionsAreNamed) {
+  auto run = [](const std::string& args, std::string& out) {
+    FILE* f = popen((std::string(DSA_BINARY) + " " + args + " 2>&1").c_str(), "r");
+    if (!f) return -1;
+    out.clear();
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    return pclose(f);
+  };
+  std::string out;
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"plan --devices 0", "--devices"},
+           {"plan --tp -1", "--tp"},
+           {"plan --batch 0", "--batch"},
+           {"plan --context -1", "--context"},
+           {"plan --mtp 1 --acceptance nan", "--acceptance"},
+           {"plan --price -1", "--price"},
+           {"plan --sweep-batch 8,-3", "--sweep-batch"},
+           {"plan --kernel-table /", "--kernel-table"},
+           {"plan --pp 100", "--pp 100"},
+           {"bench --model . -t 100000", "--threads"},
+           {"bench --model . -t 0", "--threads"},
+           {"bench --model . -p 2147483647", "--prompt"}}) {
+    EXPECT_NE(run(args, out), 0) << args;
+    EXPECT_NE(out.find(needle), std::string::npos) << args << ": " << out;
+  }
 }
