@@ -429,39 +429,32 @@ TEST(SimCli, PlanJsonContract) {
   EXPECT_NE(out.find("unknown model"), std::string::npos) << out;
 }
 
+// Runs `dsa ARGS`, stdout and stderr into out; returns pclose's status.
+static int run_dsa(const std::string& args, std::string& out) {
+  FILE* f = popen((std::string(DSA_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  if (!f) return -1;
+  out.clear();
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  return pclose(f);
+}
+
 // --numa is a global option, accepted before or after the command name; a bad mode is one
 // clear error naming the accepted ones.
 TEST(SimCli, NumaOptionBeforeOrAfterTheCommand) {
-  auto run = [](const std::string& args, std::string& out) {
-    FILE* f = popen((std::string(DSA_BINARY) + " " + args + " 2>&1").c_str(), "r");
-    if (!f) return -1;
-    out.clear();
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-    return pclose(f);
-  };
   std::string out;
   const std::string plan = "plan --model v32-mini --hardware h100 --batch 1 --input-len 512 --json";
-  EXPECT_EQ(run("--numa off " + plan, out), 0) << out;
+  EXPECT_EQ(run_dsa("--numa off " + plan, out), 0) << out;
   EXPECT_GT(nlohmann::json::parse(out)["decode_tokens_per_s_per_device"].get<double>(), 0);
-  EXPECT_EQ(run(plan + " --numa interleave", out), 0) << out;
+  EXPECT_EQ(run_dsa(plan + " --numa interleave", out), 0) << out;
   EXPECT_GT(nlohmann::json::parse(out)["decode_tokens_per_s_per_device"].get<double>(), 0);
-  EXPECT_NE(run(plan + " --numa sideways", out), 0);
+  EXPECT_NE(run_dsa(plan + " --numa sideways", out), 0);
   EXPECT_NE(out.find("--numa: unknown mode 'sideways' (expected auto, off or interleave)"), std::string::npos) << out;
 }
 
 // Invalid options are refused with the option named, never replaced by a default.
 TEST(SimCli, InvalidOptionsAreNamed) {
-  auto run = [](const std::string& args, std::string& out) {
-    FILE* f = popen((std::string(DSA_BINARY) + " " + args + " 2>&1").c_str(), "r");
-    if (!f) return -1;
-    out.clear();
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-    return pclose(f);
-  };
   std::string out;
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"plan --devices 0", "--devices"},
@@ -476,7 +469,7 @@ TEST(SimCli, InvalidOptionsAreNamed) {
            {"bench --model . -t 100000", "--threads"},
            {"bench --model . -t 0", "--threads"},
            {"bench --model . -p 2147483647", "--prompt"}}) {
-    EXPECT_NE(run(args, out), 0) << args;
+    EXPECT_NE(run_dsa(args, out), 0) << args;
     EXPECT_NE(out.find(needle), std::string::npos) << args << ": " << out;
   }
 }
