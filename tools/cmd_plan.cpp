@@ -120,6 +120,15 @@ void run(const Args& a) {
   const std::vector<SweepRow> sweeps = run_sweeps(m, hw, req, p, a, kt.get());
   if (!a.svg_cost.empty()) cost_plot(m, hw, req, p, a, kt.get());
   if (!a.svg_throughput.empty()) throughput_plot(m, hw, req, p, a, kt.get());
+  if (kt && kt->matched.size() < kt->latency_us.size()) {
+    for (const auto& [key, us] : kt->latency_us)
+      if (!kt->matched.count(key)) {
+        std::fprintf(stderr, "warning: %s: %zu of %zu rows match no operator of this plan (first: %s,%s); shapes are as printed by --json\n",
+                     a.kernel_table.c_str(), kt->latency_us.size() - kt->matched.size(), kt->latency_us.size(), key.first.c_str(),
+                     key.second.c_str());
+        break;
+      }
+  }
   const PlanContext ctx{&m, &hw, &req};
   if (a.json) std::printf("%s\n", format_json(ctx, p, sweeps).c_str());
   else std::printf("%s", format_text(ctx, p, sweeps, !a.no_ops).c_str());

@@ -249,11 +249,8 @@ void ModelConfig::validate() const {
   pos("max_position_embeddings", max_position_embeddings);
   if (n_shared_experts < 0 || n_shared_experts > 64) bad("n_shared_experts", "must be in [0, 64], got " + std::to_string(n_shared_experts));
   if (n_routed_experts < 0) bad("n_routed_experts", "must be >= 0, got " + std::to_string(n_routed_experts));
-  if (first_k_dense_replace < 0 || first_k_dense_replace > num_hidden_layers)
-    bad("first_k_dense_replace", "must be in [0, num_hidden_layers], got " + std::to_string(first_k_dense_replace));
-  if (!moe_router_dtype.empty() && moe_router_dtype != "float32" && moe_router_dtype != "fp32" && moe_router_dtype != "bfloat16" &&
-      moe_router_dtype != "float16")
-    bad("moe_router_dtype", "unsupported '" + moe_router_dtype + "' (expected float32, bfloat16 or float16; the router runs in f32 whatever it says)");
+  // Larger than num_hidden_layers is valid: every layer is dense (HF: MoE from that index on).
+  if (first_k_dense_replace < 0) bad("first_k_dense_replace", "must be >= 0, got " + std::to_string(first_k_dense_replace));
   pos("moe_layer_freq", moe_layer_freq);
   if (qk_rope_head_dim <= 0 || qk_rope_head_dim % 2) bad("qk_rope_head_dim", "must be a positive even number, got " + std::to_string(qk_rope_head_dim));
   if (index_head_dim != 128) bad("index_head_dim", "must be 128 (Hadamard-128 and one fp8 block per head), got " + std::to_string(index_head_dim));

@@ -102,7 +102,8 @@ std::string str(const json& j, const char* k, const std::string& def, const std:
   return j[k].get<std::string>();
 }
 
-// A misspelt key would otherwise leave its default in place without a word.
+// A misspelt key would otherwise leave its default in place without a word; a warning,
+// not an error, so that profiles may carry notes of their own.
 void known_keys(const json& j, std::initializer_list<const char*> keys, const std::string& where) {
   for (const auto& [k, v] : j.items()) {
     bool ok = false;
@@ -110,7 +111,7 @@ void known_keys(const json& j, std::initializer_list<const char*> keys, const st
     if (!ok) {
       std::string list;
       for (const char* x : keys) list += (list.empty() ? "" : ", ") + std::string(x);
-      throw Error(where + ": unknown field '" + k + "' (known: " + list + ")");
+      std::fprintf(stderr, "warning: %s: unknown field '%s' is ignored (known: %s)\n", where.c_str(), k.c_str(), list.c_str());
     }
   }
 }

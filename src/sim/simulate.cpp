@@ -11,7 +11,9 @@ namespace dsa::sim {
 
 const double* KernelTable::find(const std::string& op, const std::string& shape) const {
   auto it = latency_us.find({op, shape});
-  return it == latency_us.end() ? nullptr : &it->second;
+  if (it == latency_us.end()) return nullptr;
+  matched.insert(it->first);
+  return &it->second;
 }
 
 KernelTable kernel_table_from_csv(const std::string& text, const std::string& where) {
@@ -31,7 +33,8 @@ KernelTable kernel_table_from_csv(const std::string& text, const std::string& wh
     if (f[0] == "op" && n == 1) continue;  // header
     char* end = nullptr;
     const double us = std::strtod(f[2].c_str(), &end);
-    if (end == f[2].c_str() || !(us >= 0)) throw Error(where + ":" + std::to_string(n) + ": latency_us is not a number");
+    if (end == f[2].c_str() || *end != '\0' || !(us >= 0) || !std::isfinite(us))
+      throw Error(where + ":" + std::to_string(n) + ": latency_us must be a finite number >= 0, got '" + f[2] + "'");
     t.latency_us[{f[0], f[1]}] = us;
   }
   return t;

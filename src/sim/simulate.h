@@ -3,6 +3,7 @@
 // TPOT, tokens/s per device, cost per million tokens, and sweeps over context and batch.
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,9 @@ namespace dsa::sim {
 // estimate of an operator whose name and shape match exactly.
 struct KernelTable {
   std::map<std::pair<std::string, std::string>, double> latency_us;
+  // Rows some lookup matched: a row that never matches (a misspelt op or shape) is
+  // reported instead of being ignored without a word.
+  mutable std::set<std::pair<std::string, std::string>> matched;
   const double* find(const std::string& op, const std::string& shape) const;
 };
 KernelTable kernel_table_from_csv(const std::string& text, const std::string& where);

@@ -206,8 +206,12 @@ TEST(Config, ValuesThatWouldWrapOrPoisonAreRefused) {
   expect_error([](auto& j) { j["routed_scaling_factor"] = -1; }, {"routed_scaling_factor"});
   expect_error([](auto& j) { j["index_topk_freq"] = 0; }, {"index_topk_freq"});
   expect_error([](auto& j) { j["first_k_dense_replace"] = -1; }, {"first_k_dense_replace"});
+  {  // past the last layer: every layer dense, as in HF
+    auto j = base;
+    j["first_k_dense_replace"] = 99;
+    EXPECT_FALSE(ModelConfig::from_json_text(j.dump()).is_moe_layer(2));
+  }
   expect_error([](auto& j) { j["n_routed_experts"] = -16; }, {"n_routed_experts"});
-  expect_error([](auto& j) { j["moe_router_dtype"] = "int8"; }, {"moe_router_dtype", "int8"});
   EXPECT_NO_THROW(ModelConfig::from_json_text(base.dump()));
 }
 
