@@ -1,6 +1,9 @@
 // `dsa make-model`: a random-weight checkpoint in the real layout, with a tokenizer.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 
 #include "command.h"
 #include "core/error.h"
@@ -21,10 +24,12 @@ struct Args {
 
 namespace fs = std::filesystem;
 
-// The files a checkpoint folder of this kind holds: what --force replaces.
+// The files make-model writes (model.safetensors or model-NNNNN-of-NNNNN.safetensors and
+// the rest): what --force replaces. Other files in the folder are left alone.
 bool is_model_file(const std::string& n) {
+  static const std::regex shard(R"(model-[0-9]{5}-of-[0-9]{5}\.safetensors)");
   return n == "config.json" || n == "tokenizer.json" || n == "tokenizer_config.json" || n == "model.safetensors.index.json" ||
-         (n.rfind("model", 0) == 0 && n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0);
+         n == "model.safetensors" || std::regex_match(n, shard);
 }
 
 fs::path tokenizer_source(const std::string& t) {
@@ -45,8 +50,9 @@ void run(const Args& a) {
     const fs::path src = tokenizer_source(a.tokenizer);
     if (!fs::is_regular_file(src)) throw dsa::Error("--tokenizer: '" + src.string() + "' is not a file (expected a tokenizer.json or its folder)");
   }
-  const fs::path stage = out.parent_path() / (out.filename().string() + ".partial");
-  fs::remove_all(stage);  // what an interrupted run left
+  // A name of this run's own: nothing a user (or another run) made is removed.
+  const fs::path stage = out.parent_path() / (out.filename().string() + ".partial-" + std::to_string(::getpid()));
+  if (fs::exists(stage)) throw dsa::Error("make-model: '" + stage.string() + "' already exists; remove it first");
   try {
     dsa::MakeModelOptions opt = a.opt;
     opt.out_dir = stage.string();

@@ -1,6 +1,7 @@
 // `dsa perplexity`: PPL of a text file, llama.cpp style (windows of --ctx tokens, the
 // second half of each scored; see runtime/perplexity.h), with its standard error.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "cli_util.h"
@@ -41,6 +42,10 @@ void run(const Args& a) {
     std::fflush(stderr);
   });
   std::fprintf(stderr, "\n");
+  if (r.n_scored == 0)
+    throw Error("perplexity: no token was scored (--ctx " + std::to_string(a.ctx) + " scores " +
+                (a.score_all ? "every position" : "the second half") + " of each window after the first token; use a larger --ctx or --score-all)");
+  if (!std::isfinite(r.ppl)) throw Error("perplexity: the result is not finite (the model produced NaN or infinite logits)");
   std::printf("perplexity: %.4f ± %.4f (%lld tokens scored, mean NLL %.4f)\n", r.ppl, r.ppl_stderr,
               static_cast<long long>(r.n_scored), r.mean_nll);
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 
 #include "command.h"
 #include "core/error.h"
@@ -26,6 +27,13 @@ int main(int argc, char** argv) {
   // One thread per physical core unless OMP_NUM_THREADS says otherwise (-t overrides both
   // where a command offers it).
   if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(dsa::physical_cores());
+  // The same bound as -t: 100000 threads crash libgomp, 20000 never finish starting.
+  const int max_threads = std::max(4, 4 * int(std::max(1u, std::thread::hardware_concurrency())));
+  if (omp_get_max_threads() > max_threads) {
+    std::fprintf(stderr, "error: OMP_NUM_THREADS asks for %d threads; at most %d (4 per logical CPU) are allowed\n", omp_get_max_threads(),
+                 max_threads);
+    return 1;
+  }
   CLI::App app{"dsa: inference engine, server and deployment planner for DeepSeek Sparse Attention models\n"
                "(DeepSeek-V3.2 and GLM-5 families, Hugging Face checkpoints with fp8 block weights)"};
   app.require_subcommand(1);

@@ -1,7 +1,12 @@
 #include "io/safetensors.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -201,10 +206,22 @@ void write_safetensors(const std::string& path, const std::vector<TensorBlob>& t
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8) h.push_back(' ');  // keep the data region 8-byte aligned
-  const std::string tmp = path + ".tmp";
+  // Only a regular file (or nothing) is replaced: renaming over a FIFO, a device or a
+  // symlink would destroy it. The temporary is created exclusively (mkstemp), never
+  // through a link left at a predictable name.
+  std::error_code sec;
+  const auto st = fs::symlink_status(path, sec);
+  if (fs::exists(st) && !fs::is_regular_file(st)) throw Error("'" + path + "' exists and is not a regular file; not replacing it");
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) throw Error("cannot write '" + path + "': " + std::strerror(errno));
+  ::close(fd);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot write '" + tmp + "'");
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error("cannot write '" + tmp + "'");
+    }
     const uint64_t n = h.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(h.data(), std::streamsize(h.size()));
@@ -216,6 +233,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorBlob>& t
       throw Error("write to '" + tmp + "' failed");
     }
   }
+  const mode_t mask = ::umask(0);  // mkstemp made it 0600: give it the usual permissions
+  ::umask(mask);
+  ::chmod(tmp.c_str(), 0666 & ~mask);
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {

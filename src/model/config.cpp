@@ -206,9 +206,10 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   if (r.has("quantization_config")) {
     const json& q = j["quantization_config"];
     if (!q.is_object()) r.fail("quantization_config", "expected an object");
-    const std::string method = q.value("quant_method", "");
+    const Reader qr{q, where};
+    const std::string method = qr.opt_str("quant_method", "");
     if (method != "fp8") r.fail("quantization_config.quant_method", "unsupported '" + method + "' (expected \"fp8\")");
-    const std::string fmt = q.value("fmt", "e4m3");
+    const std::string fmt = qr.opt_str("fmt", "e4m3");
     if (fmt != "e4m3") r.fail("quantization_config.fmt", "unsupported '" + fmt + "' (expected \"e4m3\")");
     c.quant.fp8 = true;
     if (q.contains("weight_block_size")) {

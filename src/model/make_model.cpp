@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 
@@ -197,7 +198,12 @@ std::string make_model_config(const std::string& preset, const std::string& dtyp
 void make_model(const MakeModelOptions& opt) {
   if (opt.out_dir.empty()) throw Error("--out: an output directory is required");
   if (opt.shards < 1 || opt.shards > 1000) throw Error("--shards: expected 1..1000, got " + std::to_string(opt.shards));
-  const std::string config_text = make_model_config(opt.preset, opt.dtype);
+  std::string config_text = make_model_config(opt.preset, opt.dtype);
+  if (!opt.config_patch.empty()) {
+    auto j = nlohmann::json::parse(config_text);
+    j.merge_patch(parse_json_object(opt.config_patch, "config patch"));
+    config_text = j.dump(2);
+  }
   const ModelConfig cfg = ModelConfig::from_json_text(config_text, "preset '" + opt.preset + "'");
   fs::create_directories(opt.out_dir);
 

@@ -15,6 +15,7 @@ struct MakeModelOptions {
   int shards = 1;
   uint64_t seed = 0;
   bool verbose = true;
+  std::string config_patch;      // JSON merge patch over the preset's config (tests: odd shapes)
 };
 
 std::vector<std::string> make_model_presets();

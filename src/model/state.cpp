@@ -79,7 +79,9 @@ State::State(const ModelConfig& cfg, const StateOptions& o) : opt(o) {
   q.resize(T * nh * qk);
   kva.resize(T * (L + R));
   latent.resize(T * L); k_rope.resize(T * R);
-  kv.resize(T * nh * (nope + v));
+  // Also the absorbed path's scratch ([n, nope] + [n, kv_lora] + [n, v]), which can exceed
+  // [n, heads * (nope + v)] when there are few heads.
+  kv.resize(T * std::max(nh * (nope + v), nope + L + v));
   q_lat.resize(T * nh * L); o_lat.resize(T * nh * L); q_pe.resize(T * nh * R);
   attn.resize(T * nh * v);
   // A prefill chunk after a cached prefix dequantizes one layer's latents once for all of

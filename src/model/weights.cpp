@@ -81,7 +81,7 @@ struct Binder {
     a.kv_a_layernorm = vec(ap + "kv_a_layernorm.weight", cfg.kv_lora_rank);
     a.kv_b_proj = linear(ap + "kv_b_proj", int64_t(nh) * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank);
     a.o_proj = linear(ap + "o_proj", H, int64_t(nh) * cfg.v_head_dim);
-    // Shared-indexer layers carry no indexer tensors; extra ones, if present, are ignored.
+    // Shared-indexer layers carry no indexer tensors; extra ones are reported (check_layers_match).
     L.has_indexer = cfg.is_indexer_full(i);
     if (L.has_indexer) {
       const std::string ip = ap + "indexer.";
@@ -124,7 +124,7 @@ int layer_of(const std::string& name) {
 // A config.json that does not describe the checkpoint must fail, not run a different model:
 // an MTP layer taken for a decoder layer, decoder layers past num_hidden_layers, or
 // shared / routed experts that the config leaves out. Other unread tensors of the main
-// layers get one warning (a shared-indexer layer may carry indexer tensors it ignores).
+// layers get one warning (for example indexer weights on a layer the schedule says shares).
 void check_layers_match(const ModelConfig& cfg, const SafeTensors& st, const std::set<std::string>& used) {
   const int L = cfg.num_hidden_layers;
   auto is_mtp = [&](int i) { return st.has("model.layers." + std::to_string(i) + ".eh_proj.weight"); };
@@ -147,7 +147,6 @@ void check_layers_match(const ModelConfig& cfg, const SafeTensors& st, const std
       throw Error("tensor '" + name + "' is not part of the model config.json describes (n_routed_experts = " +
                   std::to_string(cfg.n_routed_experts) + ", n_shared_experts = " + std::to_string(cfg.n_shared_experts) +
                   ", first_k_dense_replace = " + std::to_string(cfg.first_k_dense_replace) + "): the config does not match the checkpoint");
-    if (!cfg.is_indexer_full(i) && name.find(".self_attn.indexer.") != std::string::npos) continue;
     if (unused++ == 0) first_unused = name;
   }
   if (unused)

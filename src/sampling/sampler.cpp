@@ -101,7 +101,19 @@ double Sampler::next_uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 std::span<const Sampler::Candidate> Sampler::prepare(const float* logits) {
   std::copy_n(logits, size_t(vocab_), work_.begin());
   apply_penalties(work_.data());
-  const float inv_t = is_greedy() ? 1.0f : 1.0f / p_.temperature;
+  float inv_t = is_greedy() ? 1.0f : 1.0f / p_.temperature;
+  int top_k = p_.top_k;
+  if (!is_greedy()) {
+    // A temperature so small that logit / T overflows (1e-40 gives 1/T = inf, and then
+    // NaN probabilities): use its limit, the most likely token.
+    float amax = 0.0f;
+    for (int32_t i = 0; i < vocab_; ++i)
+      if (std::isfinite(work_[size_t(i)])) amax = std::max(amax, std::fabs(work_[size_t(i)]));
+    if (!(double(amax) * double(inv_t) < 1e37)) {
+      inv_t = 1.0f;
+      top_k = 1;
+    }
+  }
 
   size_t n = 0;
   for (int32_t i = 0; i < vocab_; ++i) {
@@ -113,9 +125,9 @@ std::span<const Sampler::Candidate> Sampler::prepare(const float* logits) {
   auto* c = cand_.data();
 
   // top-k: the k best, in order.
-  if (p_.top_k > 0 && size_t(p_.top_k) < n) {
-    std::nth_element(c, c + p_.top_k, c + n, before);
-    n = size_t(p_.top_k);
+  if (top_k > 0 && size_t(top_k) < n) {
+    std::nth_element(c, c + top_k, c + n, before);
+    n = size_t(top_k);
   }
   // Probabilities against the full normalizer of the current set.
   const float mx = std::max_element(c, c + n, [](const Candidate& a, const Candidate& b) { return before(b, a); })->logit;

@@ -158,6 +158,9 @@ struct Segment {
   int32_t id = -1;
 };
 
+// Vocabularies are ~130K; anything near this bound is a corrupt file, not a tokenizer.
+constexpr int64_t kMaxTokenId = int64_t(1) << 24;
+
 nlohmann::json read_json_file(const std::string& path) {
   const std::string text = read_text_file(path, "tokenizer file");
   try {
@@ -412,11 +415,19 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
 
     // Vocabulary: token strings are in the byte-level alphabet; keep them as raw bytes.
     const auto& vocab = model.at("vocab");
+    // Every id indexes the tables below: read it as 64 bits and bound it (get<int32_t>
+    // would wrap 2^32 to 0, and a negative added-token id wrote before the tables).
+    auto token_id = [](const nlohmann::json& v, const std::string& what) {
+      if (!v.is_number_integer()) throw Error(what + ": id is not an integer: " + v.dump());
+      const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kMaxTokenId) : v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxTokenId;
+      if (!ok) throw Error(what + ": id " + v.dump() + " is outside [0, " + std::to_string(kMaxTokenId) + ")");
+      return int32_t(v.get<int64_t>());
+    };
     int32_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, it.value().get<int32_t>());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, token_id(it.value(), "model.vocab '" + it.key() + "'"));
     std::vector<const std::string*> vocab_str;
     if (j.contains("added_tokens"))
-      for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, a.at("id").get<int32_t>());
+      for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, token_id(a.at("id"), "added_tokens"));
     const auto n = static_cast<size_t>(max_id + 1);
     m.token_bytes.assign(n, std::string());
     m.valid.assign(n, 0);

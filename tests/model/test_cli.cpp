@@ -1,5 +1,6 @@
 // The `dsa logits` / `dsa inspect` / `dsa make-model` contracts, through the binary.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -102,7 +103,8 @@ TEST(Cli, LogitsErrorsLeaveNoOutput) {
   ASSERT_EQ(forced.code, 0) << forced.out;
   EXPECT_FALSE(fs::exists(model + "/model.safetensors"));
   EXPECT_TRUE(fs::exists(model + "/model.safetensors.index.json"));
-  EXPECT_FALSE(fs::exists(model + ".partial"));
+  for (const auto& e : fs::directory_iterator(fs::path(model).parent_path()))  // no staging folder left
+    EXPECT_NE(e.path().filename().string().rfind(fs::path(model).filename().string() + ".partial", 0), 0u) << e.path();
   // Sampling values that used to produce garbage ids; a deeply nested line for tokenize.
   for (const char* bad : {"--temp nan", "--top-p 2", "--min-p -1", "--seed -1"}) {
     const auto r = sh(test::dsa_binary() + " run --model " + model + " --ids 1,2 --print-ids -n 2 " + bad);
@@ -113,6 +115,19 @@ TEST(Cli, LogitsErrorsLeaveNoOutput) {
                        " tokenize --decode --model " + model);
   EXPECT_EQ(deep.code, 1) << deep.out;
   EXPECT_NE(deep.out.find("nested deeper"), std::string::npos) << deep.out;
+  const auto wrap = sh("echo '[-4294967296]' | " + test::dsa_binary() + " tokenize --decode --model " + model);
+  EXPECT_EQ(wrap.code, 1) << wrap.out;  // not token 0
+  EXPECT_NE(wrap.out.find("not a token id"), std::string::npos) << wrap.out;
+  const auto omp = sh("OMP_NUM_THREADS=100000 " + test::dsa_binary() + " inspect --model " + model);
+  EXPECT_EQ(omp.code, 1) << omp.out;
+  EXPECT_NE(omp.out.find("OMP_NUM_THREADS"), std::string::npos) << omp.out;
+  // logits never replaces something that is not a regular file (a FIFO here).
+  const std::string fifo = tmp("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto ff = sh(test::dsa_binary() + " logits --model " + model + " --ids 1,2 --prompt-len 1 --out " + fifo);
+  EXPECT_NE(ff.code, 0) << ff.out;
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  fs::remove(fifo);
   fs::remove_all(model);
   fs::remove(out);
 }

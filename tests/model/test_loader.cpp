@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -213,6 +214,25 @@ TEST(Config, ValuesThatWouldWrapOrPoisonAreRefused) {
   }
   expect_error([](auto& j) { j["n_routed_experts"] = -16; }, {"n_routed_experts"});
   EXPECT_NO_THROW(ModelConfig::from_json_text(base.dump()));
+}
+
+// Few heads and a wide latent: the absorbed path's scratch ([n, nope + kv_lora + v]) is
+// larger than the expanded one ([n, heads * (nope + v)]); it used to abort on a check.
+TEST(Loader, OneHeadWideLatentRuns) {
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = 3;
+  o.verbose = false;
+  o.out_dir = tmpdir("onehead");
+  o.config_patch = R"({"num_attention_heads": 1})";
+  make_model(o);
+  auto m = Model::load(o.out_dir, false);
+  ASSERT_EQ(m->config.num_attention_heads, 1);
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6};
+  for (CacheType cache : {CacheType::F32, CacheType::FP8}) {
+    const TeacherForcedResult r = run_teacher_forced(*m, ids, 4, cache, false, false);
+    for (float v : r.logits) ASSERT_TRUE(std::isfinite(v));
+  }
 }
 
 TEST(Loader, ConfigThatDoesNotDescribeTheCheckpointFails) {

@@ -61,6 +61,12 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   p.temperature = 0.0f;  // temperature 0 is greedy too
   Sampler u(8, p);
   EXPECT_EQ(u.sample(kLogits.data()), o[0]);
+  // So is its limit: 1/T overflows float (it gave NaN probabilities and token 0).
+  for (float t : {1e-40f, 1e-37f}) {
+    p.temperature = t;
+    Sampler v(8, p);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(v.sample(kLogits.data()), o[0]) << t;
+  }
 }
 
 TEST(Sampler, TopK1EqualsGreedy) {

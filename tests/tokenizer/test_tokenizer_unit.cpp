@@ -102,6 +102,12 @@ TEST(TinyTokenizer, RejectsWhatItCannotDo) {
   t = tiny_tokenizer(gpt2_pre(), false);
   t["model"]["merges"].push_back("x zz");
   EXPECT_THROW(dsa::Tokenizer::from_json(t), dsa::Error);
+  // Token ids index tables: negative, wrapping (2^32 -> 0) or absurd ones are refused.
+  for (const J& id : {J(-5), J(4294967296ll), J(2147483647), J("7")}) {
+    t = tiny_tokenizer(gpt2_pre(), false);
+    t["added_tokens"].push_back(J{{"id", id}, {"content", "ZZZ"}, {"special", true}});
+    EXPECT_THROW(dsa::Tokenizer::from_json(t), dsa::Error) << id.dump();
+  }
   const auto tok = dsa::Tokenizer::from_json(tiny_tokenizer(gpt2_pre(), false));
   EXPECT_THROW(tok.encode(std::string("\xC3", 1)), dsa::Error);
   EXPECT_THROW(tok.decode(std::vector<int32_t>{5000}), dsa::Error);
