@@ -157,8 +157,8 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--batch", a->req.batch,
                   "Concurrent sequences in the whole deployment (default: what fits in memory, at most 128 per device)")
       ->check(dsa::cli::int_in(1, int64_t(1) << 40));
-  cmd->add_option("--input-len", a->req.input_len, "Prompt tokens per request")->capture_default_str();
-  cmd->add_option("--output-len", a->req.output_len, "Generated tokens per request")->capture_default_str();
+  cmd->add_option("--input-len", a->req.input_len, "Prompt tokens per request")->capture_default_str()->check(dsa::cli::int_in(1, int64_t(1) << 30));
+  cmd->add_option("--output-len", a->req.output_len, "Generated tokens per request")->capture_default_str()->check(dsa::cli::int_in(1, int64_t(1) << 30));
   cmd->add_option("--context", a->req.context, "Cached tokens at which decode is evaluated (default: input + output/2)")
       ->check(dsa::cli::int_in(0, int64_t(1) << 30));
   cmd->add_option("--prefill-batch", a->req.prefill_batch, "Prompts per data-parallel group in one prefill step")

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <thread>
 
 #include "command.h"
@@ -57,6 +58,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const dsa::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory: the request needs more memory than this machine has "
+                         "(a smaller --ctx, --depth, prompt or --batch needs less)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

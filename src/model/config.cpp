@@ -98,8 +98,10 @@ void parse_rope(const Reader& r, ModelConfig& c) {
   c.rope.beta_slow = r.opt_pos(*scaling, "beta_slow", 1, pre);
   c.rope.mscale = r.opt_num(*scaling, "mscale", 1.0, pre);
   c.rope.mscale_all_dim = r.opt_num(*scaling, "mscale_all_dim", 0.0, pre);
+  // Released configs use 0.707-1; far larger values only overflow the softmax scale.
   for (const auto& [name, v] : {std::pair{"mscale", c.rope.mscale}, std::pair{"mscale_all_dim", c.rope.mscale_all_dim}})
-    if (!(v >= 0) || !std::isfinite(v)) r.fail(pre + name, "must be a finite number >= 0, got " + (*scaling)[name].dump());
+    if (!(v >= 0 && v <= 100)) r.fail(pre + name, "must be a number in [0, 100], got " + (*scaling)[name].dump());
+  if (c.rope.factor > 1e6) r.fail(pre + "factor", "must be at most 1e6, got " + (*scaling)["factor"].dump());
 }
 
 void parse_indexer_schedule(const Reader& r, ModelConfig& c) {
@@ -188,6 +190,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.n_group = r.opt_int("n_group", 1);
   c.topk_group = r.opt_int("topk_group", 1);
   c.routed_scaling_factor = r.opt_pos(j, "routed_scaling_factor", 1.0);
+  if (c.routed_scaling_factor > 1e4) r.fail("routed_scaling_factor", "must be at most 1e4 (released models use 1-2.5), got " + j["routed_scaling_factor"].dump());
   c.scoring_func = r.opt_str("scoring_func", "sigmoid");
   c.topk_method = r.opt_str("topk_method", "noaux_tc");
   c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);

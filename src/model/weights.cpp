@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -49,6 +50,12 @@ struct Binder {
       if (reinterpret_cast<uintptr_t>(s.data) % 4)
         throw Error("tensor '" + name + ".weight_scale_inv' is not 4-byte aligned in '" + s.file + "'");
       l.scale = reinterpret_cast<const float*>(s.data);
+      // One pass over the scales (1/16384 of the weights): a NaN, infinite or negative
+      // block scale is a corrupt checkpoint, not a model to run (zero: an all-zero block).
+      for (int64_t k = 0; k < sr * sc; ++k)
+        if (!(l.scale[k] >= 0.0f) || !std::isfinite(l.scale[k]))
+          throw Error("tensor '" + name + ".weight_scale_inv' holds " + std::to_string(l.scale[k]) + " at block " + std::to_string(k / sc) + "," +
+                      std::to_string(k % sc) + " (expected finite scales >= 0)");
     } else if (!is_float(t.dtype)) {
       throw Error("tensor '" + name + ".weight' has dtype " + dtype_name(t.dtype) + ", expected F8_E4M3, BF16, F16 or F32");
     }

@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -107,6 +109,16 @@ TEST(Loader, WrongShapeAndDtypeAreNamed) {
     }
   write_safetensors(d2 + "/model.safetensors", b2);
   expect_load_error(d2, {"q_a_proj.weight_scale_inv", "I32", "expected F32"});
+
+  const std::string d3 = make("nanscale", "tiny", "fp8", 1);  // a corrupt block scale
+  auto b3 = blobs_of(d3 + "/model.safetensors");
+  for (auto& b : b3)
+    if (b.name == "model.layers.1.self_attn.o_proj.weight_scale_inv") {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(b.bytes.data() + 4, &nan, 4);
+    }
+  write_safetensors(d3 + "/model.safetensors", b3);
+  expect_load_error(d3, {"model.layers.1.self_attn.o_proj.weight_scale_inv", "nan", "block 1,0"});
 }
 
 TEST(Loader, TruncatedAndMalformedFiles) {
@@ -205,6 +217,8 @@ TEST(Config, ValuesThatWouldWrapOrPoisonAreRefused) {
   expect_error([](auto& j) { j["rope_scaling"]["factor"] = 0; }, {"rope_scaling.factor"});
   expect_error([](auto& j) { j["rope_scaling"]["type"] = 5; }, {"rope_scaling.type", "string"});
   expect_error([](auto& j) { j["routed_scaling_factor"] = -1; }, {"routed_scaling_factor"});
+  expect_error([](auto& j) { j["routed_scaling_factor"] = 1e39; }, {"routed_scaling_factor"});
+  expect_error([](auto& j) { j["rope_scaling"]["mscale"] = 1e20; }, {"rope_scaling.mscale"});
   expect_error([](auto& j) { j["index_topk_freq"] = 0; }, {"index_topk_freq"});
   expect_error([](auto& j) { j["first_k_dense_replace"] = -1; }, {"first_k_dense_replace"});
   {  // past the last layer: every layer dense, as in HF

@@ -469,6 +469,7 @@ TEST(SimCli, InvalidOptionsAreNamed) {
            {"plan --sweep-batch 8,-3", "--sweep-batch"},
            {"plan --kernel-table /", "--kernel-table"},
            {"plan --pp 100", "--pp 100"},
+           {"plan --input-len 99999999999999", "--input-len"},
            {"bench --model . -t 100000", "--threads"},
            {"bench --model . -t 0", "--threads"},
            {"bench --model . -p 2147483647", "--prompt"}}) {
