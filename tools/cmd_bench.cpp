@@ -45,6 +45,9 @@ void run(const Args& a) {
 
   StateOptions so;
   so.max_ctx = a.depth + std::max(a.prompt, 1) + a.gen + 1;
+  if (so.max_ctx - 1 > c.max_position_embeddings)
+    throw Error("bench: --depth + -p + -n = " + std::to_string(so.max_ctx - 1) + " tokens exceeds the model's max_position_embeddings (" +
+                std::to_string(c.max_position_embeddings) + ")");
   so.max_tokens = std::max(a.prompt, 1);
   so.cache = cli::parse_cache_type(a.kv_cache);
   State st(c, so);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <new>
 #include <thread>
 
@@ -51,6 +52,26 @@ int main(int argc, char** argv) {
   auto& reg = dsa::cli::registry();
   std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
   for (const auto& e : reg) e.setup(app);
+  // CLI11 answers an unknown command with "A subcommand is required"; name it instead.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--numa") {  // the one global option that takes a value
+      ++i;
+      continue;
+    }
+    if (arg.empty() || arg[0] == '-') continue;
+    std::string names;
+    bool known = false;
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      known = known || sub->get_name() == arg;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "error: unknown command '%s' (commands: %s; see --help)\n", arg.c_str(), names.c_str());
+      return 1;
+    }
+    break;
+  }
   try {
     dsa::numa_setup(dsa::NumaMode::Auto);
     app.parse(argc, argv);

@@ -118,6 +118,9 @@ TEST(Cli, LogitsErrorsLeaveNoOutput) {
   const auto wrap = sh("echo '[-4294967296]' | " + test::dsa_binary() + " tokenize --decode --model " + model);
   EXPECT_EQ(wrap.code, 1) << wrap.out;  // not token 0
   EXPECT_NE(wrap.out.find("not a token id"), std::string::npos) << wrap.out;
+  const auto deep_bench = sh(test::dsa_binary() + " bench --model " + model + " --depth 16000000 -p 1 -n 1 --repeat 1");
+  EXPECT_EQ(deep_bench.code, 1) << deep_bench.out;
+  EXPECT_NE(deep_bench.out.find("max_position_embeddings"), std::string::npos) << deep_bench.out;
   const auto omp = sh("OMP_NUM_THREADS=100000 " + test::dsa_binary() + " inspect --model " + model);
   EXPECT_EQ(omp.code, 1) << omp.out;
   EXPECT_NE(omp.out.find("OMP_NUM_THREADS"), std::string::npos) << omp.out;

@@ -472,7 +472,8 @@ TEST(SimCli, InvalidOptionsAreNamed) {
            {"plan --input-len 99999999999999", "--input-len"},
            {"bench --model . -t 100000", "--threads"},
            {"bench --model . -t 0", "--threads"},
-           {"bench --model . -p 2147483647", "--prompt"}}) {
+           {"bench --model . -p 2147483647", "--prompt"},
+           {"benhc --model .", "unknown command 'benhc'"}}) {
     EXPECT_NE(run_dsa(args, out), 0) << args;
     EXPECT_NE(out.find(needle), std::string::npos) << args << ": " << out;
   }
