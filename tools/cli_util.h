@@ -33,12 +33,10 @@ inline CLI::Validator finite_in(double lo, double hi) {
       "NUMBER in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
 }
 
-// Threads: at least one, at most four per logical CPU (more only thrashes; 100000 threads
-// would not even start).
-inline CLI::Validator thread_count() {
-  const int64_t hw = std::max(1u, std::thread::hardware_concurrency());
-  return CLI::Range(int64_t(1), std::max<int64_t>(4, 4 * hw));
-}
+// Threads: at most four per logical CPU (more only thrashes; 100000 threads would not even
+// start). The bound for -t and for OMP_NUM_THREADS.
+inline int max_threads() { return std::max(4, 4 * int(std::max(1u, std::thread::hardware_concurrency()))); }
+inline CLI::Validator thread_count() { return CLI::Range(1, max_threads()); }
 
 // A seed: decimal digits that fit in 64 bits ("-1" would otherwise wrap to 2^64 - 1 and an
 // overlong number saturate, both silently).

@@ -48,10 +48,8 @@ void run(const Args& a) {
       std::vector<int32_t> ids;
       ids.reserve(v.size());
       for (const auto& x : v) {
-        // Read as 64 bits and range-checked before narrowing (-2^32 must not become 0).
-        const bool in_range = x.is_number_unsigned() ? x.get<uint64_t>() <= uint64_t(INT32_MAX)
-                                                     : x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX;
-        if (!in_range || !tok.is_valid_id(static_cast<int32_t>(x.get<int64_t>())))
+        // Range-checked before narrowing (-2^32 must not become 0).
+        if (!dsa::json_int_in(x, 0, INT32_MAX) || !tok.is_valid_id(static_cast<int32_t>(x.get<int64_t>())))
           throw Error(where + "not a token id of this tokenizer: " + x.dump() + " (valid: 0.." +
                       std::to_string(tok.vocab_size() - 1) + ")");
         ids.push_back(static_cast<int32_t>(x.get<int64_t>()));

@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <string>
 #include <new>
-#include <thread>
+#include <string>
 
+#include "cli_util.h"
 #include "command.h"
 #include "core/error.h"
 #include "core/numa.h"
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   // where a command offers it).
   if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(dsa::physical_cores());
   // The same bound as -t: 100000 threads crash libgomp, 20000 never finish starting.
-  const int max_threads = std::max(4, 4 * int(std::max(1u, std::thread::hardware_concurrency())));
+  const int max_threads = dsa::cli::max_threads();
   if (omp_get_max_threads() > max_threads) {
     std::fprintf(stderr, "error: OMP_NUM_THREADS asks for %d threads; at most %d (4 per logical CPU) are allowed\n", omp_get_max_threads(),
                  max_threads);

@@ -13,15 +13,25 @@
 
 namespace dsa {
 
-MmapFile::MmapFile(const std::string& path) : path_(path) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is rejected just below).
+namespace {
+
+// Opens a regular file for reading; label names it in the errors ("'p'", "hardware profile
+// 'p'"). O_NONBLOCK: opening a FIFO must not wait for a writer (it is rejected instead).
+int open_regular(const std::string& path, const std::string& label, struct stat& st) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
-  struct stat st{};
+  if (fd < 0) throw Error("cannot open " + label + ": " + std::strerror(errno));
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error("'" + path + "' is not a regular file");
+    throw Error(label + " is not a regular file");
   }
+  return fd;
+}
+
+}  // namespace
+
+MmapFile::MmapFile(const std::string& path) : path_(path) {
+  struct stat st{};
+  const int fd = open_regular(path, "'" + path + "'", st);
   size_ = size_t(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -35,13 +45,8 @@ MmapFile::MmapFile(const std::string& path) : path_(path) {
 }
 
 std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error("cannot open " + what + " '" + path + "': " + std::strerror(errno));
   struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(what + " '" + path + "' is not a regular file");
-  }
+  const int fd = open_regular(path, what + " '" + path + "'", st);
   if (size_t(st.st_size) > max_bytes) {
     ::close(fd);
     throw Error(what + " '" + path + "' is " + std::to_string(st.st_size) + " bytes, more than the " +

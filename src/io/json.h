@@ -1,6 +1,7 @@
 #pragma once
 // Parsing a whole JSON document whose top level must be an object, with one error that
 // names where the text came from (config.json, a hardware profile, a header).
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -26,6 +27,14 @@ Json parse_json_bounded(Input&&... in) {
     if (depth > kMaxJsonDepth) throw JsonTooDeep();
     return true;
   });
+}
+
+// An integer in [lo, hi], read without narrowing: get<int>() would wrap 2^32 + 256 to 256,
+// and an unsigned value above 2^63 would read as negative through get<int64_t>().
+inline bool json_int_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned()) return hi >= 0 && v.get<uint64_t>() <= uint64_t(hi) && (lo <= 0 || v.get<uint64_t>() >= uint64_t(lo));
+  return v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
 }
 
 inline nlohmann::json parse_json_object(const std::string& text, const std::string& where) {

@@ -22,12 +22,10 @@ struct Reader {
     throw Error(where + ": field '" + key + "': " + what);
   }
   bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
-  // An integer that fits in int: nlohmann's get<int>() would wrap 2^32 + 256 to 256.
+  // An integer that fits in int.
   int as_int(const json& v, const std::string& k) const {
     if (!v.is_number_integer()) fail(k, "expected an integer, got " + v.dump());
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
-                                             : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
-    if (!fits) fail(k, "integer out of range, got " + v.dump());
+    if (!json_int_in(v, INT32_MIN, INT32_MAX)) fail(k, "integer out of range, got " + v.dump());
     return int(v.get<int64_t>());
   }
   int req_int(const char* k) const {

@@ -101,28 +101,26 @@ double Sampler::next_uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 std::span<const Sampler::Candidate> Sampler::prepare(const float* logits) {
   std::copy_n(logits, size_t(vocab_), work_.begin());
   apply_penalties(work_.data());
-  float inv_t = is_greedy() ? 1.0f : 1.0f / p_.temperature;
+  const bool greedy = is_greedy();
+  const float inv_t = greedy ? 1.0f : 1.0f / p_.temperature;
   int top_k = p_.top_k;
-  if (!is_greedy()) {
-    // A temperature so small that logit / T overflows (1e-40 gives 1/T = inf, and then
-    // NaN probabilities): use its limit, the most likely token.
-    float amax = 0.0f;
-    for (int32_t i = 0; i < vocab_; ++i)
-      if (std::isfinite(work_[size_t(i)])) amax = std::max(amax, std::fabs(work_[size_t(i)]));
-    if (!(double(amax) * double(inv_t) < 1e37)) {
-      inv_t = 1.0f;
-      top_k = 1;
-    }
-  }
 
   size_t n = 0;
+  bool overflow = false;  // some finite logit / T leaves the float range
   for (int32_t i = 0; i < vocab_; ++i) {
     const float l = work_[size_t(i)];
+    if (!greedy && std::isfinite(l) && !(double(std::fabs(l)) * double(inv_t) < 1e37)) overflow = true;
     if (banned_[size_t(i)] || std::isnan(l) || l == kNegInf) continue;
     cand_[n++] = Candidate{i, l * inv_t, 0.0f};
   }
   if (n == 0) throw Error("sampler: every token has probability zero");
   auto* c = cand_.data();
+  if (overflow) {
+    // A temperature so small that logit / T overflows (1e-40 gives 1/T = inf, and then
+    // NaN probabilities): use its limit, the most likely token.
+    for (size_t i = 0; i < n; ++i) c[i].logit = work_[size_t(c[i].id)];
+    top_k = 1;
+  }
 
   // top-k: the k best, in order.
   if (top_k > 0 && size_t(top_k) < n) {

@@ -419,8 +419,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
     // would wrap 2^32 to 0, and a negative added-token id wrote before the tables).
     auto token_id = [](const nlohmann::json& v, const std::string& what) {
       if (!v.is_number_integer()) throw Error(what + ": id is not an integer: " + v.dump());
-      const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kMaxTokenId) : v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxTokenId;
-      if (!ok) throw Error(what + ": id " + v.dump() + " is outside [0, " + std::to_string(kMaxTokenId) + ")");
+      if (!json_int_in(v, 0, kMaxTokenId - 1)) throw Error(what + ": id " + v.dump() + " is outside [0, " + std::to_string(kMaxTokenId) + ")");
       return int32_t(v.get<int64_t>());
     };
     int32_t max_id = -1;
