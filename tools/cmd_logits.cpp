@@ -37,6 +37,8 @@ void run(const Args& a) {
   auto model = Model::load(a.model, a.mtp);
   const ModelConfig& c = model->config;
   if (a.mtp && !model->weights.mtp) throw Error("--mtp: the model has no MTP layer (num_nextn_predict_layers = 0)");
+  if (T > c.max_position_embeddings)
+    throw Error("--ids: " + std::to_string(T) + " tokens exceed the model's max_position_embeddings (" + std::to_string(c.max_position_embeddings) + ")");
   for (int32_t id : ids)
     if (id >= c.vocab_size) throw Error("--ids: token id " + std::to_string(id) + " out of range [0, " + std::to_string(c.vocab_size) + ")");
 

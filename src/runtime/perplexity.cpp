@@ -12,6 +12,9 @@ PerplexityResult perplexity(const Model& m, std::span<const int32_t> ids, const 
                             const std::function<void(int, int, double)>& progress) {
   const int N = opt.ctx, V = m.config.vocab_size;
   if (N < 2) throw Error("perplexity: --ctx must be at least 2, got " + std::to_string(N));
+  if (N > m.config.max_position_embeddings)
+    throw Error("perplexity: --ctx " + std::to_string(N) + " exceeds the model's max_position_embeddings (" +
+                std::to_string(m.config.max_position_embeddings) + ")");
   const int windows = int(ids.size() / size_t(N));
   if (windows == 0)
     throw Error("perplexity: " + std::to_string(ids.size()) + " tokens are fewer than one window of " + std::to_string(N));

@@ -178,4 +178,36 @@ TEST(PerplexityCli, ReportsPplWithError) {
   EXPECT_NE(bad.code, 0);
 }
 
+// Positions past max_position_embeddings are refused, not computed with RoPE the model
+// was never trained for: perplexity's --ctx and the ids given to logits.
+TEST(PerplexityCli, ContextBeyondMaxPositionsIsRefused) {
+  const std::string dir = (fs::temp_directory_path() / ("dsa_gen_maxpos_" + std::to_string(::getpid()))).string();
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.out_dir = dir;
+  o.verbose = false;
+  o.config_patch = R"({"max_position_embeddings": 24})";
+  make_model(o);
+  write_synthetic_tokenizer(dir, 1024);
+  const std::string file = dir + "/text.txt";
+  {
+    std::ofstream f(file);
+    for (int i = 0; i < 10; ++i) f << "The quick brown fox jumps over the lazy dog. ";
+  }
+  const auto ok = sh(test::dsa_binary() + " perplexity --model " + dir + " -f " + file + " --ctx 24");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  const auto bad = sh(test::dsa_binary() + " perplexity --model " + dir + " -f " + file + " --ctx 25");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--ctx 25 exceeds the model's max_position_embeddings (24)"), std::string::npos) << bad.err;
+  std::string ids = "1";
+  for (int i = 2; i <= 25; ++i) ids += "," + std::to_string(i);
+  const std::string out = dir + "/logits.safetensors";
+  const auto lg = sh(test::dsa_binary() + " logits --model " + dir + " --ids " + ids + " --prompt-len 4 --out " + out);
+  EXPECT_NE(lg.code, 0);
+  EXPECT_NE(lg.err.find("--ids: 25 tokens exceed the model's max_position_embeddings (24)"), std::string::npos) << lg.err;
+  EXPECT_FALSE(fs::exists(out));
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 }  // namespace

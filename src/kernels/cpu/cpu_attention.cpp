@@ -295,30 +295,44 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
 
 namespace {
 
-// o[h][0:d] += Σ_j p[j][h] k_j[0:d] for 4 heads over nj tokens, 16 columns at a time
-// held in registers across the whole token loop. p rows (one per token) have stride ldp.
-__attribute__((target("avx2,fma"))) inline void accumulate_4heads(const float* p, size_t ldp, const float* const* k, int nj, int d,
-                                                                 float* o, size_t ldo) {
+// o[h][0:d] += Σ_j p[j][h] k_j[0:d] for NH heads (or queries) over nj tokens, 16 columns at a
+// time held in registers across the whole token loop: a small GEMM with the tokens as its
+// reduction. Six rows keep twelve independent accumulators (two loads and six broadcasts
+// feed twelve FMAs); with four rows (eight accumulators, exactly the FMA latency x ports)
+// any late load stalls the chain. p rows (one per token) have stride ldp.
+template <int NH>
+__attribute__((target("avx2,fma"))) inline void accumulate_heads(const float* p, size_t ldp, const float* const* k, int nj, int d,
+                                                                float* o, size_t ldo) {
   for (int c = 0; c < d; c += 16) {
-    __m256 acc[4][2];
-    for (int h = 0; h < 4; ++h) {
+    __m256 acc[NH][2];
+    for (int h = 0; h < NH; ++h) {
       acc[h][0] = _mm256_loadu_ps(o + size_t(h) * ldo + size_t(c));
       acc[h][1] = _mm256_loadu_ps(o + size_t(h) * ldo + size_t(c) + 8);
     }
     for (int j = 0; j < nj; ++j) {
       const __m256 k0 = _mm256_loadu_ps(k[j] + c), k1 = _mm256_loadu_ps(k[j] + c + 8);
+      _mm_prefetch(reinterpret_cast<const char*>(k[j] + c + 16), _MM_HINT_T0);  // this row's next block: the rows are gathered, no stride to detect
       const float* pj = p + size_t(j) * ldp;
-      for (int h = 0; h < 4; ++h) {
+      for (int h = 0; h < NH; ++h) {
         const __m256 ph = _mm256_broadcast_ss(pj + h);
         acc[h][0] = _mm256_fmadd_ps(ph, k0, acc[h][0]);
         acc[h][1] = _mm256_fmadd_ps(ph, k1, acc[h][1]);
       }
     }
-    for (int h = 0; h < 4; ++h) {
+    for (int h = 0; h < NH; ++h) {
       _mm256_storeu_ps(o + size_t(h) * ldo + size_t(c), acc[h][0]);
       _mm256_storeu_ps(o + size_t(h) * ldo + size_t(c) + 8, acc[h][1]);
     }
   }
+}
+
+// accumulate_heads over rows [0, n) (n even): six rows at a time, then four or two.
+__attribute__((target("avx2,fma"))) inline void accumulate_rows(const float* p, size_t ldp, const float* const* k, int nj, int d,
+                                                               float* o, size_t ldo, int n) {
+  int h = 0;
+  for (; h + 6 <= n; h += 6) accumulate_heads<6>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
+  if (n - h == 4) accumulate_heads<4>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
+  else if (n - h == 2) accumulate_heads<2>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
 }
 
 }  // namespace
@@ -416,8 +430,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
       softmax_tile_group(sc, size_t(hp), cnt, g, mx[g], sum[g], o, H, L);
       for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * size_t(hp) + size_t(8 * g)));
     }
-    for (int h = 0; h < H; h += 4)
-      accumulate_4heads(sc + size_t(h), size_t(hp), rows, cnt, L, o + size_t(h) * size_t(L), size_t(L));
+    accumulate_rows(sc, size_t(hp), rows, cnt, L, o, size_t(L), H);
   }
   for (int g = 0; g < hp / 8; ++g) {
     _mm256_storeu_ps(m + 8 * g, mx[g]);
@@ -654,7 +667,7 @@ __attribute__((target("avx2,fma,f16c"))) void causal_block_avx2(const float* q, 
     if (masked) apply_mask(0.0f);  // exp8 leaves about 1e-38 for -inf: masked keys weigh exactly nothing
     for (int g = 0; g < 2; ++g)
       for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * QB + size_t(8 * g)));
-    for (int b = 0; b < qb4; b += 4) accumulate_4heads(sc + b, QB, vrows, cnt, v_dim, o.data() + size_t(b) * size_t(v_dim), size_t(v_dim));
+    accumulate_rows(sc, QB, vrows, cnt, v_dim, o.data(), size_t(v_dim), qb4);
   }
   alignas(32) float l[QB];
   _mm256_store_ps(l, sum[0]);
