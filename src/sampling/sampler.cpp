@@ -19,6 +19,14 @@ bool before(const Sampler::Candidate& a, const Sampler::Candidate& b) {
   return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+// Nothing left to sample: say whether the model produced NaN (a non-finite value in the
+// checkpoint's weights, or an activation that overflowed) rather than a bare "no token".
+[[noreturn]] void throw_nothing_to_sample(const std::vector<float>& logits) {
+  if (std::any_of(logits.begin(), logits.end(), [](float l) { return std::isnan(l); }))
+    throw Error("sampler: the logits are NaN (non-finite values in the checkpoint's weights, or activations that overflowed)");
+  throw Error("sampler: every token has probability zero");
+}
+
 }  // namespace
 
 Sampler::Sampler(int vocab_size, const SamplerParams& params) : vocab_(vocab_size), p_(params) {
@@ -113,7 +121,7 @@ std::span<const Sampler::Candidate> Sampler::prepare(const float* logits) {
     if (banned_[size_t(i)] || std::isnan(l) || l == kNegInf) continue;
     cand_[n++] = Candidate{i, l * inv_t, 0.0f};
   }
-  if (n == 0) throw Error("sampler: every token has probability zero");
+  if (n == 0) throw_nothing_to_sample(work_);
   auto* c = cand_.data();
   if (overflow) {
     // A temperature so small that logit / T overflows (1e-40 gives 1/T = inf, and then
@@ -172,7 +180,7 @@ int32_t Sampler::sample(const float* logits) {
       if (banned_[size_t(i)] || std::isnan(l)) continue;
       if (best < 0 || l > work_[size_t(best)]) best = i;
     }
-    if (best < 0) throw Error("sampler: every token has probability zero");
+    if (best < 0) throw_nothing_to_sample(work_);
     return best;
   }
   const auto c = prepare(logits);

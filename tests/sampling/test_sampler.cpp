@@ -298,4 +298,34 @@ TEST(Sampler, RejectsBadParameters) {
   EXPECT_NO_THROW(Sampler(8, plain()));
 }
 
+// NaN logits (a NaN weight upstream makes every logit NaN) give one error that says so,
+// greedy or not; a single NaN logit is skipped, the others still sampled.
+TEST(Sampler, NanLogitsAreNamed) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> all_nan(8, nan);
+  SamplerParams greedy = plain();
+  greedy.temperature = 0.0f;
+  for (const SamplerParams& p : {plain(), greedy}) {
+    Sampler s(8, p);
+    try {
+      s.sample(all_nan.data());
+      ADD_FAILURE() << "no error for NaN logits";
+    } catch (const dsa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("logits are NaN"), std::string::npos) << e.what();
+    }
+    std::vector<float> one = {0.0f, nan, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < 50; ++i) EXPECT_NE(s.sample(one.data()), 1);
+  }
+  // Every token banned is not a NaN problem.
+  Sampler s(8, plain());
+  const int32_t ban[] = {0, 1, 2, 3, 4, 5, 6, 7};
+  s.set_banned(ban);
+  try {
+    s.sample(kLogits.data());
+    ADD_FAILURE() << "no error with every token banned";
+  } catch (const dsa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("probability zero"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
