@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
                  max_threads);
     return 1;
   }
-  CLI::App app{"dsa: inference engine, server and deployment planner for DeepSeek Sparse Attention models\n"
+  CLI::App app{"dsa: inference engine and deployment planner for DeepSeek Sparse Attention models\n"
                "(DeepSeek-V3.2 and GLM-5 families, Hugging Face checkpoints with fp8 block weights)"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
