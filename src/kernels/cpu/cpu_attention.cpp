@@ -295,13 +295,13 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
 
 namespace {
 
-// o[h][0:d] += Σ_j p[j][h] k_j[0:d] for NH heads (or queries) over nj tokens, 16 columns at a
-// time held in registers across the whole token loop: a small GEMM with the tokens as its
+// o[q][0:d] += Σ_j p[j][q] k_j[0:d] for NH queries of a causal block over nj keys, 16 columns
+// at a time held in registers across the whole key loop: a small GEMM with the keys as its
 // reduction. Six rows keep twelve independent accumulators (two loads and six broadcasts
 // feed twelve FMAs); with four rows (eight accumulators, exactly the FMA latency x ports)
-// any late load stalls the chain. p rows (one per token) have stride ldp.
+// any late load stalls the chain. p rows (one per key) have stride ldp.
 template <int NH>
-__attribute__((target("avx2,fma"))) inline void accumulate_heads(const float* p, size_t ldp, const float* const* k, int nj, int d,
+__attribute__((target("avx2,fma"))) inline void accumulate_queries(const float* p, size_t ldp, const float* const* k, int nj, int d,
                                                                 float* o, size_t ldo) {
   for (int c = 0; c < d; c += 16) {
     __m256 acc[NH][2];
@@ -311,7 +311,9 @@ __attribute__((target("avx2,fma"))) inline void accumulate_heads(const float* p,
     }
     for (int j = 0; j < nj; ++j) {
       const __m256 k0 = _mm256_loadu_ps(k[j] + c), k1 = _mm256_loadu_ps(k[j] + c + 8);
-      _mm_prefetch(reinterpret_cast<const char*>(k[j] + c + 16), _MM_HINT_T0);  // this row's next block: the rows are gathered, no stride to detect
+      // This row's next block: the rows lie a page or more apart (one per key, every head's
+      // values in between), farther than the hardware prefetchers follow a stride.
+      _mm_prefetch(reinterpret_cast<const char*>(k[j] + c + 16), _MM_HINT_T0);
       const float* pj = p + size_t(j) * ldp;
       for (int h = 0; h < NH; ++h) {
         const __m256 ph = _mm256_broadcast_ss(pj + h);
@@ -326,13 +328,13 @@ __attribute__((target("avx2,fma"))) inline void accumulate_heads(const float* p,
   }
 }
 
-// accumulate_heads over rows [0, n) (n even): six rows at a time, then four or two.
+// accumulate_queries over rows [0, n) (n even): six rows at a time, then four or two.
 __attribute__((target("avx2,fma"))) inline void accumulate_rows(const float* p, size_t ldp, const float* const* k, int nj, int d,
                                                                float* o, size_t ldo, int n) {
   int h = 0;
-  for (; h + 6 <= n; h += 6) accumulate_heads<6>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
-  if (n - h == 4) accumulate_heads<4>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
-  else if (n - h == 2) accumulate_heads<2>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
+  for (; h + 6 <= n; h += 6) accumulate_queries<6>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
+  if (n - h == 4) accumulate_queries<4>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
+  else if (n - h == 2) accumulate_queries<2>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
 }
 
 }  // namespace
