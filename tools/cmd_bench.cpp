@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "command.h"
+#include "core/dtype.h"
 #include "core/numa.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
@@ -63,6 +64,22 @@ void run(const Args& a) {
   // Kernel timings over the timed runs: the GEMM part's own FLOP rate, and a breakdown.
   using kernels::KernelId;
   std::vector<kernels::KernelStat> pstat(size_t(KernelId::kCount)), dstat(size_t(KernelId::kCount));
+  // The decode step's matrix products by weight, summed over the repeats.
+  std::vector<kernels::WeightStat> dweights;
+  auto collect_weights = [&dweights] {
+    for (const auto& w : kernels::profile_weights()) {
+      auto it = std::find_if(dweights.begin(), dweights.end(), [&](const kernels::WeightStat& d) {
+        return d.kernel == w.kernel && d.rows == w.rows && d.cols == w.cols && d.dtype == w.dtype && d.jobs == w.jobs;
+      });
+      if (it == dweights.end()) {
+        dweights.push_back(w);
+      } else {
+        it->seconds += w.seconds;
+        it->bytes += w.bytes;
+        it->calls += w.calls;
+      }
+    }
+  };
   auto collect = [](std::vector<kernels::KernelStat>& into) {
     for (int k = 0; k < int(KernelId::kCount); ++k) {
       const auto st = kernels::profile_stat(KernelId(k));
@@ -101,6 +118,7 @@ void run(const Args& a) {
       for (int i = 0; i < a.gen; ++i) forward(*m, st, &ids[size_t(i)], 1, {});
       tg.push_back(a.gen / (now() - s));
       kernels::profile_enable(false);
+      collect_weights();
       collect(dstat);
       if (!a.json) std::fprintf(stderr, "  decode %d @ depth %d: %.1f tok/s\n", a.gen, a.depth, tg.back());
     }
@@ -132,6 +150,19 @@ void run(const Args& a) {
     }
     return b;
   };
+  // One entry per weight shape, the most time first: where a decode step's bytes go (the
+  // bf16 lm_head and the fp8 experts stream at different fractions of the bandwidth).
+  std::sort(dweights.begin(), dweights.end(), [](const kernels::WeightStat& x, const kernels::WeightStat& y) { return x.seconds > y.seconds; });
+  nlohmann::json by_weight = nlohmann::json::array();
+  const double dtok = double(a.gen) * a.repeat;
+  for (const auto& w : dweights)
+    by_weight.push_back({{"kernel", kernels::kernel_name(w.kernel)},
+                         {"weight", std::to_string(w.rows) + "x" + std::to_string(w.cols)},
+                         {"dtype", dtype_name(w.dtype)},
+                         {"jobs", w.jobs},
+                         {"calls_per_token", double(w.calls) / dtok},
+                         {"ms_per_token", w.seconds * 1e3 / dtok},
+                         {"gbps", w.seconds > 0 ? w.bytes / w.seconds / 1e9 : 0}});
   // Wall time per token of all repeats not spent inside a profiled kernel call: the
   // model's own glue (router selection, expert combine, residual adds, copies) and the
   // threads' fork/join waits between kernels.
@@ -164,6 +195,7 @@ void run(const Args& a) {
                       {"prefill_gemm_peak_fraction", gemm_gflops / peak},
                       {"prefill_kernels", breakdown(pstat, double(a.prompt) * a.repeat)},
                       {"decode_kernels", breakdown(dstat, double(a.gen) * a.repeat)},
+                      {"decode_weights", by_weight},
                       {"decode_outside_kernels_ms_per_token", outside(dstat, tg, a.gen)},
                       {"prefill_outside_kernels_ms_per_token", outside(pstat, pp, a.prompt)}};
   if (a.json) {
@@ -181,6 +213,11 @@ void run(const Args& a) {
     for (auto& [k, v] : j[phase].items())
       std::printf("  %-8s %-15s %8.3f ms/token %8.1f GFLOP/s %7.1f GB/s\n", phase[0] == 'p' ? "prefill" : "decode", k.c_str(),
                   v["ms_per_token"].get<double>(), v["gflops"].get<double>(), v["gbps"].get<double>());
+  if (!by_weight.empty()) std::printf("decode matrix products by weight (first of a multi-weight call; x jobs):\n");
+  for (const auto& w : by_weight)
+    std::printf("  %-16s %-8s %-8s x%-3d %5.1f calls/token %8.3f ms/token %7.1f GB/s\n", w["kernel"].get<std::string>().c_str(),
+                w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
+                w["calls_per_token"].get<double>(), w["ms_per_token"].get<double>(), w["gbps"].get<double>());
 }
 
 void setup_bench(CLI::App& app) {

@@ -43,6 +43,39 @@ struct NestedStat {
 };
 NestedStat g_nested[int(KernelId::kCount)];
 
+// Per-weight profile: a fixed table (a decode step holds a few dozen distinct weight shapes),
+// so recording allocates nothing; shapes past its end are not listed.
+constexpr int kMaxWeightStats = 128;
+WeightStat g_weights[kMaxWeightStats];
+int g_n_weights = 0;
+
+// Times one matrix-product call by weight when profiling is on, outside parallel regions.
+struct WeightTimed {
+  KernelId kernel;
+  const Linear& w;
+  int jobs;
+  double bytes;
+  std::chrono::steady_clock::time_point t0;
+  WeightTimed(KernelId k, const Linear& lin, int n_jobs, double b) : kernel(k), w(lin), jobs(n_jobs), bytes(b) {
+    if (g_profile) t0 = std::chrono::steady_clock::now();
+  }
+  ~WeightTimed() {
+    if (!g_profile || omp_in_parallel()) return;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int i = 0;
+    while (i < g_n_weights && !(g_weights[i].kernel == kernel && g_weights[i].rows == w.rows && g_weights[i].cols == w.cols &&
+                                g_weights[i].dtype == w.dtype && g_weights[i].jobs == jobs))
+      ++i;
+    if (i == g_n_weights) {
+      if (g_n_weights == kMaxWeightStats) return;
+      g_weights[g_n_weights++] = WeightStat{kernel, w.rows, w.cols, jobs, w.dtype, 0, 0, 0};
+    }
+    g_weights[i].seconds += dt;
+    g_weights[i].bytes += bytes;
+    ++g_weights[i].calls;
+  }
+};
+
 // Times one kernel call when profiling is on.
 struct Timed {
   KernelId id;
@@ -77,6 +110,7 @@ const char* kernel_name(KernelId k) {
 }
 void profile_enable(bool on) { g_profile = on; }
 void profile_reset() {
+  g_n_weights = 0;
   for (auto& st : g_stats) st = KernelStat{};
   for (auto& ns : g_nested) {
     ns.thread_seconds = 0;
@@ -94,6 +128,7 @@ KernelStat profile_stat(KernelId k) {
   st.calls += ns.calls.load();
   return st;
 }
+std::vector<WeightStat> profile_weights() { return std::vector<WeightStat>(g_weights, g_weights + g_n_weights); }
 
 #define DSA_DISPATCH(fn, ...) \
   (g_backend == Backend::Ref ? ref::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__))
@@ -101,27 +136,33 @@ KernelStat profile_stat(KernelId k) {
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   const double r = nrows < 0 ? w.rows - row0 : nrows;
   Timed t(KernelId::Linear, 2.0 * n * r * w.cols, double(w.bytes()) * r / w.rows);
+  WeightTimed wt(KernelId::Linear, w, 1, double(w.bytes()) * r / w.rows);
   DSA_DISPATCH(linear, w, x, n, y, row0, nrows);
 }
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows);
+  WeightTimed wt(KernelId::LinearT, w, 1, double(w.bytes()) * nrows / w.rows);
   DSA_DISPATCH(linear_t, w, x, n, y, row0, nrows);
 }
 void linear_multi(const LinearJob* jobs, int n_jobs) {
+  if (n_jobs <= 0) return;
   double flops = 0, bytes = 0;
   for (int j = 0; j < n_jobs; ++j) {
     flops += 2.0 * jobs[j].w->rows * jobs[j].w->cols;
     bytes += double(jobs[j].w->bytes());
   }
   Timed t(KernelId::Linear, flops, bytes);
+  WeightTimed wt(KernelId::Linear, *jobs[0].w, n_jobs, bytes);
   DSA_DISPATCH(linear_multi, jobs, n_jobs);
 }
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
   Timed t(KernelId::LinearT, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
+  WeightTimed wt(KernelId::LinearT, w, 1, double(w.bytes()) * n_heads * nrows / w.rows);
   DSA_DISPATCH(linear_t_heads, w, x, x_stride, n_heads, head_stride, row0, nrows, y);
 }
 void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
   Timed t(KernelId::Linear, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
+  WeightTimed wt(KernelId::Linear, w, 1, double(w.bytes()) * n_heads * nrows / w.rows);
   DSA_DISPATCH(linear_heads, w, x, n_heads, head_stride, row0, nrows, y, y_stride);
 }
 void embed(const Linear& table, const int32_t* ids, int n, float* y) {

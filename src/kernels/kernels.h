@@ -7,6 +7,7 @@
 // Activations are f32 row-major. Weights are views into the mmapped checkpoint.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -76,6 +77,18 @@ const char* kernel_name(KernelId k);
 void profile_enable(bool on);
 void profile_reset();
 KernelStat profile_stat(KernelId k);
+// The matrix products of the profile by weight (calls made outside parallel regions: every
+// call of a decode step; prefill's per-expert calls run inside the MoE's parallel loop and
+// are not listed): the weight's rows x cols and dtype (of the first job of a linear_multi
+// call, with the call's job count), the kernel (linear or linear_t), time and bytes.
+struct WeightStat {
+  KernelId kernel = KernelId::Linear;
+  int rows = 0, cols = 0, jobs = 1;
+  DType dtype = DType::F32;
+  double seconds = 0, bytes = 0;
+  long calls = 0;
+};
+std::vector<WeightStat> profile_weights();
 
 // ---- dense algebra -------------------------------------------------------------
 // y[n, nrows] = x[n, cols] · W[row0 : row0 + nrows]ᵀ   (nrows < 0: all rows)

@@ -64,6 +64,51 @@ TEST(Cli, LogitsOnGoldenCaseMatches) {
   fs::remove(out);
 }
 
+// The `dsa bench --json` contract external checks read, on the tiny model: every field, and
+// the derived ones consistent with the measured ones; the decode step's products by weight
+// add up to the linear kernels' time and include the lm_head once per token.
+TEST(Cli, BenchJsonContract) {
+  const std::string model = tmp("bench_tiny");
+  ASSERT_EQ(sh(test::dsa_binary() + " make-model --preset tiny --force --out " + model).code, 0);
+  // stdout only: the subshell keeps the progress lines on stderr out of the JSON.
+  std::string cmd = test::dsa_binary() + " bench --model " + model + " -p 8 -n 4 --depth 3 --repeat 2 --json 2>/dev/null";
+  cmd.insert(cmd.begin(), '(');
+  cmd.push_back(')');
+  const auto r = sh(cmd);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* f : {"prefill_tokens_per_s", "decode_tokens_per_s", "decode_bytes_per_token", "read_bandwidth_gbps",
+                        "prefill_flops_per_token", "peak_gflops"})
+    EXPECT_GT(j.at(f).get<double>(), 0.0) << f;
+  EXPECT_EQ(j.at("depth").get<int>(), 3);
+  EXPECT_GE(j.at("threads").get<int>(), 1);
+  const double tg = j["decode_tokens_per_s"], bytes = j["decode_bytes_per_token"], bw = j["read_bandwidth_gbps"];
+  EXPECT_NEAR(j.at("decode_roofline_fraction").get<double>(), tg * bytes / (bw * 1e9), 1e-9 * tg * bytes / (bw * 1e9) + 1e-12);
+  const double pp = j["prefill_tokens_per_s"], flops = j["prefill_flops_per_token"], peak = j["peak_gflops"];
+  EXPECT_NEAR(j.at("prefill_peak_fraction").get<double>(), pp * flops / (peak * 1e9), 1e-9 * pp * flops / (peak * 1e9) + 1e-12);
+  const auto cfg = nlohmann::json::parse(std::ifstream(model + "/config.json"));
+  std::string head = std::to_string(cfg["vocab_size"].get<int>());
+  head += 'x';
+  head += std::to_string(cfg["hidden_size"].get<int>());
+  double by_weight_ms = 0;
+  int heads_seen = 0;
+  for (const auto& w : j.at("decode_weights")) {
+    by_weight_ms += w.at("ms_per_token").get<double>();
+    EXPECT_GT(w.at("calls_per_token").get<double>(), 0.0);
+    if (w.at("weight") == head) {
+      ++heads_seen;
+      EXPECT_EQ(w.at("calls_per_token").get<double>(), 1.0);
+    }
+  }
+  EXPECT_EQ(heads_seen, 1) << j["decode_weights"].dump();
+  const auto& k = j.at("decode_kernels");
+  const double linear_ms = k.at("linear").at("ms_per_token").get<double>() +
+                           (k.contains("linear_t") ? k["linear_t"]["ms_per_token"].get<double>() : 0.0);
+  EXPECT_LE(by_weight_ms, linear_ms * 1.0001 + 1e-6);
+  EXPECT_GE(by_weight_ms, linear_ms * 0.8) << "products missing from the by-weight list";
+  fs::remove_all(model);
+}
+
 TEST(Cli, LogitsErrorsLeaveNoOutput) {
   const std::string model = tmp("tiny");
   ASSERT_EQ(sh(test::dsa_binary() + " make-model --preset tiny --out " + model).code, 0);
