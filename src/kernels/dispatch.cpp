@@ -49,39 +49,30 @@ constexpr int kMaxWeightStats = 128;
 WeightStat g_weights[kMaxWeightStats];
 int g_n_weights = 0;
 
-// Times one matrix-product call by weight when profiling is on, outside parallel regions.
-struct WeightTimed {
-  KernelId kernel;
-  const Linear& w;
-  int jobs;
-  double bytes;
-  std::chrono::steady_clock::time_point t0;
-  WeightTimed(KernelId k, const Linear& lin, int n_jobs, double b) : kernel(k), w(lin), jobs(n_jobs), bytes(b) {
-    if (g_profile) t0 = std::chrono::steady_clock::now();
+// Adds one call of a matrix product to its weight's row of the table.
+void record_weight(KernelId kernel, const Linear& w, int jobs, double dt, double bytes) {
+  int i = 0;
+  while (i < g_n_weights && !(g_weights[i].kernel == kernel && g_weights[i].rows == w.rows && g_weights[i].cols == w.cols &&
+                              g_weights[i].dtype == w.dtype && g_weights[i].jobs == jobs))
+    ++i;
+  if (i == g_n_weights) {
+    if (g_n_weights == kMaxWeightStats) return;
+    g_weights[g_n_weights++] = WeightStat{kernel, w.rows, w.cols, jobs, w.dtype, 0, 0, 0};
   }
-  ~WeightTimed() {
-    if (!g_profile || omp_in_parallel()) return;
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    int i = 0;
-    while (i < g_n_weights && !(g_weights[i].kernel == kernel && g_weights[i].rows == w.rows && g_weights[i].cols == w.cols &&
-                                g_weights[i].dtype == w.dtype && g_weights[i].jobs == jobs))
-      ++i;
-    if (i == g_n_weights) {
-      if (g_n_weights == kMaxWeightStats) return;
-      g_weights[g_n_weights++] = WeightStat{kernel, w.rows, w.cols, jobs, w.dtype, 0, 0, 0};
-    }
-    g_weights[i].seconds += dt;
-    g_weights[i].bytes += bytes;
-    ++g_weights[i].calls;
-  }
-};
+  g_weights[i].seconds += dt;
+  g_weights[i].bytes += bytes;
+  ++g_weights[i].calls;
+}
 
-// Times one kernel call when profiling is on.
+// Times one kernel call when profiling is on; a matrix product also names its weight (the
+// first of a multi-weight call, with the job count) for the per-weight table.
 struct Timed {
   KernelId id;
   double flops, bytes;
+  const Linear* weight;
+  int jobs;
   std::chrono::steady_clock::time_point t0;
-  Timed(KernelId k, double f, double b) : id(k), flops(f), bytes(b) {
+  Timed(KernelId k, double f, double b, const Linear* w = nullptr, int n_jobs = 1) : id(k), flops(f), bytes(b), weight(w), jobs(n_jobs) {
     if (g_profile) t0 = std::chrono::steady_clock::now();
   }
   ~Timed() {
@@ -100,6 +91,7 @@ struct Timed {
     st.flops += flops;
     st.bytes += bytes;
     ++st.calls;
+    if (weight) record_weight(id, *weight, jobs, dt, bytes);
   }
 };
 }  // namespace
@@ -135,13 +127,11 @@ std::vector<WeightStat> profile_weights() { return std::vector<WeightStat>(g_wei
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   const double r = nrows < 0 ? w.rows - row0 : nrows;
-  Timed t(KernelId::Linear, 2.0 * n * r * w.cols, double(w.bytes()) * r / w.rows);
-  WeightTimed wt(KernelId::Linear, w, 1, double(w.bytes()) * r / w.rows);
+  Timed t(KernelId::Linear, 2.0 * n * r * w.cols, double(w.bytes()) * r / w.rows, &w);
   DSA_DISPATCH(linear, w, x, n, y, row0, nrows);
 }
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
-  Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows);
-  WeightTimed wt(KernelId::LinearT, w, 1, double(w.bytes()) * nrows / w.rows);
+  Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows, &w);
   DSA_DISPATCH(linear_t, w, x, n, y, row0, nrows);
 }
 void linear_multi(const LinearJob* jobs, int n_jobs) {
@@ -151,18 +141,15 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
     flops += 2.0 * jobs[j].w->rows * jobs[j].w->cols;
     bytes += double(jobs[j].w->bytes());
   }
-  Timed t(KernelId::Linear, flops, bytes);
-  WeightTimed wt(KernelId::Linear, *jobs[0].w, n_jobs, bytes);
+  Timed t(KernelId::Linear, flops, bytes, jobs[0].w, n_jobs);
   DSA_DISPATCH(linear_multi, jobs, n_jobs);
 }
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
-  Timed t(KernelId::LinearT, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
-  WeightTimed wt(KernelId::LinearT, w, 1, double(w.bytes()) * n_heads * nrows / w.rows);
+  Timed t(KernelId::LinearT, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows, &w);
   DSA_DISPATCH(linear_t_heads, w, x, x_stride, n_heads, head_stride, row0, nrows, y);
 }
 void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
-  Timed t(KernelId::Linear, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows);
-  WeightTimed wt(KernelId::Linear, w, 1, double(w.bytes()) * n_heads * nrows / w.rows);
+  Timed t(KernelId::Linear, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows, &w);
   DSA_DISPATCH(linear_heads, w, x, n_heads, head_stride, row0, nrows, y, y_stride);
 }
 void embed(const Linear& table, const int32_t* ids, int n, float* y) {

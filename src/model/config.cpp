@@ -247,7 +247,6 @@ void ModelConfig::validate() const {
   // Generous bounds far above any released model, so that a typo fails here instead of
   // as an allocation of many gigabytes (the top-k rows are sized by index_topk).
   if (index_topk > kMaxIndexTopk) bad("index_topk", "at most " + std::to_string(kMaxIndexTopk) + " supported, got " + std::to_string(index_topk));
-  if (num_hidden_layers > kMaxLayers) bad("num_hidden_layers", "at most " + std::to_string(kMaxLayers) + " supported, got " + std::to_string(num_hidden_layers));
   pos("max_position_embeddings", max_position_embeddings);
   if (n_shared_experts < 0 || n_shared_experts > 64) bad("n_shared_experts", "must be in [0, 64], got " + std::to_string(n_shared_experts));
   if (n_routed_experts < 0) bad("n_routed_experts", "must be >= 0, got " + std::to_string(n_routed_experts));
