@@ -55,8 +55,15 @@ std::vector<SweepRow> run_sweeps(const SimModel& m, const Hardware& hw, const Pl
 
 void cost_plot(const SimModel& m, const Hardware& hw, const PlanRequest& req, const PlanResult& base, const Args& a,
                const KernelTable* kt) {
-  std::vector<int64_t> positions = {1024};
-  for (int64_t p = 8192; p <= 131072; p += 8192) positions.push_back(p);
+  // Positions up to 128K (the V3.2 paper's figure), or up to the last position every plotted
+  // model can decode when one of them stops earlier.
+  int64_t last = 131072;
+  const SimModel other = a.compare.empty() ? m : load_model(a.compare);
+  for (const SimModel* mm : {&m, &other})
+    if (mm->cfg.max_position_embeddings > 0) last = std::min<int64_t>(last, mm->cfg.max_position_embeddings - 1 - req.opt.mtp);
+  std::vector<int64_t> positions = {std::min<int64_t>(1024, last)};
+  for (int64_t p = 8192; p < last; p += 8192) positions.push_back(p);
+  if (positions.back() != last) positions.push_back(last);
   std::vector<Series> series;
   auto add = [&](const SimModel& mm, bool dashed) {
     PlanRequest r = req;
@@ -72,7 +79,7 @@ void cost_plot(const SimModel& m, const Hardware& hw, const PlanRequest& req, co
     series.push_back(dec);
   };
   add(m, false);
-  if (!a.compare.empty()) add(load_model(a.compare), true);
+  if (!a.compare.empty()) add(other, true);
   char title[256];
   std::snprintf(title, sizeof title, "Cost per million tokens vs token position: %d x %s, $%.2f/device-hour, batch %lld",
                 base.layout.devices(), hw.name.c_str(), base.price_per_hour, (long long)base.batch);
@@ -153,6 +160,9 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--tp", a->req.tp, "Tensor-parallel ways for attention and dense layers")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--dp", a->req.dp, "Data-parallel attention groups (default: devices / (tp*pp))")->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--ep", a->req.ep, "Expert-parallel ways for MoE (default: every device of a pipeline stage)")->check(dsa::cli::int_in(1, 1 << 20));
+  cmd->add_option("--redundant-experts", a->req.redundant_experts,
+                  "Extra replicas of popular experts (EPLB), spread with the experts: ep must divide experts + these (default 0)")
+      ->check(dsa::cli::int_in(0, 1 << 20));
   cmd->add_option("--pp", a->req.pp, "Pipeline stages")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--batch", a->req.batch,
                   "Concurrent sequences in the whole deployment (default: what fits in memory, at most 128 per device)")

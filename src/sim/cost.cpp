@@ -47,6 +47,7 @@ void Layout::validate() const {
   pos("dp", dp);
   pos("ep", ep);
   pos("pp", pp);
+  if (redundant_experts < 0) throw Error("--redundant-experts must not be negative, got " + std::to_string(redundant_experts));
   if ((tp * dp) % ep != 0)
     throw Error("--ep " + std::to_string(ep) + " must divide tp*dp = " + std::to_string(tp * dp) +
                 " (experts are spread over the devices of one pipeline stage)");
@@ -305,12 +306,15 @@ struct Builder {
     const double mtp_ways = l.moe_tp();
     gemm("moe.router", T, E, h, o.weight, /*bf16_weight=*/true);
     // Routed experts: the stage's T*dp tokens pick k experts each, spread evenly over ep
-    // ranks (balanced routing, as EPLB aims for). An expert's weights are read once if any
-    // token picked it: with uniform routing that happens with probability 1-(1-k/E)^tokens.
+    // ranks (balanced routing, as EPLB aims for). The E experts and their redundant replicas
+    // fill S = E + redundant slots, each taking an equal share of the assignments. A slot's
+    // weights are read once if any token landed on it: with uniform routing that happens
+    // with probability 1-(1-k/S)^tokens.
+    const double S = E + l.redundant_experts;
     const double tokens = T * l.dp;
     const double assigned = tokens * k / l.ep;
-    const double experts_dev = E / l.ep;
-    const double hit = experts_dev * (1.0 - std::pow(1.0 - k / E, tokens));
+    const double experts_dev = S / l.ep;
+    const double hit = experts_dev * (1.0 - std::pow(1.0 - k / S, tokens));
     const double wb = weight_bytes_per_elem(o.weight);
     const int bits = o.weight == WeightDtype::FP8 ? 8 : o.weight == WeightDtype::NVFP4 ? 4 : 16;
     const double act = bits <= 8 ? 1.0 : 2.0;
@@ -382,8 +386,14 @@ std::vector<Op> op_plan(const SimModel& m, const Step& s, const Layout& l, const
   const auto& c = m.cfg;
   if (c.num_attention_heads % l.tp != 0)
     throw Error("--tp " + std::to_string(l.tp) + " must divide the attention heads (" + std::to_string(c.num_attention_heads) + ")");
-  if (c.n_routed_experts > 0 && c.n_routed_experts % l.ep != 0)
-    throw Error("--ep " + std::to_string(l.ep) + " must divide the routed experts (" + std::to_string(c.n_routed_experts) + ")");
+  if (c.n_routed_experts == 0 && l.redundant_experts > 0) throw Error("--redundant-experts needs a model with routed experts");
+  const int slots = c.n_routed_experts + l.redundant_experts;
+  if (c.n_routed_experts > 0 && slots % l.ep != 0) {
+    const int fill = (l.ep - c.n_routed_experts % l.ep) % l.ep;  // smallest count that makes them divide
+    throw Error("--ep " + std::to_string(l.ep) + " must divide the routed experts (" + std::to_string(c.n_routed_experts) +
+                (l.redundant_experts > 0 ? " + " + std::to_string(l.redundant_experts) + " redundant" : std::string()) +
+                ")" + (fill > 0 && l.redundant_experts == 0 ? "; --redundant-experts " + std::to_string(fill) + " would make them divide" : std::string()));
+  }
   if (o.mtp > 0 && c.num_nextn_predict_layers == 0) throw Error("--mtp needs a model with an MTP layer (num_nextn_predict_layers is 0)");
   if (s.seqs < 1 || s.new_tokens < 1 || s.context < 0) throw Error("a step needs at least one sequence and one new token");
 

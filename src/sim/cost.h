@@ -34,6 +34,9 @@ CacheDtype parse_cache_dtype(const std::string& s);    // fp8 | bf16
 // pp pipeline stages split the layers. devices() = tp*dp*pp.
 struct Layout {
   int tp = 1, dp = 1, ep = 1, pp = 1;
+  // Extra replicas of popular experts (DeepSeek's EPLB: 32 in its EP32 prefill and EP144
+  // decode deployments), so that E + redundant_experts slots spread evenly over ep ranks.
+  int redundant_experts = 0;
   int devices_per_node = 8;  // from the hardware profile: decides NVLink vs network hops
   int devices() const { return tp * dp * pp; }
   int moe_tp() const { return tp * dp / ep; }

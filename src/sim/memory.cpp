@@ -24,7 +24,7 @@ void add_layer(const SimModel& m, const Layout& l, const Options& o, int li, dou
   if (c.is_moe_layer(li)) {
     const double mI = c.moe_intermediate_size, E = c.n_routed_experts;
     w.router += scale * (2.0 * E * h + 4.0 * E);
-    w.routed_experts += scale * mw * 3.0 * h * mI * (E / l.ep) / l.moe_tp();
+    w.routed_experts += scale * mw * 3.0 * h * mI * ((E + l.redundant_experts) / l.ep) / l.moe_tp();
     w.shared_experts += scale * mw * 3.0 * h * mI * c.n_shared_experts / l.tp;
   } else {
     w.dense_mlp += scale * mw * 3.0 * h * double(c.intermediate_size) / l.tp;

@@ -58,8 +58,10 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
   const auto& l = p.layout;
   std::string o;
   o += fmt("dsa plan: %s on %d x %s (%s)\n", m.name.c_str(), l.devices(), hw.name.c_str(), hw.description.c_str());
-  o += fmt("layout    tp %d x dp %d x pp %d = %d devices; experts ep %d (%d routed experts per device)\n", l.tp, l.dp, l.pp,
-           l.devices(), l.ep, m.cfg.n_routed_experts / std::max(1, l.ep));
+  o += fmt("layout    tp %d x dp %d x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, l.dp, l.pp,
+           l.devices(), l.ep, (m.cfg.n_routed_experts + l.redundant_experts) / std::max(1, l.ep));
+  if (l.redundant_experts > 0) o += fmt(": %d experts + %d redundant replicas", m.cfg.n_routed_experts, l.redundant_experts);
+  o += ")\n";
   o += fmt("dtypes    weights %s, kv cache %s, attention %s, mtp %d", weight_name(r.opt.weight), cache_name(r.opt.cache),
            m.has_indexer ? "sparse (DSA, top-k)" : "dense MLA", r.opt.mtp);
   if (r.opt.mtp > 0) o += fmt(" (acceptance %.2f -> %.2f tokens per step)", r.acceptance, p.tokens_per_step);
@@ -150,7 +152,7 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
       {"hardware_description", c.hw->description},
       {"has_indexer", c.model->has_indexer},
       {"devices", p.layout.devices()},
-      {"layout", {{"tp", p.layout.tp}, {"dp", p.layout.dp}, {"ep", p.layout.ep}, {"pp", p.layout.pp}}},
+      {"layout", {{"tp", p.layout.tp}, {"dp", p.layout.dp}, {"ep", p.layout.ep}, {"pp", p.layout.pp}, {"redundant_experts", p.layout.redundant_experts}}},
       {"weight_dtype", weight_name(r.opt.weight)},
       {"kv_cache", cache_name(r.opt.cache)},
       {"mtp", r.opt.mtp},

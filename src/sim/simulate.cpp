@@ -123,11 +123,22 @@ Layout resolve_layout(const PlanRequest& r, const Hardware& hw) {
   if (l.tp * l.dp * l.pp != devices)
     throw Error("tp*dp*pp = " + std::to_string(l.tp * l.dp * l.pp) + " does not match --devices " + std::to_string(devices));
   l.ep = r.ep > 0 ? r.ep : l.tp * l.dp;
+  l.redundant_experts = r.redundant_experts;
   if (devices > l.devices_per_node && !(hw.inter_node_bandwidth_gbps > 0))
     throw Error("--devices " + std::to_string(devices) + " spans several nodes, but hardware profile '" + hw.name +
                 "' gives no inter_node_bandwidth_gbps");
   l.validate();
   return l;
+}
+
+// Positions past max_position_embeddings are outside what the model was built for (its RoPE
+// tables stop there, and the engine refuses them): a plan for them would cost a model nobody
+// can run. `tokens` counts positions 0 .. tokens-1.
+static void check_positions(const SimModel& m, int64_t tokens, const std::string& what) {
+  const int64_t max_pos = m.cfg.max_position_embeddings;
+  if (max_pos > 0 && tokens > max_pos)
+    throw Error(what + " = " + std::to_string(tokens) + " positions exceeds " + m.name + "'s max_position_embeddings (" +
+                std::to_string(max_pos) + ")");
 }
 
 static double tokens_per_step(const PlanRequest& r) {
@@ -148,6 +159,9 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   if (r.pp > m.cfg.num_hidden_layers)
     throw Error("--pp " + std::to_string(r.pp) + " exceeds the model's " + std::to_string(m.cfg.num_hidden_layers) + " layers");
   if (r.opt.mtp > 0 && !(r.acceptance >= 0 && r.acceptance <= 1)) throw Error("--acceptance must be in [0, 1]");
+  check_positions(m, r.input_len + r.output_len, "--input-len " + std::to_string(r.input_len) + " + --output-len " + std::to_string(r.output_len));
+  if (r.context >= 0)  // the decode step verifies 1 + mtp tokens after the context
+    check_positions(m, r.context + 1 + r.opt.mtp, "--context " + std::to_string(r.context) + " + " + std::to_string(1 + r.opt.mtp) + " decoded");
   PlanResult p;
   p.layout = resolve_layout(r, hw);
   const Layout& l = p.layout;
@@ -206,6 +220,7 @@ PositionCost cost_at_position(const SimModel& m, const Hardware& hw, const PlanR
                               int64_t position, const KernelTable* kt, int64_t chunk) {
   const Layout& l = base.layout;
   const int devices = l.devices();
+  check_positions(m, position + 1 + r.opt.mtp, "position " + std::to_string(position) + " + " + std::to_string(1 + r.opt.mtp) + " decoded");
   PositionCost c;
   c.position = position;
   const int64_t n = std::max<int64_t>(1, std::min(chunk, position));

@@ -53,6 +53,7 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
 struct PlanRequest {
   int devices = 0;           // 0: tp*dp*pp, or the node size when nothing is given
   int tp = 1, dp = 0, ep = 0, pp = 1;  // dp 0: devices/(tp*pp); ep 0: tp*dp (all of a stage)
+  int redundant_experts = 0;  // extra expert replicas (EPLB), spread with the experts
   int64_t batch = 0;         // concurrent sequences in the whole deployment; 0: auto
   int64_t input_len = 4096, output_len = 1024;
   int64_t context = -1;      // decode depth; -1: input_len + output_len/2

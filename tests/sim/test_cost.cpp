@@ -186,6 +186,28 @@ TEST(SimCost, TensorAndExpertParallelSplitsAndCommunication) {
   EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (2 * 2 * 0.5 * 256 * 2));
 }
 
+TEST(SimCost, RedundantExpertsAreSlotsSharingTheAssignments) {
+  const SimModel t = tiny();
+  Layout l;
+  l.dp = 3;
+  l.ep = 3;
+  EXPECT_THROW(op_plan(t, Step{Phase::Decode, 2, 1, 10}, l, Options{}), dsa::Error);  // 8 experts over 3 ranks
+  l.redundant_experts = 1;  // 9 slots: 3 per rank
+  const auto ops = by_name(op_plan(t, Step{Phase::Decode, 2, 1, 10}, l, Options{}));
+  // 2 tokens per dp group x 3 groups x 2 picks = 12 assignments, 4 per rank; each of a rank's
+  // 3 slots is hit with probability 1 - (1 - 2/9)^6.
+  const double hit = 3 * (1 - std::pow(1 - 2.0 / 9, 6));
+  EXPECT_REL(ops.at("moe.experts_gate_up").flops, 2 * 2 * 4 * 128 * 256);
+  EXPECT_REL(ops.at("moe.experts_gate_up").bytes, 2 * (hit * 128 * 256 * WB + 4 * 256 + 4 * 128 * 2));
+  EXPECT_REL(ops.at("moe.experts_down").bytes, 2 * (hit * 256 * 64 * WB + 4 * 64 + 4 * 256 * 2));
+  // A model without routed experts has none to replicate.
+  std::string dense = dsa::sim::test::kTinyJson;
+  dense.replace(dense.find("\"n_routed_experts\": 8"), 21, "\"n_routed_experts\": 0");
+  Layout d;
+  d.redundant_experts = 4;
+  EXPECT_THROW(op_plan(model_from_json_text(dense, "dense"), Step{}, d, Options{}), dsa::Error);
+}
+
 TEST(SimCost, ExpertParallelAcrossNodesUsesTheNetwork) {
   const SimModel t = tiny();
   Layout l;
@@ -204,6 +226,36 @@ TEST(SimCost, ExpertParallelAcrossNodesUsesTheNetwork) {
   EXPECT_REL(dec.at("moe.combine").comm_inter, 2 * (2 * 7.0 / 8) * 256 * 2);
 }
 
+TEST(SimCost, PipelineStagesSplitTheLayersAndSendTheHiddenState) {
+  const SimModel t = tiny();
+  Layout l;
+  l.pp = 3;
+  l.devices_per_node = 8;
+  // 2 sequences x 1 token; each of the 3 stages holds one of the 3 layers (count 1/3 of each
+  // per-layer operator), the last one also the final norm and the head.
+  const auto ops = by_name(op_plan(t, Step{Phase::Decode, 2, 1, 10}, l, Options{}));
+  EXPECT_REL(ops.at("attn.q_a_proj").count, 1.0);
+  EXPECT_REL(ops.at("attn.q_a_proj").flops, 2 * 2 * 64 * 256);
+  EXPECT_REL(ops.at("moe.experts_gate_up").count, 2.0 / 3);
+  EXPECT_REL(ops.at("final_norm").bytes, 2 * 256 * 2 * 2);  // bf16 in and out per logit row
+  EXPECT_REL(ops.at("final_norm").flops, 2 * 4 * 256);
+  EXPECT_REL(ops.at("lm_head").flops, 2 * 2 * 1000 * 256);
+  // One send per stage boundary: the bf16 hidden state of every token, over NVLink while the
+  // 3 devices share a node ...
+  ASSERT_EQ(ops.count("pp.send"), 1u);
+  EXPECT_EQ(ops.at("pp.send").cls, OpClass::CommPP);
+  EXPECT_REL(ops.at("pp.send").comm_intra, 2 * 256 * 2);
+  EXPECT_EQ(ops.at("pp.send").comm_inter, 0);
+  EXPECT_REL(ops.at("pp.send").comm_hops, 1.0);
+  // ... and over the network once the stages span nodes.
+  l.devices_per_node = 2;
+  const auto far = by_name(op_plan(t, Step{Phase::Decode, 2, 1, 10}, l, Options{}));
+  EXPECT_EQ(far.at("pp.send").comm_intra, 0);
+  EXPECT_REL(far.at("pp.send").comm_inter, 2 * 256 * 2);
+  // No pipeline, no send.
+  EXPECT_EQ(by_name(op_plan(t, Step{Phase::Decode, 2, 1, 10}, Layout{}, Options{})).count("pp.send"), 0u);
+}
+
 TEST(SimCost, MtpAddsDraftPassesAndVerifyTokens) {
   const SimModel t = tiny();
   Options o;
@@ -216,6 +268,8 @@ TEST(SimCost, MtpAddsDraftPassesAndVerifyTokens) {
   EXPECT_EQ(ops.at("mtp.attn.q_a_proj").count, 2);
   EXPECT_REL(ops.at("mtp.attn.q_a_proj").flops, 2 * 2 * 64 * 256);
   EXPECT_REL(ops.at("mtp.eh_proj").flops, 2 * 2 * 256 * 512);
+  // enorm and hnorm over the embedding and the hidden state (2 x 256, bf16 in and out).
+  EXPECT_REL(ops.at("mtp.norms").bytes, 2 * 2 * 256 * 2 * 2);
   EXPECT_REL(ops.at("mtp.lm_head").flops, 2 * 2 * 1000 * 256);
   EXPECT_REL(ops.at("mtp.indexer.score").flops, 2 * 51 * 2 * 2 * 128);
   EXPECT_EQ(ops.count("mtp.mlp.gate_up"), 0u);

@@ -60,6 +60,12 @@ TEST(SimMemory, WeightsPerDevice) {
   EXPECT_REL(we.routed_experts, w.routed_experts / 2);  // 4 of 8 experts per device
   EXPECT_REL(we.attention, w.attention);                // attention replicated under dp
 
+  Layout red;  // 8 experts + 1 redundant replica = 9 slots over 3 ranks: 3 experts' weights each
+  red.dp = 3;
+  red.ep = 3;
+  red.redundant_experts = 1;
+  EXPECT_REL(weight_bytes_per_device(t, red, Options{}).routed_experts, w.routed_experts * 3 / 8);
+
   Layout tp;
   tp.tp = 2;
   tp.ep = 2;
@@ -469,6 +475,11 @@ TEST(SimCli, InvalidOptionsAreNamed) {
            {"plan --sweep-batch 8,-3", "--sweep-batch"},
            {"plan --kernel-table /", "--kernel-table"},
            {"plan --pp 100", "--pp 100"},
+           {"plan --devices 72", "--redundant-experts 32"},
+           {"plan --redundant-experts -1", "--redundant-experts"},
+           {"plan --model deepseek-v3.2 --input-len 200000", "max_position_embeddings (163840)"},
+           {"plan --context 163840", "--context 163840"},
+           {"plan --sweep-context 4096,170000", "position 170000"},
            {"plan --input-len 99999999999999", "--input-len"},
            {"bench --model . -t 100000", "--threads"},
            {"bench --model . -t 0", "--threads"},

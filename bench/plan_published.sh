@@ -1,0 +1,47 @@
+#!/bin/sh
+# `dsa plan` against published serving figures: runs each case of the validation table
+# (docs/PLAN.md, "Against published figures") and prints the published figure, the plan's
+# prediction in the same unit, and the error. Nothing here is tuned per case: every case is
+# the built-in model and hardware profile with the layout and workload the source states.
+#
+#   bench/plan_published.sh [DSA]
+#
+# DSA: the binary (default build/tools/dsa). Takes well under a second: no machine is measured.
+set -eu
+dsa=${1:-build/tools/dsa}
+
+# The value of a top-level number field of `dsa plan --json` (first occurrence).
+field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" | head -n 1; }
+plan() { "$dsa" plan "$@" --json 2>/dev/null; }
+row() {  # case, published, predicted, unit
+  awk -v c="$1" -v pub="$2" -v p="$3" -v u="$4" 'BEGIN { printf "%-44s %12.1f %12.1f %-22s %+7.0f%%\n", c, pub, p, u, 100 * (p / pub - 1) }'
+}
+
+printf '%-44s %12s %12s %-22s %8s\n' case published predicted unit error
+
+# DeepSeek V3/R1 inference system (H800), both units with 32 redundant experts: prefill EP32,
+# 4K prompts, 16K tokens per GPU, 56.3% of prompt tokens from the on-disk KV cache and
+# counted; decode EP144, 128 sequences per GPU at mean KV 4,989.
+pre="--model deepseek-v3 --hardware h800 --devices 32 --redundant-experts 32 --prefill-batch 4 --input-len 4096 --output-len 1"
+p=$(plan $pre --cache-hit 0.563 | field prefill_tokens_per_s_per_device)
+row "DeepSeek V3/R1 prefill, hits counted" 73700 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+p=$(plan $pre | field prefill_tokens_per_s_per_device)
+row "DeepSeek V3/R1 prefill, hits left out" 73700 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+dec="--model deepseek-v3 --hardware h800 --devices 144 --redundant-experts 32 --batch 18432 --context 4989"
+p=$(plan $dec | field decode_tokens_per_s_per_device)
+row "DeepSeek V3/R1 decode" 14800 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+p=$(plan $dec --no-overlap | field decode_tokens_per_s_per_device)
+row "DeepSeek V3/R1 decode, no overlap" 14800 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+
+# TensorRT-LLM DeepSeek-V3.2 on 8 x B200: NVFP4, MTP-1, 8K in / 1K out, concurrency 256.
+p=$(plan --model deepseek-v3.2 --hardware b200 --devices 8 --batch 256 --input-len 8192 --output-len 1024 \
+  --weight-dtype nvfp4 --mtp 1 --acceptance 0.85 | field e2e_output_tokens_per_s_per_device)
+row "TensorRT-LLM V3.2, 8xB200, NVFP4, MTP-1" 1077 "$p" "output tok/s per GPU"
+
+# The V3.2 paper: decode cost per million tokens at position 128K on H800, V3.1 over V3.2.
+for mtp in "" "--mtp 1 --acceptance 0.85"; do
+  cost="--hardware h800 --devices 128 --batch 16384 --context 131072 --price 2 $mtp"
+  a=$(plan --model deepseek-v3 $cost | field decode_cost_per_million_tokens)
+  b=$(plan --model deepseek-v3.2 $cost | field decode_cost_per_million_tokens)
+  row "V3.1 / V3.2 decode cost at 128K${mtp:+, MTP-1}" 8 "$(awk -v a="$a" -v b="$b" 'BEGIN { print a / b }')" "ratio"
+done
