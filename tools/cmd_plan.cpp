@@ -20,7 +20,7 @@ using namespace dsa::sim;
 struct Args {
   std::string model = "deepseek-v3.2";
   std::string hardware = "h200";
-  std::string weight = "fp8", cache = "fp8";
+  std::string weight, cache = "fp8";  // weight empty: what the checkpoint holds
   std::string kernel_table, svg_cost, svg_throughput, compare;
   std::vector<int64_t> sweep_context, sweep_batch;
   bool json = false, no_ops = false, no_overlap = false, list = false, show_hardware = false;
@@ -118,7 +118,9 @@ void run(const Args& a) {
   }
   const SimModel m = load_model(a.model);
   PlanRequest req = a.req;
-  req.opt.weight = parse_weight_dtype(a.weight);
+  // Weights are costed as the checkpoint stores them (the engine maps them, never converts),
+  // unless --weight-dtype asks what another release or a quantized copy would do.
+  req.opt.weight = a.weight.empty() ? (m.cfg.quant.fp8 ? WeightDtype::FP8 : WeightDtype::BF16) : parse_weight_dtype(a.weight);
   req.opt.cache = parse_cache_dtype(a.cache);
   req.overlap = !a.no_overlap;
   std::unique_ptr<KernelTable> kt;
@@ -177,8 +179,8 @@ void setup_plan(CLI::App& app) {
                   "Fraction of each prompt already in a prefix cache: prefill computes the rest and counts all")
       ->capture_default_str()
       ->check(dsa::cli::finite_in(0, 1));
-  cmd->add_option("--weight-dtype", a->weight, "Weights: fp8 (128x128 blocks), bf16, or nvfp4 (MLP/experts in fp4)")
-      ->capture_default_str();
+  cmd->add_option("--weight-dtype", a->weight,
+                  "Weights: fp8 (128x128 blocks), bf16, or nvfp4 (MLP/experts in fp4) (default: the checkpoint's, fp8 for the built-in models)");
   cmd->add_option("--kv-cache", a->cache, "MLA latent cache: fp8 (656 B/token/layer) or bf16 (1152)")->capture_default_str();
   cmd->add_option("--mtp", a->req.opt.mtp, "Multi-token-prediction draft tokens per decode step")->capture_default_str()->check(dsa::cli::int_in(0, 16));
   cmd->add_option("--acceptance", a->req.acceptance, "Acceptance rate of each draft token")->capture_default_str()->check(dsa::cli::finite_in(0, 1));

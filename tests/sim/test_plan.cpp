@@ -4,10 +4,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "sim/memory.h"
@@ -447,6 +451,28 @@ static int run_dsa(const std::string& args, std::string& out) {
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
   return pclose(f);
+}
+
+// Weights are costed in the dtype the checkpoint stores unless --weight-dtype says otherwise:
+// a bf16 checkpoint (no quantization_config) is not planned as fp8.
+TEST(SimCli, WeightDtypeDefaultsToTheCheckpoints) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dsa_plan_bf16_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "config.json") << dsa::sim::test::kTinyJson;
+  }
+  std::string out;
+  const std::string plan = "plan --model " + dir.string() + " --hardware h100 --batch 1 --input-len 64 --json";
+  ASSERT_EQ(run_dsa(plan, out), 0) << out;
+  const auto bf = nlohmann::json::parse(out);
+  EXPECT_EQ(bf["weight_dtype"], "bf16");
+  ASSERT_EQ(run_dsa(plan + " --weight-dtype fp8", out), 0) << out;
+  const auto f8 = nlohmann::json::parse(out);
+  EXPECT_EQ(f8["weight_dtype"], "fp8");
+  EXPECT_GT(bf["memory"]["weight_bytes"].get<double>(), f8["memory"]["weight_bytes"].get<double>());
+  ASSERT_EQ(run_dsa("plan --model deepseek-v3.2 --hardware h100 --batch 1 --json", out), 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["weight_dtype"], "fp8");  // the released fp8 checkpoint
+  std::filesystem::remove_all(dir);
 }
 
 // --numa is a global option, accepted before or after the command name; a bad mode is one
