@@ -36,6 +36,21 @@ std::string TensorInfo::shape_str() const {
   return s + "]";
 }
 
+size_t SafeTensors::total_bytes() const {
+  size_t n = 0;
+  for (const auto& f : files_) n += f->size();
+  return n;
+}
+
+void SafeTensors::populate(const std::function<void(size_t, size_t)>& progress) const {
+  size_t done = 0;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    files_[i]->populate();
+    done += files_[i]->size();
+    if (progress) progress(i + 1, done);
+  }
+}
+
 const TensorInfo* SafeTensors::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

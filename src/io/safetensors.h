@@ -3,6 +3,7 @@
 // {name: {dtype, shape, data_offsets: [begin, end]}}, then the raw data region.
 // A checkpoint is one file or several shards listed in model.safetensors.index.json.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +38,10 @@ public:
   const TensorInfo& get(const std::string& name) const;  // throws naming the missing tensor
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   size_t num_files() const { return files_.size(); }
+  size_t total_bytes() const;
+  // Maps every file's pages now (MmapFile::populate), one file at a time; `progress` is
+  // called after each with the files and bytes done so far.
+  void populate(const std::function<void(size_t files_done, size_t bytes_done)>& progress = {}) const;
 
 private:
   void add_file(const std::string& path);

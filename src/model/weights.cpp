@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -190,7 +192,7 @@ ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, b
   return w;
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose) {
+std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose, bool prefetch) {
   if (!std::filesystem::exists(dir)) throw Error("model directory '" + dir + "' does not exist");
   if (!std::filesystem::is_directory(dir)) throw Error("'" + dir + "' is not a directory (expected the model folder holding config.json)");
   auto m = std::make_unique<Model>();
@@ -199,6 +201,26 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool v
   m->files = SafeTensors::open(dir);
   if (verbose) std::fprintf(stderr, "loading %s: %zu file(s), %zu tensors, binding weights ...\n", dir.c_str(), m->files.num_files(), m->files.tensors().size());
   m->weights = ModelWeights::bind(m->config, m->files, load_mtp);
+  if (prefetch) {
+    // Only what fits: a checkpoint larger than the machine's memory would evict its own
+    // first pages while reading the last ones; it is then read on demand, as mapped.
+    const size_t total = m->files.total_bytes();
+    const double ram = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+    if (double(total) < 0.9 * ram) {
+      const bool tty = verbose && ::isatty(STDERR_FILENO);
+      const size_t n = m->files.num_files();
+      m->files.populate([&](size_t files_done, size_t bytes_done) {
+        if (tty)
+          std::fprintf(stderr, "\rloading %s: reading weights %zu/%zu file(s), %.2f/%.2f GB", dir.c_str(), files_done, n,
+                       double(bytes_done) / 1e9, double(total) / 1e9);
+      });
+      if (tty) std::fprintf(stderr, "\n");
+      else if (verbose) std::fprintf(stderr, "loading %s: read %.2f GB of weights\n", dir.c_str(), double(total) / 1e9);
+    } else if (verbose) {
+      std::fprintf(stderr, "loading %s: %.1f GB of weights exceed 90%% of this machine's %.1f GB of memory: read on demand\n",
+                   dir.c_str(), double(total) / 1e9, ram / 1e9);
+    }
+  }
   return m;
 }
 

@@ -79,7 +79,9 @@ struct Model {
   SafeTensors files;
   ModelWeights weights;
 
-  static std::unique_ptr<Model> load(const std::string& dir, bool load_mtp = true, bool verbose = false);
+  // prefetch: map every weight page at load (with progress when verbose) when the files fit
+  // in this machine's memory, so that the first tokens do not pay a page fault per 64 KB.
+  static std::unique_ptr<Model> load(const std::string& dir, bool load_mtp = true, bool verbose = false, bool prefetch = true);
   uint64_t parameter_count() const;  // tensors bound from the files (weights, not scales)
 };
 
