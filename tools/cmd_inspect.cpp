@@ -18,7 +18,9 @@ std::string human(double b) {
 
 void run(const std::string& dir) {
   using namespace dsa;
-  auto m = Model::load(dir, true);
+  // Shapes and names only: the weights stay mapped on demand (a real checkpoint is hundreds
+  // of GB; inspecting it must not read them).
+  auto m = Model::load(dir, true, /*verbose=*/false, /*prefetch=*/false);
   const ModelConfig& c = m->config;
   std::map<std::string, uint64_t> by_dtype;
   uint64_t total = 0;
