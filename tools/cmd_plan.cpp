@@ -111,12 +111,14 @@ void run(const Args& a) {
     std::printf("\n");
     return;
   }
-  const Hardware hw = load_hardware(a.hardware);
+  // The model first: `local` streams its bf16 GEMV probe in rows as long as the model's
+  // lm_head rows (hidden_size), which set how fast that probe reads.
+  const SimModel m = load_model(a.model);
+  const Hardware hw = load_hardware(a.hardware, m.cfg.hidden_size);
   if (a.show_hardware) {
     std::printf("%s\n", hardware_to_json(hw).c_str());
     return;
   }
-  const SimModel m = load_model(a.model);
   PlanRequest req = a.req;
   // Weights are costed as the checkpoint stores them (the engine maps them, never converts),
   // unless --weight-dtype asks what another release or a quantized copy would do.

@@ -231,10 +231,10 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   h.name = "local";
   char desc[512];
   std::snprintf(desc, sizeof desc,
-                "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f / fp8 "
-                "%.1f GB/s, GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
+                "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f (rows of %d) / "
+                "fp8 %.1f GB/s, GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
                 "prefill %.1f / causal prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
-                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemm_small_gflops, kGemmSmallRows,
+                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_fp8_gbps, k.gemm_small_gflops, kGemmSmallRows,
                 k.gemm_large_gflops, kGemmLargeRows, k.indexer_gflops, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.causal_prefill_gflops,
                 k.topk_keys_per_s / 1e6, k.elementwise_gbps, k.call_overhead_us);
   h.description = desc;
@@ -291,16 +291,16 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   return h;
 }
 
-Hardware measure_local_hardware(int threads) {
+Hardware measure_local_hardware(int threads, int gemv_bf16_cols) {
   const int t = threads > 0 ? threads : std::max(1, omp_get_max_threads());
   const double gflops = measure_peak_gflops(t);
   const double bw = measure_read_bandwidth_gbps(t);
-  const KernelRates k = measure_kernel_rates(t);
+  const KernelRates k = measure_kernel_rates(t, gemv_bf16_cols);
   return local_hardware_from(t, bw, gflops, k);
 }
 
-Hardware load_hardware(const std::string& name_or_path) {
-  if (lower(name_or_path) == "local") return measure_local_hardware();
+Hardware load_hardware(const std::string& name_or_path, int local_gemv_bf16_cols) {
+  if (lower(name_or_path) == "local") return measure_local_hardware(0, local_gemv_bf16_cols);
   const std::string n = lower(name_or_path);
   for (const auto& b : kBuiltins)
     if (n == lower(b.name)) return hardware_from_json_text(b.json, std::string("built-in ") + b.name);

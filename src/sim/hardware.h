@@ -64,13 +64,15 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
 std::string hardware_to_json(const Hardware& hw);
 // Measures this CPU (read bandwidth, FMA peak, physical memory, and the rates of the engine's
 // own kernels, see sim/probe.h) with `threads` (<= 0: all) and builds the `local` profile.
-Hardware measure_local_hardware(int threads = 0);
+// gemv_bf16_cols: row length of the bf16 GEMV probe (the planned model's hidden size).
+Hardware measure_local_hardware(int threads = 0, int gemv_bf16_cols = 4096);
 // The `local` profile from given measurements (no timing: what measure_local_hardware does
 // with its numbers, testable by hand). read_gbps / fma_gflops: the streaming-read and FMA
 // probes; rates: the kernel probes.
 struct KernelRates;
 Hardware local_hardware_from(int threads, double read_gbps, double fma_gflops, const KernelRates& rates);
-// A built-in name (case-insensitive), "local", or a path to a profile JSON.
-Hardware load_hardware(const std::string& name_or_path);
+// A built-in name (case-insensitive), "local", or a path to a profile JSON; `local` probes its
+// bf16 GEMV with rows of local_gemv_bf16_cols (the planned model's hidden size).
+Hardware load_hardware(const std::string& name_or_path, int local_gemv_bf16_cols = 4096);
 
 }  // namespace dsa::sim

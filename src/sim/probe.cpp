@@ -215,7 +215,7 @@ double median_of_round_means(const Probe& p) {
 
 }  // namespace
 
-KernelRates measure_kernel_rates(int threads) {
+KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   using namespace dsa::kernels;
   const int saved = omp_get_max_threads();
   if (threads > 0) omp_set_num_threads(threads);
@@ -233,12 +233,14 @@ KernelRates measure_kernel_rates(int threads) {
   const size_t wbytes = size_t(192) << 20, region = size_t(64) << 20;
   std::vector<uint8_t> wbuf(wbytes);
   std::memset(wbuf.data(), 0x3A, wbytes);
-  std::vector<float> x(8192), y(8192);
+  const int bf16_cols = std::clamp(gemv_bf16_cols, 256, 65536);
+  r.gemv_bf16_cols = bf16_cols;
+  std::vector<float> x(size_t(std::max(8192, bf16_cols))), y(size_t(std::max<size_t>(8192, region / 2 / size_t(bf16_cols))));
   fill_floats(x.data(), x.size(), 1);
   Linear gemv_bf16;
   gemv_bf16.dtype = DType::BF16;
-  gemv_bf16.rows = 8192;
-  gemv_bf16.cols = 4096;
+  gemv_bf16.rows = int(region / 2 / size_t(bf16_cols));
+  gemv_bf16.cols = bf16_cols;
   size_t gemv_bf16_call = 0;
   probes.push_back({[&] {
                       gemv_bf16.data = wbuf.data() + (gemv_bf16_call++ % 3) * region;

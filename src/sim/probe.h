@@ -22,7 +22,8 @@ double physical_memory_bytes();
 // median over rounds of each round's mean call time (as `dsa bench` takes the median of
 // repeats, each a mean over tokens). About 2.5 s on two cores.
 struct KernelRates {
-  double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix, from DRAM
+  double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix of gemv_bf16_cols columns, from DRAM
+  int gemv_bf16_cols = 0;         // its row length: the planned model's hidden size (its lm_head's rows)
   double gemv_fp8_gbps = 0;       // one-token linear_multi over sixteen fp8 [512 x 2048] and one over eight
                                   // [2048 x 512] matrices (an expert layer's mix, 24 MiB, from DRAM)
   double gemm_small_gflops = 0;   // eight fp8 [1024 x 2048] GEMMs of kGemmSmallRows rows in a parallel
@@ -38,6 +39,10 @@ struct KernelRates {
                                   // kEltTokens-token chunk, in the operator table's bytes per second
 };
 constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256;
-KernelRates measure_kernel_rates(int threads = 0);
+// gemv_bf16_cols: the bf16 GEMV probe's row length. The GEMV pays a fixed cost per row on top
+// of its bytes (about 26 ns per row on two threads of the development machine: rows of 1024
+// stream at 22 GB/s where rows of 8192 reach 29), so the probe streams rows as long as those
+// of the weight it stands for, the lm_head's [vocab x hidden].
+KernelRates measure_kernel_rates(int threads = 0, int gemv_bf16_cols = 4096);
 
 }  // namespace dsa::sim
