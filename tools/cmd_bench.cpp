@@ -68,16 +68,9 @@ void run(const Args& a) {
   std::vector<kernels::WeightStat> dweights;
   auto collect_weights = [&dweights] {
     for (const auto& w : kernels::profile_weights()) {
-      auto it = std::find_if(dweights.begin(), dweights.end(), [&](const kernels::WeightStat& d) {
-        return d.kernel == w.kernel && d.rows == w.rows && d.cols == w.cols && d.dtype == w.dtype && d.jobs == w.jobs;
-      });
-      if (it == dweights.end()) {
-        dweights.push_back(w);
-      } else {
-        it->seconds += w.seconds;
-        it->bytes += w.bytes;
-        it->calls += w.calls;
-      }
+      auto it = std::find_if(dweights.begin(), dweights.end(), [&](const kernels::WeightStat& d) { return d.same_row(w); });
+      if (it == dweights.end()) dweights.push_back(w);
+      else it->add(w);
     }
   };
   auto collect = [](std::vector<kernels::KernelStat>& into) {

@@ -1,6 +1,7 @@
 #include "core/threads.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <set>
@@ -37,6 +38,11 @@ int physical_cores() {
     cores.insert({pkg, core});
   }
   return cores.empty() ? 1 : int(cores.size());
+}
+
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
 }
 
 }  // namespace dsa

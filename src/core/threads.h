@@ -1,5 +1,5 @@
 #pragma once
-// How many threads the engine runs by default.
+// How many threads the engine runs by default, and how much memory the machine has.
 
 namespace dsa {
 
@@ -8,5 +8,8 @@ namespace dsa {
 // and a second hardware thread on the same core helps neither. Falls back to the number
 // of allowed CPUs where the topology is not readable (non-Linux, restricted /sys).
 int physical_cores();
+
+// Total physical memory in bytes (0 if it cannot be read).
+double physical_memory_bytes();
 
 }  // namespace dsa

@@ -51,17 +51,11 @@ int g_n_weights = 0;
 
 // Adds one call of a matrix product to its weight's row of the table.
 void record_weight(KernelId kernel, const Linear& w, int jobs, double dt, double bytes) {
+  const WeightStat call{kernel, w.rows, w.cols, jobs, w.dtype, dt, bytes, 1};
   int i = 0;
-  while (i < g_n_weights && !(g_weights[i].kernel == kernel && g_weights[i].rows == w.rows && g_weights[i].cols == w.cols &&
-                              g_weights[i].dtype == w.dtype && g_weights[i].jobs == jobs))
-    ++i;
-  if (i == g_n_weights) {
-    if (g_n_weights == kMaxWeightStats) return;
-    g_weights[g_n_weights++] = WeightStat{kernel, w.rows, w.cols, jobs, w.dtype, 0, 0, 0};
-  }
-  g_weights[i].seconds += dt;
-  g_weights[i].bytes += bytes;
-  ++g_weights[i].calls;
+  while (i < g_n_weights && !g_weights[i].same_row(call)) ++i;
+  if (i < g_n_weights) g_weights[i].add(call);
+  else if (g_n_weights < kMaxWeightStats) g_weights[g_n_weights++] = call;
 }
 
 // Times one kernel call when profiling is on; a matrix product also names its weight (the

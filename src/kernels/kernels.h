@@ -87,6 +87,15 @@ struct WeightStat {
   DType dtype = DType::F32;
   double seconds = 0, bytes = 0;
   long calls = 0;
+  // One row of the table per kernel, weight shape, dtype and job count.
+  bool same_row(const WeightStat& o) const {
+    return kernel == o.kernel && rows == o.rows && cols == o.cols && dtype == o.dtype && jobs == o.jobs;
+  }
+  void add(const WeightStat& o) {
+    seconds += o.seconds;
+    bytes += o.bytes;
+    calls += o.calls;
+  }
 };
 std::vector<WeightStat> profile_weights();
 

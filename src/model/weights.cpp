@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace dsa {
 namespace {
@@ -205,7 +206,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool v
     // Only what fits: a checkpoint larger than the machine's memory would evict its own
     // first pages while reading the last ones; it is then read on demand, as mapped.
     const size_t total = m->files.total_bytes();
-    const double ram = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+    const double ram = physical_memory_bytes();
     if (double(total) < 0.9 * ram) {
       const bool tty = verbose && ::isatty(STDERR_FILENO);
       const size_t n = m->files.num_files();

@@ -1,7 +1,6 @@
 #include "sim/probe.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -507,11 +506,6 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   if (threads > 0) omp_set_num_threads(saved);
   g_sink = g_sink + uint64_t(y[0] > 0);
   return r;
-}
-
-double physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
 }
 
 }  // namespace dsa::sim

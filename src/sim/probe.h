@@ -1,6 +1,7 @@
 #pragma once
 // Measured peaks of this CPU, used by the `local` hardware profile and by `dsa bench` to
 // express its own results as a fraction of what the machine can do.
+#include "core/threads.h"
 
 namespace dsa::sim {
 
@@ -12,8 +13,8 @@ double measure_read_bandwidth_gbps(int threads = 0);
 // chains with AVX2/FMA where the CPU has them, a scalar loop otherwise.
 double measure_peak_gflops(int threads = 0);
 
-// Total physical memory in bytes (0 if it cannot be read).
-double physical_memory_bytes();
+// Total physical memory in bytes (0 if it cannot be read): core/threads.h.
+using dsa::physical_memory_bytes;
 
 // What the engine's own CPU kernels (kernels/kernels.h, the optimized backend) reach on
 // small synthetic operands: the `local` profile turns these into its efficiency factors,
