@@ -45,7 +45,8 @@ void phase_table(std::string& o, const PhaseResult& r) {
   }
   o += fmt("  %-28s %7s %11.1f %11.1f %11.1f\n", "total", "", flops / 1e9, bytes / 1e6, r.compute_us + r.ep_comm_us + r.other_comm_us);
   o += fmt("  step: compute+memory %.1f us, expert all-to-all %.1f us%s, other communication %.1f us -> %.1f us\n",
-           r.compute_us, r.ep_comm_us, r.ep_comm_us > 0 ? " (overlapped when two micro-batches run)" : "",
+           r.compute_us, r.ep_comm_us,
+           r.micro_batches > 1 ? " (two micro-batches: each hides the other's all-to-all; rows sum both)" : "",
            r.other_comm_us, r.step_us);
 }
 
@@ -173,6 +174,8 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
       {"e2e_output_tokens_per_s_per_device", p.e2e_output_tokens_per_s_per_device},
       {"prefill_step_us", p.prefill.step_us},
       {"decode_step_us", p.decode.step_us},
+      {"prefill_micro_batches", p.prefill.micro_batches},
+      {"decode_micro_batches", p.decode.micro_batches},
       {"price_per_device_hour", p.price_per_hour},
       {"prefill_cost_per_million_tokens", p.prefill_cost_per_m},
       {"decode_cost_per_million_tokens", p.decode_cost_per_m},

@@ -91,8 +91,9 @@ OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt) {
   return t;
 }
 
-PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
-                      const KernelTable* kt, bool overlap) {
+// One batch, every operator in turn: the all-to-all waits for the computation around it.
+static PhaseResult cost_single(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
+                               const KernelTable* kt) {
   PhaseResult r;
   r.step = s;
   for (const Op& op : op_plan(m, s, l, o)) {
@@ -102,7 +103,69 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
     else r.compute_us += t.time_us;
     r.ops.push_back(std::move(t));
   }
-  r.step_us = (overlap ? std::max(r.compute_us, r.ep_comm_us) : r.compute_us + r.ep_comm_us) + r.other_comm_us;
+  r.step_us = r.compute_us + r.ep_comm_us + r.other_comm_us;
+  return r;
+}
+
+// The two halves of a step run as micro-batches: by sequences, or a lone prompt by chunks
+// (the second attends to the first). One decode sequence cannot be split.
+static bool split_step(const Step& s, Step& a, Step& b) {
+  a = b = s;
+  if (s.seqs >= 2) {
+    a.seqs = s.seqs / 2;
+    b.seqs = s.seqs - a.seqs;
+    return true;
+  }
+  if (s.phase == Phase::Prefill && s.new_tokens >= 2) {
+    a.new_tokens = s.new_tokens / 2;
+    b.new_tokens = s.new_tokens - a.new_tokens;
+    b.context = s.context + a.new_tokens;
+    return true;
+  }
+  return false;
+}
+
+PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
+                      const KernelTable* kt, bool overlap) {
+  PhaseResult one = cost_single(m, hw, l, o, s, kt);
+  Step sa, sb;
+  if (!overlap || one.ep_comm_us <= 0 || !split_step(s, sa, sb)) return one;
+  // Two micro-batches (DeepSeek's and TensorRT-LLM's wide-EP serving): one's all-to-all runs
+  // while the other computes, so the step takes the longer of the two streams. Each half
+  // reads the weights again and pays every message latency again, which is why splitting
+  // only pays when there is enough communication to hide; the faster schedule is taken.
+  const PhaseResult a = cost_single(m, hw, l, o, sa, kt), b = cost_single(m, hw, l, o, sb, kt);
+  const double split_us =
+      std::max(a.compute_us + b.compute_us, a.ep_comm_us + b.ep_comm_us) + a.other_comm_us + b.other_comm_us;
+  if (split_us >= one.step_us) return one;
+  PhaseResult r = a;  // the same operator list; each row now sums both micro-batches
+  r.step = s;
+  r.micro_batches = 2;
+  r.compute_us += b.compute_us;
+  r.ep_comm_us += b.ep_comm_us;
+  r.other_comm_us += b.other_comm_us;
+  r.step_us = split_us;
+  // Rows are matched by name: the halves of a prompt may pick different attention forms.
+  for (const OpTime& u : b.ops) {
+    auto t = std::find_if(r.ops.begin(), r.ops.end(), [&](const OpTime& x) { return x.op.name == u.op.name; });
+    if (t == r.ops.end()) {
+      r.ops.push_back(u);
+      continue;
+    }
+    t->op.count += u.op.count;
+    t->op.flops += u.op.flops;
+    t->op.bytes += u.op.bytes;
+    t->op.weight_elems += u.op.weight_elems;
+    t->op.comm_intra += u.op.comm_intra;
+    t->op.comm_inter += u.op.comm_inter;
+    t->op.comm_hops += u.op.comm_hops;
+    if (u.op.shape != t->op.shape) t->op.shape += " + " + u.op.shape;
+    t->compute_us += u.compute_us;
+    t->memory_us += u.memory_us;
+    t->comm_us += u.comm_us;
+    t->time_us += u.time_us;
+    if (t->bound != u.bound) t->bound = t->time_us - u.time_us >= u.time_us ? t->bound : u.bound;
+  }
   return r;
 }
 

@@ -40,13 +40,16 @@ struct PhaseResult {
   double ep_comm_us = 0;   // expert-parallel all-to-all
   double other_comm_us = 0;  // tensor-parallel all-reduce, pipeline sends
   double step_us = 0;      // one pipeline stage's step
+  int micro_batches = 1;   // 2: the step ran as two overlapped micro-batches (ops sum both)
 };
 
 // Time of one op: max(compute at its efficiency, memory at its efficiency) + launch overhead,
 // or link time + latency for communication, unless the kernel table covers it.
 OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt);
-// Step time: EP all-to-all overlaps with compute when `overlap` (two micro-batches, as in
-// DeepSeek's and TensorRT-LLM's wide-EP serving); TP/PP communication never does.
+// Step time. One batch: compute + all-to-all + TP/PP communication. With `overlap`, the step
+// may instead run as two micro-batches (half the sequences each, or a lone prompt's two
+// halves), one's expert all-to-all hidden behind the other's compute: max(compute of both,
+// all-to-all of both) + their TP/PP communication, taken when it is faster than one batch.
 PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
                       const KernelTable* kt, bool overlap);
 

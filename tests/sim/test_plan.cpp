@@ -351,10 +351,10 @@ TEST(SimPlan, ServingFigures) {
   EXPECT_REL(p.ttft_ms, p.prefill.step_us / 1e3);
   // $3.6 per hour = $0.001 per second.
   EXPECT_REL(p.decode_cost_per_m, 0.001 / p.decode_tokens_per_s_per_device * 1e6);
-  // Step time with overlap: max(compute, all-to-all) + other communication.
-  EXPECT_REL(p.decode.step_us, std::max(p.decode.compute_us, p.decode.ep_comm_us) + p.decode.other_comm_us);
+  // Without overlap the step is every operator in turn; overlap can only make it faster.
   r.overlap = false;
   const PlanResult q = simulate(t, hw, r);
+  EXPECT_EQ(q.decode.micro_batches, 1);
   EXPECT_REL(q.decode.step_us, q.decode.compute_us + q.decode.ep_comm_us + q.decode.other_comm_us);
   EXPECT_GE(q.tpot_ms, p.tpot_ms);
 
@@ -362,6 +362,66 @@ TEST(SimPlan, ServingFigures) {
   bad.devices = 3;
   bad.tp = 2;
   EXPECT_THROW(simulate(t, hw, bad), dsa::Error);
+}
+
+static double sum_bytes(const PhaseResult& r) {
+  double b = 0;
+  for (const auto& t : r.ops) b += t.op.bytes;
+  return b;
+}
+
+TEST(SimPlan, TwoMicroBatchesHideTheAllToAll) {
+  const SimModel t = tiny();
+  Hardware hw = toy();
+  hw.launch_overhead_us = 0;  // the tiny model's kernels would be all launch cost
+  PlanRequest r;
+  r.devices = 8;  // two toy nodes: the all-to-all crosses the slow network
+  const Layout l = resolve_layout(r, hw);
+  const Options o;
+  // Decode, 65 sequences: micro-batches of 32 and 33, each one batch without overlap.
+  const Step full{Phase::Decode, 65, 1, 100};
+  const PhaseResult one = cost_step(t, hw, l, o, full, nullptr, false);
+  const PhaseResult a = cost_step(t, hw, l, o, Step{Phase::Decode, 32, 1, 100}, nullptr, false);
+  const PhaseResult b = cost_step(t, hw, l, o, Step{Phase::Decode, 33, 1, 100}, nullptr, false);
+  ASSERT_GT(one.ep_comm_us, 0);
+  EXPECT_REL(one.step_us, one.compute_us + one.ep_comm_us + one.other_comm_us);
+  const double split = std::max(a.compute_us + b.compute_us, a.ep_comm_us + b.ep_comm_us) + a.other_comm_us + b.other_comm_us;
+  const PhaseResult ov = cost_step(t, hw, l, o, full, nullptr, true);
+  EXPECT_REL(ov.step_us, std::min(one.step_us, split));
+  // Across the toy's slow network the all-to-all outweighs a second pass over the weights.
+  ASSERT_LT(split, one.step_us);
+  EXPECT_EQ(ov.micro_batches, 2);
+  // Rows sum both halves: the same FLOPs as one batch, the weights read twice.
+  EXPECT_REL(ov.compute_us, a.compute_us + b.compute_us);
+  EXPECT_REL(ov.ep_comm_us, a.ep_comm_us + b.ep_comm_us);
+  EXPECT_REL(sum_bytes(ov), sum_bytes(a) + sum_bytes(b));
+  EXPECT_GT(sum_bytes(ov), sum_bytes(one));
+  // A lone prompt splits into two chunks, the second attending to the first.
+  const Step prompt{Phase::Prefill, 1, 64, 0};
+  const PhaseResult p1 = cost_step(t, hw, l, o, prompt, nullptr, false);
+  const PhaseResult c1 = cost_step(t, hw, l, o, Step{Phase::Prefill, 1, 32, 0}, nullptr, false);
+  const PhaseResult c2 = cost_step(t, hw, l, o, Step{Phase::Prefill, 1, 32, 32}, nullptr, false);
+  const double chunks = std::max(c1.compute_us + c2.compute_us, c1.ep_comm_us + c2.ep_comm_us) + c1.other_comm_us + c2.other_comm_us;
+  EXPECT_REL(cost_step(t, hw, l, o, prompt, nullptr, true).step_us, std::min(p1.step_us, chunks));
+  // One decode sequence cannot be split: overlap changes nothing.
+  const Step lone{Phase::Decode, 1, 1, 100};
+  EXPECT_REL(cost_step(t, hw, l, o, lone, nullptr, true).step_us, cost_step(t, hw, l, o, lone, nullptr, false).step_us);
+  // With no all-to-all (one device) there is nothing to hide and the step stays one batch.
+  PlanRequest solo;
+  solo.devices = 1;
+  const Layout l1 = resolve_layout(solo, hw);
+  const PhaseResult s1 = cost_step(t, hw, l1, o, full, nullptr, true);
+  EXPECT_EQ(s1.ep_comm_us, 0);
+  EXPECT_EQ(s1.micro_batches, 1);
+  EXPECT_REL(s1.step_us, s1.compute_us + s1.other_comm_us);
+  // A network fast enough that a second pass over the weights costs more than the hidden
+  // all-to-all: one batch is the faster schedule and is taken.
+  Hardware fast = hw;
+  fast.inter_node_bandwidth_gbps = fast.intra_node_bandwidth_gbps = 1e6;
+  fast.inter_node_latency_us = fast.intra_node_latency_us = 0;
+  const PhaseResult f = cost_step(t, fast, l, o, Step{Phase::Decode, 64, 1, 100}, nullptr, true);
+  EXPECT_EQ(f.micro_batches, 1);
+  EXPECT_REL(f.step_us, f.compute_us + f.ep_comm_us + f.other_comm_us);
 }
 
 TEST(SimPlan, SparseDecodeCostIsFlatAndDenseGrowsWithContext) {
