@@ -236,7 +236,19 @@ std::string svg_line_plot(const std::string& title, const std::string& xlabel, c
       xt = v;
     }
   } else {
-    for (int i = 0; i <= 8; ++i) xt.push_back(x0 + (x1 - x0) * i / 8);
+    // About eight ticks at round values: token positions (ranges from 1K up) step by powers
+    // of two, so they read 16K, 32K, ...; anything else by 1, 2 or 5 x 10^k. The left end is
+    // labelled too when the first round tick is far from it.
+    const double rx = (x1 - x0) / 8;
+    double sx;
+    if (x1 - x0 >= 1024) {
+      sx = std::exp2(std::ceil(std::log2(rx)));
+    } else {
+      const double mx = std::pow(10.0, std::floor(std::log10(rx)));
+      sx = rx / mx <= 1 ? mx : rx / mx <= 2 ? 2 * mx : rx / mx <= 5 ? 5 * mx : 10 * mx;
+    }
+    for (double x = std::ceil(x0 / sx) * sx; x <= x1 * (1 + 1e-9); x += sx) xt.push_back(x);
+    if (xt.empty() || xt.front() - x0 > sx / 2) xt.insert(xt.begin(), x0);
   }
   for (double x : xt) {
     o += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", fx(x), T, fx(x), H - B);

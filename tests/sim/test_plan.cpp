@@ -469,6 +469,30 @@ TEST(SimReport, JsonContract) {
   EXPECT_NE(svg.find("polyline"), std::string::npos);
 }
 
+static std::vector<std::string> x_labels(const std::string& svg) {
+  // Axis labels under the plot: the text elements anchored in the middle, title and axis
+  // names left out (they are longer than any tick).
+  std::vector<std::string> v;
+  for (size_t at = svg.find("text-anchor=\"middle\">"); at != std::string::npos;
+       at = svg.find("text-anchor=\"middle\">", at + 1)) {
+    const size_t b = svg.find('>', at) + 1, e = svg.find('<', b);
+    const std::string t = svg.substr(b, e - b);
+    if (t.size() <= 5) v.push_back(t);
+  }
+  return v;
+}
+
+TEST(SimPlot, PositionTicksAreRound) {
+  // Token positions from 1K to 128K read 1K, 16K, 32K, ... 128K, not eighths of the range.
+  const std::vector<std::string> pos = x_labels(svg_line_plot("title", "token position", "y", {{"a", {{1024, 1}, {131072, 2}}, false}}, false));
+  const std::vector<std::string> want_pos = {"1K", "16K", "32K", "48K", "64K", "80K", "96K", "112K", "128K"};
+  EXPECT_EQ(pos, want_pos);
+  // A small range steps by 1, 2 or 5 x 10^k from its first round value.
+  const std::vector<std::string> small = x_labels(svg_line_plot("title", "token position", "y", {{"a", {{0, 1}, {10, 2}}, false}}, false));
+  const std::vector<std::string> want_small = {"0", "2", "4", "6", "8", "10"};
+  EXPECT_EQ(small, want_small);
+}
+
 TEST(SimProbe, MeasuresSomething) {
   // Values depend on the machine; only check that the probes run and report a rate.
   EXPECT_GT(measure_read_bandwidth_gbps(1), 0.0);
