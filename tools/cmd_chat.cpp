@@ -19,7 +19,7 @@ namespace {
 struct Args {
   std::string model, system, kv_cache = "fp8";
   int n = 512, ctx = 4096, batch = 512;
-  bool thinking = false;
+  bool thinking = false, mtp = false;
   dsa::cli::SamplingFlags sampling;
 };
 
@@ -28,7 +28,7 @@ void run(Args& a) {
   if (a.n < 1) throw Error("-n: expected >= 1, got " + std::to_string(a.n));
   const SamplerParams sp = a.sampling.resolve();
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(a.model, /*load_mtp=*/false, /*verbose=*/true);
+  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/true);
   const Tokenizer tok = Tokenizer::from_dir(a.model);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -37,6 +37,7 @@ void run(Args& a) {
   if (model->config.max_position_embeddings > 0) go.max_ctx = std::min(go.max_ctx, model->config.max_position_embeddings);
   go.prefill_chunk = a.batch;
   go.cache = cli::parse_cache_type(a.kv_cache);
+  go.mtp = a.mtp;
   Generator gen(*model, &tok, go);
   ChatSession chat(gen, tok, a.thinking, a.system);
   GenerateOptions g;
@@ -73,9 +74,9 @@ void run(Args& a) {
       std::printf("\n");
       std::fflush(stdout);
       const auto& r = t.result;
-      std::fprintf(stderr, "[prompt: %d tokens (%d reused), %.1f tok/s | reply: %zu tokens, %.1f tok/s | stop: %s]\n",
+      std::fprintf(stderr, "[prompt: %d tokens (%d reused), %.1f tok/s | reply: %zu tokens, %.1f tok/s%s | stop: %s]\n",
                    r.prompt_tokens, r.reused_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(),
-                   to_string(r.reason));
+                   cli::mtp_summary(r).c_str(), to_string(r.reason));
       if (r.reason == StopReason::ContextFull) std::fprintf(stderr, "[the context is full: /reset to start over]\n");
     } catch (const Error& e) {
       std::printf("\n");
@@ -92,6 +93,7 @@ void setup_chat(CLI::App& app) {
   cmd->add_option("--model", a->model, "Model directory (config.json, safetensors, tokenizer.json)")->required();
   cmd->add_flag("--thinking", a->thinking, "Thinking mode: the model reasons first (shown dimmed)");
   cmd->add_option("--system", a->system, "System prompt");
+  cmd->add_flag("--mtp", a->mtp, dsa::cli::kMtpHelp);
   cmd->add_option("-n,--n-predict", a->n, "Maximum tokens per reply")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--ctx", a->ctx, "KV cache size in tokens (the whole conversation)")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward call")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));

@@ -106,6 +106,8 @@ void setup_make_model(CLI::App& app) {
   cmd->add_option("--dtype", a->opt.dtype, "fp8 (128x128 blocks, e4m3) or bf16")->capture_default_str();
   cmd->add_option("--shards", a->opt.shards, "Number of safetensors shards (with model.safetensors.index.json)")->capture_default_str();
   cmd->add_option("--seed", a->opt.seed, "Random seed")->capture_default_str();
+  cmd->add_option("--config-patch", a->opt.config_patch,
+                  "JSON merge patch over the preset's config, e.g. '{\"num_nextn_predict_layers\": 1}' for an MTP layer");
   cmd->add_option("--tokenizer", a->tokenizer, "Copy this tokenizer.json (or folder) instead of generating a small one");
   cmd->add_flag("--force", a->force, "Replace the checkpoint files in an existing --out directory");
   cmd->callback([a] { run(*a); });

@@ -16,7 +16,7 @@ namespace {
 struct Args {
   std::string model, prompt, ids, kv_cache = "fp8";
   int n = 256, ctx = 0, batch = 512;
-  bool print_ids = false, chat = false, thinking = false, ignore_eos = false;
+  bool print_ids = false, chat = false, thinking = false, ignore_eos = false, mtp = false;
   std::vector<std::string> stop;
   dsa::cli::SamplingFlags sampling;
 };
@@ -32,7 +32,7 @@ void run(Args& a) {
   const SamplerParams sp = a.sampling.resolve();
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(a.model, /*load_mtp=*/false, /*verbose=*/!a.print_ids);
+  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/!a.print_ids);
   const ModelConfig& c = model->config;
   std::optional<Tokenizer> tok;
   std::vector<int32_t> prompt;
@@ -57,6 +57,7 @@ void run(Args& a) {
   if (c.max_position_embeddings > 0) go.max_ctx = std::min(go.max_ctx, c.max_position_embeddings);
   go.prefill_chunk = a.batch;
   go.cache = cli::parse_cache_type(a.kv_cache);
+  go.mtp = a.mtp;
   Generator gen(*model, tok ? &*tok : nullptr, go);
 
   GenerateOptions g;
@@ -82,8 +83,9 @@ void run(Args& a) {
       });
   std::printf("\n");
   std::fflush(stdout);
-  std::fprintf(stderr, "load: %.2f s | prompt: %d tokens, %.1f tok/s | generated: %zu tokens, %.1f tok/s | stop: %s\n",
-               load_s, r.prompt_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), to_string(r.reason));
+  std::fprintf(stderr, "load: %.2f s | prompt: %d tokens, %.1f tok/s | generated: %zu tokens, %.1f tok/s%s | stop: %s\n",
+               load_s, r.prompt_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), cli::mtp_summary(r).c_str(),
+               to_string(r.reason));
 }
 
 void setup_run(CLI::App& app) {
@@ -98,6 +100,7 @@ void setup_run(CLI::App& app) {
   cmd->add_flag("--chat", a->chat, "Wrap the prompt as one user message in the model's chat encoding");
   cmd->add_flag("--thinking", a->thinking, "Chat encoding in thinking mode (implies --chat)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
+  cmd->add_flag("--mtp", a->mtp, dsa::cli::kMtpHelp);
   cmd->add_option("--ctx", a->ctx, "KV cache size in tokens (default: prompt + n)")->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward call")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();

@@ -1,10 +1,12 @@
 #pragma once
-// Flags shared by the generating commands (run, chat): sampling and the seed.
+// Flags shared by the generating commands (run, chat): sampling, the seed, MTP.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <random>
+#include <string>
 
 #include "cli_util.h"
+#include "runtime/generator.h"
 #include "sampling/sampler.h"
 
 namespace dsa::cli {
@@ -45,5 +47,17 @@ struct SamplingFlags {
     return p;
   }
 };
+
+inline constexpr const char* kMtpHelp =
+    "Speculative decoding with the checkpoint's MTP layer: it drafts one token per step and the model verifies "
+    "it with the token before (same output distribution; greedy gives the same tokens)";
+
+// " | mtp: A/D drafts accepted (P%)" for the statistics line, or "" when nothing was drafted.
+inline std::string mtp_summary(const GenerateResult& r) {
+  if (r.drafted == 0) return "";
+  char b[96];
+  std::snprintf(b, sizeof b, " | mtp: %d/%d drafts accepted (%.0f%%)", r.accepted, r.drafted, 100.0 * r.acceptance());
+  return b;
+}
 
 }  // namespace dsa::cli

@@ -132,7 +132,7 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
   if (n_jobs <= 0) return;
   double flops = 0, bytes = 0;
   for (int j = 0; j < n_jobs; ++j) {
-    flops += 2.0 * jobs[j].w->rows * jobs[j].w->cols;
+    flops += 2.0 * jobs[j].n * jobs[j].w->rows * jobs[j].w->cols;
     bytes += double(jobs[j].w->bytes());
   }
   Timed t(KernelId::Linear, flops, bytes, jobs[0].w, n_jobs);

@@ -105,12 +105,16 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0 = 0, int 
 // y[n, cols] = x[n, nrows] · W[row0 : row0 + nrows]  (the transposed direction, used to
 // absorb kv_b's k part into the query in MLA decode)
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
-// Several one-token products in one call (one parallel region): y_j = W_j · x_j. Decode
-// uses it for the projections that share an input and for the routed experts.
+// Several products in one call (one parallel region): y_j = x_j · W_jᵀ for n_j tokens
+// (at most kGemvMaxTokens; the weights are streamed once for all of them). Decode uses it
+// for the projections that share an input and for the routed experts, a speculative
+// verify step for the experts its few tokens picked.
+constexpr int kGemvMaxTokens = 3;
 struct LinearJob {
   const Linear* w;
-  const float* x;  // [w->cols]
-  float* y;        // [w->rows]
+  const float* x;  // [n, w->cols]
+  float* y;        // [n, w->rows]
+  int n = 1;
 };
 void linear_multi(const LinearJob* jobs, int n_jobs);
 // One token through per-head slices of one weight (the absorbed MLA decode): for every

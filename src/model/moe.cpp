@@ -70,40 +70,6 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
     if (tap && tap->ints) tap->ints("moe.experts." + std::to_string(layer), pos0 + i, &s.expert_ids[size_t(i) * size_t(k)], k);
   }
 
-  if (n == 1) {
-    // Decode: the k routed experts and the shared expert in two calls, gate+up then down,
-    // each one parallel region over all their rows.
-    const int S = w.has_shared ? w.shared_experts.gate_proj.rows : 0;
-    kernels::LinearJob jobs[2 * 65];
-    int nj = 0;
-    for (int j = 0; j < k; ++j) {
-      const MlpWeights& ex = w.experts[size_t(s.expert_ids[size_t(j)])];
-      jobs[nj++] = {&ex.gate_proj, s.xn.data(), &s.g[size_t(j) * size_t(I)]};
-      jobs[nj++] = {&ex.up_proj, s.xn.data(), &s.u[size_t(j) * size_t(I)]};
-    }
-    if (w.has_shared) {
-      jobs[nj++] = {&w.shared_experts.gate_proj, s.xn.data(), &s.g[size_t(k) * size_t(I)]};
-      jobs[nj++] = {&w.shared_experts.up_proj, s.xn.data(), &s.u[size_t(k) * size_t(I)]};
-    }
-    kernels::linear_multi(jobs, nj);
-    kernels::silu_mul(s.g.data(), s.u.data(), size_t(k) * size_t(I) + size_t(S), s.g.data());
-    nj = 0;
-    for (int j = 0; j < k; ++j)
-      jobs[nj++] = {&w.experts[size_t(s.expert_ids[size_t(j)])].down_proj, &s.g[size_t(j) * size_t(I)], &s.d[size_t(j) * size_t(H)]};
-    if (w.has_shared) jobs[nj++] = {&w.shared_experts.down_proj, &s.g[size_t(k) * size_t(I)], &s.d[size_t(k) * size_t(H)]};
-    kernels::linear_multi(jobs, nj);
-    float* out = s.moe_out.data();
-    std::fill(out, out + H, 0.0f);
-    for (int j = 0; j < k; ++j) {
-      const float wt = s.expert_w[size_t(j)];
-      const float* dj = &s.d[size_t(j) * size_t(H)];
-      for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
-    }
-    if (w.has_shared)
-      for (int h = 0; h < H; ++h) out[h] += s.d[size_t(k) * size_t(H) + size_t(h)];
-    return;
-  }
-
   // Group the (token, slot) pairs by expert so each expert's weights are read once per call.
   std::fill(s.expert_count.begin(), s.expert_count.begin() + E, 0);
   for (int r = 0; r < n * k; ++r) ++s.expert_count[size_t(s.expert_ids[size_t(r)])];
@@ -125,6 +91,54 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
   int n_active = 0;
   for (int e = 0; e < E; ++e)
     if (s.expert_count[size_t(e)] > 0) s.expert_active[size_t(n_active++)] = e;
+  if (n <= kernels::kGemvMaxTokens && 2 * n_active + 2 <= 64) {
+    // Decode, and a speculative step's few tokens: every active expert (with the tokens
+    // that picked it) and the shared expert in two calls, gate+up then down, each one
+    // parallel region over all their rows, so each expert's weights stream once.
+    const int S = w.has_shared ? w.shared_experts.gate_proj.rows : 0;
+    const size_t routed = size_t(n) * size_t(k);  // grouped rows; the shared expert's follow
+    kernels::LinearJob jobs[64];
+    int nj = 0;
+    for (int a = 0; a < n_active; ++a) {
+      const int e = s.expert_active[size_t(a)], cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
+      float* xg = &s.xg[size_t(off) * size_t(H)];
+      for (int j = 0; j < cnt; ++j)
+        std::copy_n(&s.xn[size_t(s.expert_rows[size_t(off + j)] / k) * size_t(H)], H, xg + size_t(j) * size_t(H));
+      const MlpWeights& ex = w.experts[size_t(e)];
+      jobs[nj++] = {&ex.gate_proj, xg, &s.g[size_t(off) * size_t(I)], cnt};
+      jobs[nj++] = {&ex.up_proj, xg, &s.u[size_t(off) * size_t(I)], cnt};
+    }
+    if (w.has_shared) {
+      jobs[nj++] = {&w.shared_experts.gate_proj, s.xn.data(), &s.g[routed * size_t(I)], n};
+      jobs[nj++] = {&w.shared_experts.up_proj, s.xn.data(), &s.u[routed * size_t(I)], n};
+    }
+    kernels::linear_multi(jobs, nj);
+    kernels::silu_mul(s.g.data(), s.u.data(), routed * size_t(I) + size_t(n) * size_t(S), s.g.data());
+    nj = 0;
+    for (int a = 0; a < n_active; ++a) {
+      const int e = s.expert_active[size_t(a)], cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
+      jobs[nj++] = {&w.experts[size_t(e)].down_proj, &s.g[size_t(off) * size_t(I)], &s.d[size_t(off) * size_t(H)], cnt};
+    }
+    if (w.has_shared) jobs[nj++] = {&w.shared_experts.down_proj, &s.g[routed * size_t(I)], &s.d[routed * size_t(H)], n};
+    kernels::linear_multi(jobs, nj);
+    // Weighted combine per token, slots in order, then the shared expert.
+    for (int t = 0; t < n; ++t) {
+      float* out = &s.moe_out[size_t(t) * size_t(H)];
+      std::fill(out, out + H, 0.0f);
+      for (int j = 0; j < k; ++j) {
+        const int r = t * k + j;
+        const float wt = s.expert_w[size_t(r)];
+        const float* dj = &s.d[size_t(s.expert_pos[size_t(r)]) * size_t(H)];
+        for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
+      }
+      if (w.has_shared) {
+        const float* ds = &s.d[(routed + size_t(t)) * size_t(H)];
+        for (int h = 0; h < H; ++h) out[h] += ds[h];
+      }
+    }
+    return;
+  }
+
   auto run_expert = [&](int e) {
     const int cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
     float* xg = &s.xg[size_t(off) * size_t(H)];

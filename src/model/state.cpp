@@ -101,12 +101,13 @@ State::State(const ModelConfig& cfg, const StateOptions& o) : opt(o) {
   // g/u hold [tokens, inter] for the dense MLP and the shared expert, and
   // [tokens * experts_per_tok, moe_inter] for the routed experts grouped by expert.
   const size_t dense_inter = size_t(std::max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.n_shared_experts));
-  // (+ the shared expert's rows: decode runs the routed and shared experts together)
+  // (+ the shared expert's rows per token: decode and speculative steps run the routed and
+  // shared experts together)
   const size_t shared_inter = size_t(cfg.moe_intermediate_size) * size_t(cfg.n_shared_experts);
-  const size_t gu = std::max(T * dense_inter, T * k * size_t(cfg.moe_intermediate_size) + shared_inter);
+  const size_t gu = std::max(T * dense_inter, T * k * size_t(cfg.moe_intermediate_size) + T * shared_inter);
   router.resize(T * E); expert_ids.resize(T * k); expert_w.resize(T * k);
   expert_count.resize(E); expert_offset.resize(E + 1); expert_rows.resize(T * k); expert_pos.resize(T * k); expert_active.resize(E);
-  xg.resize(T * k * H); g.resize(gu); u.resize(gu); d.resize((T * k + 1) * H);
+  xg.resize(T * k * H); g.resize(gu); u.resize(gu); d.resize((T * k + T) * H);
   if (opt.mtp) mtp_cat.resize(T * 2 * H);
   logits.resize(size_t(opt.max_logit_rows) * size_t(cfg.vocab_size));
 }

@@ -47,6 +47,8 @@ Sampler::Sampler(int vocab_size, const SamplerParams& params) : vocab_(vocab_siz
   const auto V = size_t(vocab_size);
   work_.resize(V);
   cand_.resize(V);
+  q_.assign(V, 0.0f);
+  q_ids_.reserve(V);
   banned_.assign(V, 0);
   count_.assign(V, 0);
   slot_.assign(V, -1);
@@ -191,6 +193,69 @@ int32_t Sampler::sample(const float* logits) {
     if (u < cum) return x.id;
   }
   return c.back().id;  // u within rounding of 1
+}
+
+int32_t Sampler::draft(const float* logits) {
+  for (int32_t id : q_ids_) q_[size_t(id)] = 0.0f;
+  q_ids_.clear();
+  if (is_greedy()) return sample(logits);  // verify() compares argmaxes; q is not used
+  const auto c = prepare(logits);
+  for (const Candidate& x : c) {
+    q_[size_t(x.id)] = x.p;
+    q_ids_.push_back(x.id);
+  }
+  const double u = next_uniform();
+  double cum = 0.0;
+  for (const Candidate& x : c) {
+    cum += x.p;
+    if (u < cum) return x.id;
+  }
+  return c.back().id;
+}
+
+int32_t Sampler::verify(const float* logits, int32_t proposal, bool from_draft, bool* accepted) {
+  if (is_greedy()) {
+    const int32_t t = sample(logits);
+    *accepted = t == proposal;
+    return t;
+  }
+  const auto c = prepare(logits);
+  auto q_of = [&](int32_t id) -> double {
+    if (from_draft) return q_[size_t(id)];
+    return id == proposal ? 1.0 : 0.0;
+  };
+  double p_d = 0.0;
+  for (const Candidate& x : c)
+    if (x.id == proposal) p_d = x.p;
+  const double q_d = q_of(proposal);
+  // Accept with probability min(1, p/q): u * q < p (q > 0 for a proposal drawn from q).
+  if (q_d > 0.0 && next_uniform() * q_d < p_d) {
+    *accepted = true;
+    return proposal;
+  }
+  *accepted = false;
+  // The residual max(0, p - q): what p has beyond what the proposal already covered.
+  double z = 0.0;
+  for (const Candidate& x : c) z += std::max(0.0, double(x.p) - q_of(x.id));
+  const double u = next_uniform();
+  if (!(z > 0.0)) {  // p == q within rounding: the residual is empty, p itself is exact
+    double cum = 0.0;
+    for (const Candidate& x : c) {
+      cum += x.p;
+      if (u < cum) return x.id;
+    }
+    return c.back().id;
+  }
+  double cum = 0.0;
+  int32_t last = c.front().id;
+  for (const Candidate& x : c) {
+    const double r = std::max(0.0, double(x.p) - q_of(x.id));
+    if (r <= 0.0) continue;
+    last = x.id;
+    cum += r;
+    if (u * z < cum) return x.id;
+  }
+  return last;  // u * z within rounding of z
 }
 
 }  // namespace dsa

@@ -55,6 +55,18 @@ public:
   // Samples from logits [vocab]; does not call accept().
   int32_t sample(const float* logits);
 
+  // Speculative decoding (Leviathan et al. 2023; Chen et al. 2023). draft() samples a
+  // proposal from a draft model's logits exactly as sample() would and keeps its
+  // distribution q. verify() takes the target model's logits at the proposal's position
+  // and returns a token distributed exactly as sample() on them: the proposal with
+  // probability min(1, p/q), otherwise a draw from max(0, p - q) renormalized. q is the
+  // last draft()'s distribution, or, when `from_draft` is false (a proposal from
+  // elsewhere, e.g. prompt lookup), a point mass at the proposal. Greedy: the argmax, and
+  // the proposal is accepted when it is the argmax. Neither calls accept(); call them with
+  // the same history (the proposal's position is the same for both).
+  int32_t draft(const float* logits);
+  int32_t verify(const float* logits, int32_t proposal, bool from_draft, bool* accepted);
+
   // The pieces of sample(), exposed for tests and for callers that want the distribution.
   // apply_penalties: logits (in place) as step 1 above.
   void apply_penalties(float* logits) const;
@@ -75,6 +87,8 @@ private:
   std::mt19937_64 rng_;
   std::vector<float> work_;             // [vocab] penalized logits
   std::vector<Candidate> cand_;         // [vocab]
+  std::vector<float> q_;                // [vocab] the last draft()'s distribution (0 elsewhere)
+  std::vector<int32_t> q_ids_;          // ids where q_ is non-zero, to clear it
   std::vector<uint8_t> banned_;         // [vocab]
   // Penalty history: counts per token, the distinct tokens with count > 0 (and each
   // one's slot in that list, for O(1) removal) and a ring of the last penalty_last_n ids.

@@ -115,16 +115,22 @@ TEST(KernelTwins, Fp8WithOtherBlockSizes) {
 }
 
 TEST(KernelTwins, LinearMulti) {
+  // Jobs of 1, 2 and 3 tokens (a speculative step's experts); a has more rows than one
+  // 64 KB block of the multi-token path, so blocks and the thread split both show.
   const auto a = make_linear(DType::F8_E4M3, 300, 256, 1), b = make_linear(DType::BF16, 37, 200, 2), c = make_linear(DType::F8_E4M3, 5, 517, 3);
-  const auto xa = randv(256, 7), xb = randv(200, 8), xc = randv(517, 9);
-  std::vector<float> ya(300), yb(37), yc(5), ra(300), rb(37), rc(5);
-  const kernels::LinearJob jobs[] = {{&a.l, xa.data(), ya.data()}, {&b.l, xb.data(), yb.data()}, {&c.l, xc.data(), yc.data()}};
-  const kernels::LinearJob refs[] = {{&a.l, xa.data(), ra.data()}, {&b.l, xb.data(), rb.data()}, {&c.l, xc.data(), rc.data()}};
-  kernels::cpu::linear_multi(jobs, 3);
-  kernels::ref::linear_multi(refs, 3);
-  EXPECT_LE(max_rel(ya, ra), 2e-6);
-  EXPECT_LE(max_rel(yb, rb), 2e-6);
-  EXPECT_LE(max_rel(yc, rc), 2e-6);
+  for (int n : {1, 2, 3}) {
+    const auto xa = randv(size_t(n) * 256, 7), xb = randv(size_t(n) * 200, 8), xc = randv(size_t(n) * 517, 9);
+    std::vector<float> ya(size_t(n) * 300), yb(size_t(n) * 37), yc(size_t(n) * 5), ra(ya.size()), rb(yb.size()), rc(yc.size());
+    const kernels::LinearJob jobs[] = {{&a.l, xa.data(), ya.data(), n}, {&b.l, xb.data(), yb.data(), n}, {&c.l, xc.data(), yc.data(), 1}};
+    const kernels::LinearJob refs[] = {{&a.l, xa.data(), ra.data(), n}, {&b.l, xb.data(), rb.data(), n}, {&c.l, xc.data(), rc.data(), 1}};
+    kernels::cpu::linear_multi(jobs, 3);
+    kernels::ref::linear_multi(refs, 3);
+    EXPECT_LE(max_rel(ya, ra), 2e-6) << n;
+    EXPECT_LE(max_rel(yb, rb), 2e-6) << n;
+    yc.resize(5);
+    rc.resize(5);
+    EXPECT_LE(max_rel(yc, rc), 2e-6) << n;
+  }
 }
 
 TEST(KernelTwins, PerHeadSlices) {
@@ -150,7 +156,7 @@ TEST(KernelTwins, PerHeadSlices) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
                          ::testing::Combine(::testing::Values(DType::F8_E4M3, DType::BF16, DType::F16, DType::F32),
                                             ::testing::Values(1, 144, 300), ::testing::Values(128, 200, 517),
-                                            ::testing::Values(1, 3, 17)));
+                                            ::testing::Values(1, 2, 3, 17)));
 
 TEST(KernelTwins, IndexerScores) {
   // 1 head (one padded lane group), 16 (a pair), 24 (a pair and an odd group), 64; key counts

@@ -89,6 +89,38 @@ TEST(RunCli, GreedyIdsAreTheTeacherForcedArgmaxOnEveryGoldenModel) {
   if (cases == 0) GTEST_SKIP() << "no golden cases under " << test::golden_dir();
 }
 
+TEST(RunCli, MtpGivesTheSameGreedyIds) {
+  // Speculative decoding changes the speed, not the tokens: on every golden model with an
+  // MTP layer, greedy ids with --mtp are those without (f32 cache: the two-token verify
+  // pass rounds like one-token decode to the last bits, and no fp8 rounding amplifies it).
+  // A checkpoint without one is refused by name.
+  std::error_code ec;
+  int with = 0, without = 0;
+  for (const auto& e : fs::directory_iterator(test::golden_dir(), ec)) {
+    if (!fs::exists(e.path() / "case.json")) continue;
+    SCOPED_TRACE(e.path().filename().string());
+    const std::string model_dir = (e.path() / "model").string();
+    const std::string cmd = test::dsa_binary() + " run --model " + model_dir +
+                            " --ids 3,1,4,1,5,9,2,6 --print-ids -n 12 --greedy --ignore-eos --kv-cache f32";
+    const auto spec = sh(cmd + " --mtp");
+    if (Model::load(model_dir, false, false)->config.num_nextn_predict_layers == 0) {
+      ++without;
+      EXPECT_NE(spec.code, 0);
+      EXPECT_NE(spec.err.find("num_nextn_predict_layers = 0"), std::string::npos) << spec.err;
+      continue;
+    }
+    ++with;
+    const auto plain = sh(cmd);
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    ASSERT_EQ(spec.code, 0) << spec.err;
+    EXPECT_EQ(spec.out, plain.out);
+    EXPECT_EQ(cli::parse_ids(trim(spec.out), "stdout").size(), 12u);
+    EXPECT_NE(spec.err.find("drafts accepted"), std::string::npos) << spec.err;
+  }
+  if (with + without == 0) GTEST_SKIP() << "no golden cases under " << test::golden_dir();
+  EXPECT_GT(with, 0);
+}
+
 TEST(RunCli, IdsErrors) {
   const std::string dir = test::tiny_model_dir();
   for (const char* args : {"--ids 1,2,x --print-ids", "--ids 1,2,99999 --print-ids", "--ids 1,2", "-p hi --ids 1,2 --print-ids",

@@ -19,6 +19,7 @@ namespace {
 
 struct Env {
   std::unique_ptr<Model> model = Model::load(test::tiny_model_dir(), false, false);
+  std::unique_ptr<Model> with_mtp = Model::load(test::tiny_model_dir(), true, false);
   Tokenizer tok = Tokenizer::from_dir(test::tiny_model_dir());
 };
 Env& env() {
@@ -252,6 +253,110 @@ TEST(Chat, SecondTurnReusesTheFirst) {
   EXPECT_EQ(chat.messages()[2]["content"], t1.content);
   chat.reset();
   EXPECT_EQ(chat.messages().size(), 1u);
+}
+
+// Every generated token is the argmax of the teacher-forced logits at its position, up to
+// float rounding (speculative verification runs two tokens per call, a different kernel
+// path from one-token decode; an f32 cache keeps that difference at rounding level).
+void expect_greedy_continuation(const Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& tokens) {
+  const int V = m.config.vocab_size;
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), tokens.begin(), tokens.end());
+  const auto tf = run_teacher_forced(m, all, int(prompt.size()), CacheType::F32, false, false);
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    const float* row = &tf.logits[(prompt.size() - 1 + k) * size_t(V)];
+    const float mx = *std::max_element(row, row + V);
+    EXPECT_GE(row[tokens[k]], mx - 1e-4f * std::fabs(mx)) << "token " << k;
+  }
+}
+
+TEST(Generator, MtpGreedyIsTheGreedyContinuation) {
+  const Model& m = *env().with_mtp;
+  Generator gen(m, nullptr, GeneratorOptions{96, 512, CacheType::F32, /*mtp=*/true});
+  GenerateOptions g;
+  g.max_new_tokens = 24;
+  g.sampling.greedy = true;
+  g.stop_on_eos = false;
+  const auto prompt = some_ids(9, 5);
+  const auto r = gen.generate(prompt, g);
+  ASSERT_EQ(r.tokens.size(), 24u);
+  expect_greedy_continuation(m, prompt, r.tokens);
+  // Every step verified an MTP draft; an accepted one gave a second token in that step.
+  EXPECT_EQ(r.drafted, r.decode_steps);
+  EXPECT_LE(int(r.tokens.size()) - 1, r.decode_steps + r.accepted);
+  EXPECT_GE(int(r.tokens.size()) - 1, r.decode_steps + r.accepted - 1);
+  // The same tokens as plain greedy decoding, the MTP layer only changes the speed.
+  Generator plain(m, nullptr, GeneratorOptions{96, 512, CacheType::F32});
+  EXPECT_EQ(plain.generate(prompt, g).tokens, r.tokens);
+
+  // The next turn extends this one: the cache prefix is reused (the MTP layer's with it)
+  // and the continuation is still the greedy one.
+  std::vector<int32_t> p2 = prompt;
+  p2.insert(p2.end(), r.tokens.begin(), r.tokens.end());
+  for (int32_t x : some_ids(5, 6)) p2.push_back(x);
+  const auto r2 = gen.generate(p2, g);
+  EXPECT_GE(r2.reused_tokens, int(prompt.size() + r.tokens.size()) - 2);
+  expect_greedy_continuation(m, p2, r2.tokens);
+}
+
+TEST(Generator, ProposalsAreVerified) {
+  // Proposals from outside the model: an oracle (the greedy continuation itself) is always
+  // kept, two tokens per main-model pass; a wrong proposal is always dropped, and the cache
+  // entries it wrote must not leak into later tokens.
+  const Model& m = *env().model;
+  const int V = m.config.vocab_size;
+  const auto prompt = some_ids(7, 8);
+  GenerateOptions g;
+  g.max_new_tokens = 20;
+  g.sampling.greedy = true;
+  g.stop_on_eos = false;
+  Generator gen(m, nullptr, GeneratorOptions{64, 512, CacheType::F32});
+  const auto want = gen.generate(prompt, g).tokens;
+  ASSERT_EQ(want.size(), 20u);
+  auto nth = [&](std::span<const int32_t> seq) { return want[std::min(seq.size() - prompt.size(), want.size() - 1)]; };
+
+  g.propose = [&](std::span<const int32_t> seq) { return nth(seq); };
+  const auto oracle = gen.generate(prompt, g);
+  EXPECT_EQ(oracle.tokens, want);
+  EXPECT_EQ(oracle.accepted, oracle.drafted);
+  EXPECT_EQ(oracle.decode_steps, 10);  // 19 tokens after the first: 9 steps of two, one of one
+
+  g.propose = [&](std::span<const int32_t> seq) { return (nth(seq) + 1) % V; };
+  const auto wrong = gen.generate(prompt, g);
+  EXPECT_EQ(wrong.tokens, want);
+  EXPECT_EQ(wrong.accepted, 0);
+  EXPECT_EQ(wrong.drafted, 19);
+
+  g.propose = [&](std::span<const int32_t>) { return V; };
+  EXPECT_THROW(gen.generate(prompt, g), Error);
+}
+
+TEST(Generator, MtpSamplingIsSeededAndBounded) {
+  const Model& m = *env().with_mtp;
+  GenerateOptions g;
+  g.max_new_tokens = 16;
+  g.sampling.seed = 5;
+  g.sampling.temperature = 1.0f;
+  g.sampling.top_k = 0;
+  g.sampling.top_p = 1.0f;
+  g.sampling.min_p = 0.0f;
+  g.stop_on_eos = false;
+  Generator gen(m, nullptr, GeneratorOptions{64, 4, CacheType::FP8, /*mtp=*/true});  // prefill in chunks of 4
+  const auto prompt = some_ids(11, 9);
+  const auto a = gen.generate(prompt, g);
+  const auto b = gen.generate(prompt, g);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.tokens.size(), 16u);
+  EXPECT_EQ(a.drafted, a.decode_steps);
+  // A cache with room for 4 more tokens: the last one that fits is decoded alone (a
+  // speculative step needs two free positions), as many tokens as without MTP.
+  Generator small(m, nullptr, GeneratorOptions{12, 512, CacheType::FP8, true});
+  g.max_new_tokens = 100;
+  const auto c = small.generate(some_ids(8, 4), g);
+  EXPECT_EQ(c.reason, StopReason::ContextFull);
+  EXPECT_EQ(c.tokens.size(), 5u);
+  // MTP needs the layer loaded.
+  EXPECT_THROW(Generator(*env().model, nullptr, GeneratorOptions{64, 512, CacheType::FP8, true}), Error);
 }
 
 }  // namespace

@@ -329,3 +329,69 @@ TEST(Sampler, NanLogitsAreNamed) {
 }
 
 }  // namespace
+
+TEST(Sampler, SpeculativeVerificationKeepsTheTargetDistribution) {
+  // Draft from q, verify against p: the kept tokens must follow p whatever q is (here q
+  // favours tokens p dislikes), and a draft is kept with probability sum min(p, q).
+  // Also with top-k on both (the distributions actually sampled are what must match).
+  const std::vector<float> q_logits = {2.0f, -1.0f, 1.0f, 0.0f, 2.5f, -0.5f, 1.5f, 0.5f};
+  for (int top_k : {0, 5}) {
+    SamplerParams sp = plain();
+    sp.top_k = top_k;
+    sp.seed = 7;
+    Sampler s(8, sp);
+    std::vector<double> p(8, 0.0), q(8, 0.0);
+    for (const auto& c : s.prepare(kLogits.data())) p[size_t(c.id)] = c.p;
+    for (const auto& c : s.prepare(q_logits.data())) q[size_t(c.id)] = c.p;
+    double keep = 0;
+    for (size_t i = 0; i < 8; ++i) keep += std::min(p[i], q[i]);
+    std::vector<int> hist(8, 0);
+    int kept = 0;
+    const int N = 40000;
+    for (int i = 0; i < N; ++i) {
+      const int32_t d = s.draft(q_logits.data());
+      bool ok = false;
+      const int32_t t = s.verify(kLogits.data(), d, true, &ok);
+      if (ok) {
+        EXPECT_EQ(t, d);
+        ++kept;
+      }
+      ++hist[size_t(t)];
+    }
+    for (size_t i = 0; i < 8; ++i) {
+      const double se = std::sqrt(p[i] * (1 - p[i]) / N);
+      EXPECT_NEAR(double(hist[i]) / N, p[i], 5 * se + 1e-4) << "top_k " << top_k << " token " << i;
+    }
+    EXPECT_NEAR(double(kept) / N, keep, 5 * std::sqrt(keep * (1 - keep) / N)) << top_k;
+
+    // A proposal from elsewhere (a point mass at token 2): kept with probability p(2),
+    // the rest drawn from p without it; together exactly p.
+    std::fill(hist.begin(), hist.end(), 0);
+    kept = 0;
+    for (int i = 0; i < N; ++i) {
+      bool ok = false;
+      const int32_t t = s.verify(kLogits.data(), 2, false, &ok);
+      kept += ok;
+      EXPECT_EQ(ok, t == 2);
+      ++hist[size_t(t)];
+    }
+    for (size_t i = 0; i < 8; ++i) {
+      const double se = std::sqrt(p[i] * (1 - p[i]) / N);
+      EXPECT_NEAR(double(hist[i]) / N, p[i], 5 * se + 1e-4) << "point mass, top_k " << top_k << " token " << i;
+    }
+    EXPECT_NEAR(double(kept) / N, p[2], 5 * std::sqrt(p[2] * (1 - p[2]) / N) + 1e-4);
+  }
+}
+
+TEST(Sampler, GreedyVerificationKeepsTheArgmax) {
+  SamplerParams sp = plain();
+  sp.greedy = true;
+  Sampler s(8, sp);
+  const std::vector<float> q_logits = {2.0f, -1.0f, 1.0f, 0.0f, 2.5f, -0.5f, 1.5f, 0.5f};
+  EXPECT_EQ(s.draft(q_logits.data()), 4);  // the draft's argmax
+  bool ok = true;
+  EXPECT_EQ(s.verify(kLogits.data(), 4, true, &ok), 5);  // the target's argmax, draft rejected
+  EXPECT_FALSE(ok);
+  EXPECT_EQ(s.verify(kLogits.data(), 5, false, &ok), 5);
+  EXPECT_TRUE(ok);
+}

@@ -175,20 +175,23 @@ inline float* x_buffer(std::vector<float>& buf, size_t n) {
   return buf.data();
 }
 
-inline const float* prescale_x(const float* x, int n) {
-  float* b = x_buffer(t_xscaled, size_t(n));
+inline void prescale_x_into(const float* x, int n, float* b) {
   int c = 0;
   for (; c + 32 <= n; c += 32)
     for (int k = 0; k < 4; ++k)
       for (int i = 0; i < 8; ++i) b[c + 8 * (3 - k) + i] = x[c + 4 * i + k] * kFp8XScale;
   for (; c < n; ++c) b[c] = x[c] * kFp8XScale;
+}
+
+inline const float* prescale_x(const float* x, int n) {
+  float* b = x_buffer(t_xscaled, size_t(n));
+  prescale_x_into(x, n, b);
   return b;
 }
 
 // x split per 16 columns into its even and odd columns, [x0 x2 .. x14 | x1 x3 .. x15], the
 // lane order gemv_bf16_avx2 produces; a per-thread buffer grown once, then reused.
-inline const float* deinterleave_x(const float* x, int n) {
-  float* b = x_buffer(t_xdeint, size_t(n));
+inline void deinterleave_x_into(const float* x, int n, float* b) {
   int c = 0;
   for (; c + 16 <= n; c += 16)
     for (int i = 0; i < 8; ++i) {
@@ -196,6 +199,11 @@ inline const float* deinterleave_x(const float* x, int n) {
       b[c + 8 + i] = x[c + 2 * i + 1];
     }
   for (; c < n; ++c) b[c] = x[c];
+}
+
+inline const float* deinterleave_x(const float* x, int n) {
+  float* b = x_buffer(t_xdeint, size_t(n));
+  deinterleave_x_into(x, n, b);
   return b;
 }
 
@@ -244,6 +252,100 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
 __attribute__((target("avx2,fma"))) inline void gemv_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
   if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, x, prescale_x(x, w.cols), y, base, r0, r1);
   else gemv_bf16_avx2(w, x, deinterleave_x(x, w.cols), y, base, r0, r1);
+}
+
+// NT tokens against each row as it streams by (a speculative verify step): every weight
+// vector is loaded and widened once and used for all NT tokens, so the step reads the
+// weights once and pays the fp8 widening once. One row at a time keeps NT x 2
+// accumulators in registers; the x vectors come from L1. x [NT, K] (tails), xp [NT, K]
+// prepared as for the one-token kernels, y [NT, ldy] (row r at y[r - base]).
+template <int NT>
+__attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
+                                                             int base, int r0, int r1) {
+  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols();
+  const int kfull = bc % 32 == 0 ? (K / bc) * bc : 0;
+  const size_t ahead = size_t(4 * K) * size_t((8192 + 4 * K - 1) / (4 * K));
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* wr = w.data + size_t(r) * size_t(K);
+    const float* srow = w.scale + size_t(r / w.block_rows) * size_t(sc);
+    __m256 tot[NT];
+    for (int t = 0; t < NT; ++t) tot[t] = _mm256_setzero_ps();
+    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
+      __m256 a[NT][2];
+      for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
+      for (int c = c0; c < c0 + bc; c += 32) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr + c + ahead), _MM_HINT_T0);
+        const Fp8x32 f = fp8x32_bits(wr + c);
+        for (int t = 0; t < NT; ++t) {
+          const float* xs = xp + size_t(t) * size_t(K) + c;
+          a[t][0] = _mm256_fmadd_ps(f.b3, _mm256_loadu_ps(xs), a[t][0]);
+          a[t][1] = _mm256_fmadd_ps(f.b2, _mm256_loadu_ps(xs + 8), a[t][1]);
+          a[t][0] = _mm256_fmadd_ps(f.b1, _mm256_loadu_ps(xs + 16), a[t][0]);
+          a[t][1] = _mm256_fmadd_ps(f.b0, _mm256_loadu_ps(xs + 24), a[t][1]);
+        }
+      }
+      const __m256 sv = _mm256_set1_ps(srow[blk] * kFp8BitsUndo);
+      for (int t = 0; t < NT; ++t) tot[t] = _mm256_fmadd_ps(_mm256_add_ps(a[t][0], a[t][1]), sv, tot[t]);
+    }
+    for (int t = 0; t < NT; ++t) {
+      float acc = hsum8(tot[t]);
+      const float* xt = x + size_t(t) * size_t(K);
+      for (int c = kfull; c < K; ++c) acc += fp8_e4m3_to_f32(wr[c]) * srow[c / bc] * xt[c];
+      y[size_t(t) * ldy + size_t(r - base)] = acc;
+    }
+  }
+}
+
+template <int NT>
+__attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
+                                                              int base, int r0, int r1) {
+  const int K = w.cols, k16 = K / 16 * 16;
+  const size_t ahead = size_t(8 * K) * size_t((8192 + 8 * K - 1) / (8 * K));
+  const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xFFFF0000u));
+  for (int r = r0; r < r1; ++r) {
+    const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
+    __m256 a[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (int c = 0; c < k16; c += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + c) + ahead, _MM_HINT_T0);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + c));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
+      for (int t = 0; t < NT; ++t) {
+        const float* xd = xp + size_t(t) * size_t(K) + c;
+        a[t][0] = _mm256_fmadd_ps(we, _mm256_loadu_ps(xd), a[t][0]);
+        a[t][1] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xd + 8), a[t][1]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      float acc = hsum8(_mm256_add_ps(a[t][0], a[t][1]));
+      const float* xt = x + size_t(t) * size_t(K);
+      for (int c = k16; c < K; ++c) acc += bf16_to_f32(wr[c]) * xt[c];
+      y[size_t(t) * ldy + size_t(r - base)] = acc;
+    }
+  }
+}
+
+// Rows [r0, r1) for n <= kGemvMaxTokens tokens: x [n, cols], y [n, ldy] (row r at y[r - base]).
+__attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const float* x, int n, float* y, size_t ldy, int base,
+                                                         int r0, int r1) {
+  if (n == 1) {
+    gemv_avx2(w, x, y, base, r0, r1);
+    return;
+  }
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  const size_t cols = size_t(w.cols);
+  float* xb = x_buffer(fp8 ? t_xscaled : t_xdeint, size_t(n) * cols);
+  for (int i = 0; i < n; ++i) {
+    if (fp8) prescale_x_into(x + size_t(i) * cols, w.cols, xb + size_t(i) * cols);
+    else deinterleave_x_into(x + size_t(i) * cols, w.cols, xb + size_t(i) * cols);
+  }
+  if (fp8) {
+    if (n == 2) gemv_fp8_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
+    else gemv_fp8_tokens_avx2<3>(w, x, xb, y, ldy, base, r0, r1);
+  } else {
+    if (n == 2) gemv_bf16_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
+    else gemv_bf16_tokens_avx2<3>(w, x, xb, y, ldy, base, r0, r1);
+  }
 }
 
 // ---- prefill: packed GEMM ------------------------------------------------------------
@@ -450,16 +552,12 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   // Inside a caller's parallel loop (one MoE expert per thread in prefill) the call runs on
   // its own thread: no nested region, per-thread scratch only.
   const bool nested = omp_get_level() > 0;  // any enclosing region, active or not
-  if (n < 4 && avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16)) {
+  if (n <= kGemvMaxTokens && avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16)) {
     // Memory-bound GEMV: each thread streams a contiguous range of rows (a multiple of
     // four), enough rows per thread that the fork is worth it.
     auto rows = [&](int t, int T) {
       const int rb = (nrows / 4 * t / T) * 4, re = t == T - 1 ? nrows : (nrows / 4 * (t + 1) / T) * 4;
-      for (int i = 0; i < n; ++i) {
-        const float* xi = x + size_t(i) * size_t(w.cols);
-        float* yi = y + size_t(i) * size_t(nrows);
-        gemv_avx2(w, xi, yi, row0, row0 + rb, row0 + re);
-      }
+      gemv_tokens_avx2(w, x, n, y, size_t(nrows), row0, row0 + rb, row0 + re);
     };
     const int nt = nested ? 1 : std::min(omp_get_max_threads(), std::max(1, nrows / 64));
     if (nt == 1) {
@@ -641,6 +739,7 @@ void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, 
 
 void linear_multi(const LinearJob* jobs, int n_jobs) {
   bool fast = has_avx2_fma() && n_jobs <= 64;
+  for (int j = 0; j < n_jobs; ++j) DSA_CHECK(jobs[j].n >= 1 && jobs[j].n <= kGemvMaxTokens, "linear_multi: 1..3 tokens per job");
   int64_t total = 0;
   int64_t start[65];
   for (int j = 0; j < n_jobs && fast; ++j) {
@@ -650,7 +749,7 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
     total += (jobs[j].w->rows + 3) / 4;  // in groups of four rows
   }
   if (!fast) {
-    for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, 1, jobs[j].y, 0, jobs[j].w->rows);
+    for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, 0, jobs[j].w->rows);
     return;
   }
   start[n_jobs] = total;
@@ -667,7 +766,7 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
       if (a >= b) continue;
       const Linear& w = *jobs[j].w;
       const int r0 = int(a - start[j]) * 4, r1 = std::min(w.rows, int(b - start[j]) * 4);
-      gemv_avx2(w, jobs[j].x, jobs[j].y, 0, r0, r1);
+      gemv_tokens_avx2(w, jobs[j].x, jobs[j].n, jobs[j].y, size_t(w.rows), 0, r0, r1);
     }
   }
 }
@@ -700,8 +799,8 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
 }
 
 void reserve_gemv_scratch(int max_cols) {
-  x_buffer(t_xscaled, size_t(std::max(max_cols, 1)));
-  x_buffer(t_xdeint, size_t(std::max(max_cols, 1)));
+  x_buffer(t_xscaled, size_t(kGemvMaxTokens) * size_t(std::max(max_cols, 1)));
+  x_buffer(t_xdeint, size_t(kGemvMaxTokens) * size_t(std::max(max_cols, 1)));
 }
 
 }  // namespace dsa::kernels::cpu
