@@ -57,6 +57,29 @@ void route(const ModelConfig& c, const float* sig, const Vec& bias, int32_t* ids
 
 }  // namespace
 
+// Copies the tokens that picked expert e (grouped by expert_offset / expert_rows) into their
+// rows of s.xg and returns those rows.
+static const float* gather_tokens(State& s, int e, int k, int H) {
+  const int cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
+  float* xg = &s.xg[size_t(off) * size_t(H)];
+  for (int j = 0; j < cnt; ++j)
+    std::copy_n(&s.xn[size_t(s.expert_rows[size_t(off + j)] / k) * size_t(H)], H, xg + size_t(j) * size_t(H));
+  return xg;
+}
+
+// moe_out row t = the routing-weighted sum of token t's k expert outputs, slots in order
+// (the reference's summation order).
+static void combine_token(State& s, int t, int k, int H) {
+  float* out = &s.moe_out[size_t(t) * size_t(H)];
+  std::fill(out, out + H, 0.0f);
+  for (int j = 0; j < k; ++j) {
+    const int r = t * k + j;
+    const float wt = s.expert_w[size_t(r)];
+    const float* dj = &s.d[size_t(s.expert_pos[size_t(r)]) * size_t(H)];
+    for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
+  }
+}
+
 void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos0, int n, const Tap* tap) {
   const ModelConfig& c = m.config;
   const int E = c.n_routed_experts, k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
@@ -101,9 +124,7 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
     int nj = 0;
     for (int a = 0; a < n_active; ++a) {
       const int e = s.expert_active[size_t(a)], cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
-      float* xg = &s.xg[size_t(off) * size_t(H)];
-      for (int j = 0; j < cnt; ++j)
-        std::copy_n(&s.xn[size_t(s.expert_rows[size_t(off + j)] / k) * size_t(H)], H, xg + size_t(j) * size_t(H));
+      const float* xg = gather_tokens(s, e, k, H);
       const MlpWeights& ex = w.experts[size_t(e)];
       jobs[nj++] = {&ex.gate_proj, xg, &s.g[size_t(off) * size_t(I)], cnt};
       jobs[nj++] = {&ex.up_proj, xg, &s.u[size_t(off) * size_t(I)], cnt};
@@ -121,17 +142,11 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
     }
     if (w.has_shared) jobs[nj++] = {&w.shared_experts.down_proj, &s.g[routed * size_t(I)], &s.d[routed * size_t(H)], n};
     kernels::linear_multi(jobs, nj);
-    // Weighted combine per token, slots in order, then the shared expert.
+    // Weighted combine per token, then the shared expert.
     for (int t = 0; t < n; ++t) {
-      float* out = &s.moe_out[size_t(t) * size_t(H)];
-      std::fill(out, out + H, 0.0f);
-      for (int j = 0; j < k; ++j) {
-        const int r = t * k + j;
-        const float wt = s.expert_w[size_t(r)];
-        const float* dj = &s.d[size_t(s.expert_pos[size_t(r)]) * size_t(H)];
-        for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
-      }
+      combine_token(s, t, k, H);
       if (w.has_shared) {
+        float* out = &s.moe_out[size_t(t) * size_t(H)];
         const float* ds = &s.d[(routed + size_t(t)) * size_t(H)];
         for (int h = 0; h < H; ++h) out[h] += ds[h];
       }
@@ -141,11 +156,7 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
 
   auto run_expert = [&](int e) {
     const int cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
-    float* xg = &s.xg[size_t(off) * size_t(H)];
-    for (int j = 0; j < cnt; ++j) {
-      const int tok = s.expert_rows[size_t(off + j)] / k;
-      std::copy_n(&s.xn[size_t(tok) * size_t(H)], H, xg + size_t(j) * size_t(H));
-    }
+    const float* xg = gather_tokens(s, e, k, H);
     const MlpWeights& ex = w.experts[size_t(e)];
     float* g = &s.g[size_t(off) * size_t(I)];
     float* u = &s.u[size_t(off) * size_t(I)];
@@ -157,18 +168,9 @@ void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos
 #pragma omp parallel for schedule(dynamic, 1)
   for (int a = 0; a < n_active; ++a) run_expert(s.expert_active[size_t(a)]);
 
-  // Weighted combine per token (each output row written by one thread), slots in order.
+  // Weighted combine per token (each output row written by one thread).
 #pragma omp parallel for schedule(static)
-  for (int t = 0; t < n; ++t) {
-    float* out = &s.moe_out[size_t(t) * size_t(H)];
-    std::fill(out, out + H, 0.0f);
-    for (int j = 0; j < k; ++j) {
-      const int r = t * k + j;
-      const float wt = s.expert_w[size_t(r)];
-      const float* dj = &s.d[size_t(s.expert_pos[size_t(r)]) * size_t(H)];
-      for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
-    }
-  }
+  for (int t = 0; t < n; ++t) combine_token(s, t, k, H);
   if (w.has_shared) {
     mlp_block(w.shared_experts, s, n, s.xn.data(), s.d.data());
     for (size_t i = 0; i < size_t(n) * size_t(H); ++i) s.moe_out[i] += s.d[i];

@@ -193,8 +193,14 @@ GenerateResult Generator::generate(std::span<const int32_t> prompt, const Genera
     // Speculative step: propose the token after `next`, run both through the main model,
     // keep the proposal if verification accepts it, and the token after it comes free.
     cached_.push_back(next);
-    const int32_t proposal = mtp_live ? mtp_draft(sampler) : g.propose(std::span<const int32_t>(cached_));
-    if (proposal < 0 || proposal >= V) throw Error("generate: proposed token id " + std::to_string(proposal) + " out of range");
+    int32_t proposal = -1;
+    try {
+      proposal = mtp_live ? mtp_draft(sampler) : g.propose(std::span<const int32_t>(cached_));
+      if (proposal < 0 || proposal >= V) throw Error("generate: proposed token id " + std::to_string(proposal) + " out of range");
+    } catch (...) {
+      cached_.pop_back();  // `next` is not in the cache: cached_ must say exactly what is
+      throw;
+    }
     cached_.push_back(proposal);
     const int32_t pair[2] = {next, proposal};
     ForwardOptions fo;

@@ -1,6 +1,6 @@
 // The decode loop must not touch the heap: a counting global operator new, armed after a
 // warm-up step, sees zero allocations over further decode steps (main model and MTP layer,
-// every cache layout).
+// every cache layout), and over the generator's speculative decoding loop.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,6 +10,7 @@
 
 #include "model/forward.h"
 #include "model/make_model.h"
+#include "runtime/generator.h"
 
 namespace {
 std::atomic<bool> g_armed{false};
@@ -60,6 +61,38 @@ TEST(NoAlloc, DecodeStepsDoNotAllocate) {
     }
     g_armed = false;
     EXPECT_EQ(g_allocs.load(), 0) << "heap allocations inside the decode loop (cache type " << int(cache) << ")";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(NoAlloc, SpeculativeDecodingDoesNotAllocate) {
+  // The generator with the MTP layer, greedy and sampled: counting starts once a few
+  // tokens are out (the first steps size the threads' scratch), and stops at the end.
+  const std::string dir = (std::filesystem::temp_directory_path() / ("dsa_noalloc_gen_" + std::to_string(::getpid()))).string();
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.out_dir = dir;
+  o.verbose = false;
+  make_model(o);
+  auto m = Model::load(dir, true, false);
+  for (bool greedy : {true, false}) {
+    Generator gen(*m, nullptr, GeneratorOptions{96, 512, CacheType::FP8, /*mtp=*/true});
+    GenerateOptions g;
+    g.max_new_tokens = 40;
+    g.sampling.greedy = greedy;
+    g.stop_on_eos = false;
+    std::vector<int32_t> prompt(12);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 53 + 7) % 1000);
+    int seen = 0;
+    g_allocs = 0;
+    const auto r = gen.generate(prompt, g, {}, [&](int32_t) {
+      if (++seen == 4) g_armed = true;
+      return true;
+    });
+    g_armed = false;
+    EXPECT_EQ(r.tokens.size(), 40u);
+    EXPECT_GT(r.drafted, 10);
+    EXPECT_EQ(g_allocs.load(), 0) << "heap allocations inside the speculative decoding loop (greedy " << greedy << ")";
   }
   std::filesystem::remove_all(dir);
 }

@@ -27,6 +27,19 @@ Env& env() {
   return e;
 }
 
+// Sampling at temperature 1 with every filter off: a draw from softmax(logits).
+GenerateOptions plain_sampling(int max_new_tokens, uint64_t seed) {
+  GenerateOptions g;
+  g.max_new_tokens = max_new_tokens;
+  g.sampling.seed = seed;
+  g.sampling.temperature = 1.0f;
+  g.sampling.top_k = 0;
+  g.sampling.top_p = 1.0f;
+  g.sampling.min_p = 0.0f;
+  g.stop_on_eos = false;
+  return g;
+}
+
 int32_t argmax(const float* row, int n) { return int32_t(std::max_element(row, row + n) - row); }
 
 std::vector<int32_t> some_ids(int n, int salt) {
@@ -112,14 +125,7 @@ TEST(Generator, PrefixReuseAndChunkingGiveTheSameLogits) {
 TEST(Generator, SeedReproducesAndStopsAreHonoured) {
   const Model& m = *env().model;
   Generator gen(m, &env().tok, GeneratorOptions{128, 512, CacheType::FP8});
-  GenerateOptions g;
-  g.max_new_tokens = 24;
-  g.sampling.seed = 123;
-  g.sampling.top_k = 0;
-  g.sampling.top_p = 1.0f;
-  g.sampling.min_p = 0.0f;
-  g.sampling.temperature = 1.0f;
-  g.stop_on_eos = false;
+  GenerateOptions g = plain_sampling(24, 123);
   const auto prompt = env().tok.encode("Once upon a time", true);
   std::string streamed;
   const auto a = gen.generate(prompt, g, [&](std::string_view s) { streamed += s; });
@@ -329,18 +335,22 @@ TEST(Generator, ProposalsAreVerified) {
 
   g.propose = [&](std::span<const int32_t>) { return V; };
   EXPECT_THROW(gen.generate(prompt, g), Error);
+  // After the error the generator still says exactly what its cache holds (the prompt, not
+  // the token it was about to verify): a prompt that extends past that token reuses only
+  // the prompt and continues as a fresh generator does.
+  g.propose = nullptr;
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(want[0]);
+  longer.push_back(5);
+  const auto again = gen.generate(longer, g);
+  EXPECT_EQ(again.reused_tokens, int(prompt.size()));
+  Generator fresh(m, nullptr, GeneratorOptions{64, 512, CacheType::F32});
+  EXPECT_EQ(again.tokens, fresh.generate(longer, g).tokens);
 }
 
 TEST(Generator, MtpSamplingIsSeededAndBounded) {
   const Model& m = *env().with_mtp;
-  GenerateOptions g;
-  g.max_new_tokens = 16;
-  g.sampling.seed = 5;
-  g.sampling.temperature = 1.0f;
-  g.sampling.top_k = 0;
-  g.sampling.top_p = 1.0f;
-  g.sampling.min_p = 0.0f;
-  g.stop_on_eos = false;
+  GenerateOptions g = plain_sampling(16, 5);
   Generator gen(m, nullptr, GeneratorOptions{64, 4, CacheType::FP8, /*mtp=*/true});  // prefill in chunks of 4
   const auto prompt = some_ids(11, 9);
   const auto a = gen.generate(prompt, g);
