@@ -125,18 +125,46 @@ static bool split_step(const Step& s, Step& a, Step& b) {
   return false;
 }
 
+// A micro-batch's time in the four stages of a MoE layer that the two-micro-batch schedule
+// interleaves: the expert all-to-all's two directions, the routed experts, and the rest of
+// the computation (attention, shared expert, router, norms; the dense layers and the head
+// are counted here too).
+struct Stages {
+  double rest = 0, experts = 0, dispatch = 0, combine = 0;
+};
+static bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+static Stages stages(const PhaseResult& r) {
+  Stages st;
+  for (const OpTime& t : r.ops) {
+    const std::string& n = t.op.name;
+    if (ends_with(n, "moe.dispatch")) st.dispatch += t.time_us;
+    else if (ends_with(n, "moe.combine")) st.combine += t.time_us;
+    else if (t.op.cls == OpClass::CommEP || t.op.cls == OpClass::CommTP || t.op.cls == OpClass::CommPP) continue;
+    else if (ends_with(n, "moe.experts_gate_up") || ends_with(n, "moe.experts_down") || ends_with(n, "moe.act")) st.experts += t.time_us;
+    else st.rest += t.time_us;
+  }
+  return st;
+}
+
 PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
                       const KernelTable* kt, bool overlap) {
   PhaseResult one = cost_single(m, hw, l, o, s, kt);
   Step sa, sb;
   if (!overlap || one.ep_comm_us <= 0 || !split_step(s, sa, sb)) return one;
-  // Two micro-batches (DeepSeek's and TensorRT-LLM's wide-EP serving): one's all-to-all runs
-  // while the other computes, so the step takes the longer of the two streams. Each half
-  // reads the weights again and pays every message latency again, which is why splitting
-  // only pays when there is enough communication to hide; the faster schedule is taken.
+  // Two micro-batches (DeepSeek's and TensorRT-LLM's wide-EP serving, SGLang's two-batch
+  // overlap): in every MoE layer each stage of one runs beside a stage of the other,
+  //   [rest 0 | combine 1]  [dispatch 0 | rest 1]  [experts 0 | dispatch 1]  [combine 0 | experts 1],
+  // and each pair takes the longer of the two, so communication hides only behind the
+  // computation it is paired with (at best the step is the longer of all computation and all
+  // communication). Each half reads the weights again and pays every message latency again,
+  // which is why splitting only pays when there is enough communication to hide; the faster
+  // schedule is taken.
   const PhaseResult a = cost_single(m, hw, l, o, sa, kt), b = cost_single(m, hw, l, o, sb, kt);
-  const double split_us =
-      std::max(a.compute_us + b.compute_us, a.ep_comm_us + b.ep_comm_us) + a.other_comm_us + b.other_comm_us;
+  const Stages x = stages(a), y = stages(b);
+  const double split_us = std::max(x.rest, y.combine) + std::max(x.dispatch, y.rest) + std::max(x.experts, y.dispatch) +
+                          std::max(x.combine, y.experts) + a.other_comm_us + b.other_comm_us;
   if (split_us >= one.step_us) return one;
   PhaseResult r = a;  // the same operator list; each row now sums both micro-batches
   r.step = s;
