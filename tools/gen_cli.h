@@ -49,8 +49,7 @@ struct SamplingFlags {
 };
 
 inline constexpr const char* kMtpHelp =
-    "Speculative decoding with the checkpoint's MTP layer: it drafts one token per step and the model verifies "
-    "it with the token before (same output distribution; greedy gives the same tokens)";
+    "Speculative decoding with the checkpoint's MTP layer (same output distribution; greedy: the same tokens)";
 
 // " | mtp: A/D drafts accepted (P%)" for the statistics line, or "" when nothing was drafted.
 inline std::string mtp_summary(const GenerateResult& r) {

@@ -296,18 +296,56 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, c
   }
 }
 
+// Row r's NT sums: the accumulators and the columns past the last full group of 16.
+template <int NT>
+__attribute__((target("avx2,fma"))) inline void bf16_tokens_finish(const Linear& w, const float* x, float* y, size_t ldy, int base,
+                                                                  int r, const uint16_t* wr, const __m256 (&a)[NT][2]) {
+  const int K = w.cols, k16 = K / 16 * 16;
+  for (int t = 0; t < NT; ++t) {
+    float acc = hsum8(_mm256_add_ps(a[t][0], a[t][1]));
+    const float* xt = x + size_t(t) * size_t(K);
+    for (int c = k16; c < K; ++c) acc += bf16_to_f32(wr[c]) * xt[c];
+    y[size_t(t) * ldy + size_t(r - base)] = acc;
+  }
+}
+
 template <int NT>
 __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
                                                               int base, int r0, int r1) {
   const int K = w.cols, k16 = K / 16 * 16;
   const size_t ahead = size_t(8 * K) * size_t((8192 + 8 * K - 1) / (8 * K));
   const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xFFFF0000u));
-  for (int r = r0; r < r1; ++r) {
+  int r = r0;
+  // Two rows at a time share each x load (2 x NT x 2 accumulators).
+  for (; r + 2 <= r1; r += 2) {
+    const uint16_t* w0 = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
+    const uint16_t* w1 = w0 + size_t(K);
+    __m256 a[NT][2], b[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = b[t][0] = b[t][1] = _mm256_setzero_ps();
+    for (int c = 0; c < k16; c += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(w0 + c) + ahead, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + c) + ahead, _MM_HINT_T0);
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + c));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1 + c));
+      const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi_mask));
+      const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi_mask));
+      for (int t = 0; t < NT; ++t) {
+        const float* xd = xp + size_t(t) * size_t(K) + c;
+        const __m256 xe = _mm256_loadu_ps(xd), xo = _mm256_loadu_ps(xd + 8);
+        a[t][0] = _mm256_fmadd_ps(e0, xe, a[t][0]);
+        a[t][1] = _mm256_fmadd_ps(o0, xo, a[t][1]);
+        b[t][0] = _mm256_fmadd_ps(e1, xe, b[t][0]);
+        b[t][1] = _mm256_fmadd_ps(o1, xo, b[t][1]);
+      }
+    }
+    bf16_tokens_finish<NT>(w, x, y, ldy, base, r, w0, a);
+    bf16_tokens_finish<NT>(w, x, y, ldy, base, r + 1, w1, b);
+  }
+  for (; r < r1; ++r) {
     const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
     __m256 a[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
     for (int c = 0; c < k16; c += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + c) + ahead, _MM_HINT_T0);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + c));
       const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
       for (int t = 0; t < NT; ++t) {
@@ -316,12 +354,7 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
         a[t][1] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xd + 8), a[t][1]);
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      float acc = hsum8(_mm256_add_ps(a[t][0], a[t][1]));
-      const float* xt = x + size_t(t) * size_t(K);
-      for (int c = k16; c < K; ++c) acc += bf16_to_f32(wr[c]) * xt[c];
-      y[size_t(t) * ldy + size_t(r - base)] = acc;
-    }
+    bf16_tokens_finish<NT>(w, x, y, ldy, base, r, wr, a);
   }
 }
 
