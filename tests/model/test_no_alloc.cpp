@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <new>
 
 #include "model/forward.h"
@@ -33,14 +34,29 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace dsa;
 
+namespace {
+// The tiny random checkpoint (with its MTP layer) in a temporary folder, removed at exit.
+struct TinyModel {
+  std::string dir = (std::filesystem::temp_directory_path() / ("dsa_noalloc_" + std::to_string(::getpid()))).string();
+  std::unique_ptr<Model> model;
+  TinyModel() {
+    MakeModelOptions o;
+    o.preset = "tiny";
+    o.out_dir = dir;
+    o.verbose = false;
+    make_model(o);
+    model = Model::load(dir, true, false);
+  }
+  ~TinyModel() { std::filesystem::remove_all(dir); }
+};
+const Model& tiny() {
+  static TinyModel t;
+  return *t.model;
+}
+}  // namespace
+
 TEST(NoAlloc, DecodeStepsDoNotAllocate) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("dsa_noalloc_" + std::to_string(::getpid()))).string();
-  MakeModelOptions o;
-  o.preset = "tiny";
-  o.out_dir = dir;
-  o.verbose = false;
-  make_model(o);
-  auto m = Model::load(dir, true);
+  const Model* m = &tiny();
   for (CacheType cache : {CacheType::FP8, CacheType::FP8_656, CacheType::BF16, CacheType::F32}) {
     StateOptions so;
     so.max_ctx = 64;
@@ -62,19 +78,12 @@ TEST(NoAlloc, DecodeStepsDoNotAllocate) {
     g_armed = false;
     EXPECT_EQ(g_allocs.load(), 0) << "heap allocations inside the decode loop (cache type " << int(cache) << ")";
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(NoAlloc, SpeculativeDecodingDoesNotAllocate) {
   // The generator with the MTP layer, greedy and sampled: counting starts once a few
   // tokens are out (the first steps size the threads' scratch), and stops at the end.
-  const std::string dir = (std::filesystem::temp_directory_path() / ("dsa_noalloc_gen_" + std::to_string(::getpid()))).string();
-  MakeModelOptions o;
-  o.preset = "tiny";
-  o.out_dir = dir;
-  o.verbose = false;
-  make_model(o);
-  auto m = Model::load(dir, true, false);
+  const Model* m = &tiny();
   for (bool greedy : {true, false}) {
     Generator gen(*m, nullptr, GeneratorOptions{96, 512, CacheType::FP8, /*mtp=*/true});
     GenerateOptions g;
@@ -94,5 +103,4 @@ TEST(NoAlloc, SpeculativeDecodingDoesNotAllocate) {
     EXPECT_GT(r.drafted, 10);
     EXPECT_EQ(g_allocs.load(), 0) << "heap allocations inside the speculative decoding loop (greedy " << greedy << ")";
   }
-  std::filesystem::remove_all(dir);
 }

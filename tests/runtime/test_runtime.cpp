@@ -27,6 +27,15 @@ Env& env() {
   return e;
 }
 
+// Greedy decoding of exactly max_new_tokens (EOS does not stop it).
+GenerateOptions greedy(int max_new_tokens) {
+  GenerateOptions g;
+  g.max_new_tokens = max_new_tokens;
+  g.sampling.greedy = true;
+  g.stop_on_eos = false;
+  return g;
+}
+
 // Sampling at temperature 1 with every filter off: a draw from softmax(logits).
 GenerateOptions plain_sampling(int max_new_tokens, uint64_t seed) {
   GenerateOptions g;
@@ -80,10 +89,7 @@ TEST(Generator, GreedyMatchesTeacherForcedArgmax) {
   const Model& m = *env().model;
   const int V = m.config.vocab_size;
   Generator gen(m, nullptr, GeneratorOptions{64, 512, CacheType::FP8});
-  GenerateOptions g;
-  g.max_new_tokens = 6;
-  g.sampling.greedy = true;
-  g.stop_on_eos = false;
+  GenerateOptions g = greedy(6);
   const auto prompt = some_ids(9, 1);
   const auto r = gen.generate(prompt, g);
   ASSERT_EQ(r.tokens.size(), 6u);
@@ -162,10 +168,7 @@ TEST(Generator, SeedReproducesAndStopsAreHonoured) {
 TEST(Generator, ContextFullStops) {
   const Model& m = *env().model;
   Generator gen(m, nullptr, GeneratorOptions{12, 512, CacheType::FP8});
-  GenerateOptions g;
-  g.max_new_tokens = 100;
-  g.sampling.greedy = true;
-  g.stop_on_eos = false;
+  GenerateOptions g = greedy(100);
   const auto r = gen.generate(some_ids(8, 4), g);
   EXPECT_EQ(r.reason, StopReason::ContextFull);
   EXPECT_EQ(r.tokens.size(), 5u);  // 4 more fit in the cache, the 5th is sampled from the last logits
@@ -279,10 +282,7 @@ void expect_greedy_continuation(const Model& m, const std::vector<int32_t>& prom
 TEST(Generator, MtpGreedyIsTheGreedyContinuation) {
   const Model& m = *env().with_mtp;
   Generator gen(m, nullptr, GeneratorOptions{96, 512, CacheType::F32, /*mtp=*/true});
-  GenerateOptions g;
-  g.max_new_tokens = 24;
-  g.sampling.greedy = true;
-  g.stop_on_eos = false;
+  GenerateOptions g = greedy(24);
   const auto prompt = some_ids(9, 5);
   const auto r = gen.generate(prompt, g);
   ASSERT_EQ(r.tokens.size(), 24u);
@@ -312,10 +312,7 @@ TEST(Generator, ProposalsAreVerified) {
   const Model& m = *env().model;
   const int V = m.config.vocab_size;
   const auto prompt = some_ids(7, 8);
-  GenerateOptions g;
-  g.max_new_tokens = 20;
-  g.sampling.greedy = true;
-  g.stop_on_eos = false;
+  GenerateOptions g = greedy(20);
   Generator gen(m, nullptr, GeneratorOptions{64, 512, CacheType::F32});
   const auto want = gen.generate(prompt, g).tokens;
   ASSERT_EQ(want.size(), 20u);
