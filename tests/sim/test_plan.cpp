@@ -490,6 +490,9 @@ TEST(SimReport, JsonContract) {
     saw_decode |= op["phase"] == "decode";
   }
   EXPECT_TRUE(saw_prefill && saw_decode);
+  // Which schedule each phase ran: one batch or two micro-batches.
+  EXPECT_EQ(j["prefill_micro_batches"].get<int>(), p.prefill.micro_batches);
+  EXPECT_EQ(j["decode_micro_batches"].get<int>(), p.decode.micro_batches);
   EXPECT_EQ(j["cache_bytes_per_token"].get<double>(), 8 * (656 + 132));
   EXPECT_NE(format_text(c, p, {}, true).find("attn.core"), std::string::npos);
   const std::string svg = svg_line_plot("t", "x", "y", {{"a", {{1, 1}, {2, 3}}, false}}, false);
