@@ -177,6 +177,10 @@ void setup_plan(CLI::App& app) {
       ->check(dsa::cli::int_in(0, int64_t(1) << 30));
   cmd->add_option("--prefill-batch", a->req.prefill_batch, "Prompts per data-parallel group in one prefill step")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->req.prefill_chunk,
+                  "Tokens of a prompt per prefill step (chunked prefill; the workspace holds one chunk); 0: the whole prompt")
+      ->capture_default_str()
+      ->check(dsa::cli::int_in(0, dsa::cli::kMaxTokens));
   cmd->add_option("--cache-hit", a->req.cache_hit,
                   "Fraction of each prompt already in a prefix cache: prefill computes the rest and counts all")
       ->capture_default_str()

@@ -90,9 +90,11 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
            grouped(r.input_len + r.output_len).c_str());
 
   if (show_ops) {
-    o += fmt("prefill: %s sequence(s) x %s tokens per dp group%s, one device\n", grouped(p.prefill.step.seqs).c_str(),
+    o += fmt("prefill: %s sequence(s) x %s tokens per dp group%s%s, one device\n", grouped(p.prefill.step.seqs).c_str(),
              grouped(p.prefill.step.new_tokens).c_str(),
-             p.prefill.step.context > 0 ? fmt(" after %s cached", grouped(p.prefill.step.context).c_str()).c_str() : "");
+             p.prefill.step.context > 0 ? fmt(" after %s cached", grouped(p.prefill.step.context).c_str()).c_str() : "",
+             p.prefill.steps > 1 ? fmt(" in %d chunks of up to %s (rows sum them)", p.prefill.steps, grouped(r.prefill_chunk).c_str()).c_str()
+                                 : "");
     phase_table(o, p.prefill);
     o += fmt("\ndecode: %s sequences x %s token(s) at depth %s per dp group, one device\n", grouped(p.decode.step.seqs).c_str(),
              grouped(p.decode.step.new_tokens).c_str(), grouped(p.decode.step.context).c_str());
@@ -165,6 +167,8 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
       {"output_len", r.output_len},
       {"context", p.context},
       {"prefill_batch", r.prefill_batch},
+      {"prefill_chunk", r.prefill_chunk},
+      {"prefill_steps", p.prefill.steps},
       {"ttft_ms", p.ttft_ms},
       {"tpot_ms", p.tpot_ms},
       {"prefill_tokens_per_s_per_device", p.prefill_tokens_per_s_per_device},

@@ -148,6 +148,36 @@ static Stages stages(const PhaseResult& r) {
   return st;
 }
 
+// Adds b's operator rows (matched by name: two halves of a prompt may pick different
+// attention forms) and times into `into`; the step times add.
+static void add_phase(PhaseResult& into, const PhaseResult& b) {
+  into.compute_us += b.compute_us;
+  into.ep_comm_us += b.ep_comm_us;
+  into.other_comm_us += b.other_comm_us;
+  into.step_us += b.step_us;
+  into.micro_batches = std::max(into.micro_batches, b.micro_batches);
+  for (const OpTime& u : b.ops) {
+    auto t = std::find_if(into.ops.begin(), into.ops.end(), [&](const OpTime& x) { return x.op.name == u.op.name; });
+    if (t == into.ops.end()) {
+      into.ops.push_back(u);
+      continue;
+    }
+    t->op.count += u.op.count;
+    t->op.flops += u.op.flops;
+    t->op.bytes += u.op.bytes;
+    t->op.weight_elems += u.op.weight_elems;
+    t->op.comm_intra += u.op.comm_intra;
+    t->op.comm_inter += u.op.comm_inter;
+    t->op.comm_hops += u.op.comm_hops;
+    if (u.op.shape != t->op.shape) t->op.shape += " + " + u.op.shape;
+    t->compute_us += u.compute_us;
+    t->memory_us += u.memory_us;
+    t->comm_us += u.comm_us;
+    t->time_us += u.time_us;
+    if (t->bound != u.bound) t->bound = t->time_us - u.time_us >= u.time_us ? t->bound : u.bound;
+  }
+}
+
 PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
                       const KernelTable* kt, bool overlap) {
   PhaseResult one = cost_single(m, hw, l, o, s, kt);
@@ -167,33 +197,10 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
                           std::max(x.combine, y.experts) + a.other_comm_us + b.other_comm_us;
   if (split_us >= one.step_us) return one;
   PhaseResult r = a;  // the same operator list; each row now sums both micro-batches
+  add_phase(r, b);
   r.step = s;
   r.micro_batches = 2;
-  r.compute_us += b.compute_us;
-  r.ep_comm_us += b.ep_comm_us;
-  r.other_comm_us += b.other_comm_us;
   r.step_us = split_us;
-  // Rows are matched by name: the halves of a prompt may pick different attention forms.
-  for (const OpTime& u : b.ops) {
-    auto t = std::find_if(r.ops.begin(), r.ops.end(), [&](const OpTime& x) { return x.op.name == u.op.name; });
-    if (t == r.ops.end()) {
-      r.ops.push_back(u);
-      continue;
-    }
-    t->op.count += u.op.count;
-    t->op.flops += u.op.flops;
-    t->op.bytes += u.op.bytes;
-    t->op.weight_elems += u.op.weight_elems;
-    t->op.comm_intra += u.op.comm_intra;
-    t->op.comm_inter += u.op.comm_inter;
-    t->op.comm_hops += u.op.comm_hops;
-    if (u.op.shape != t->op.shape) t->op.shape += " + " + u.op.shape;
-    t->compute_us += u.compute_us;
-    t->memory_us += u.memory_us;
-    t->comm_us += u.comm_us;
-    t->time_us += u.time_us;
-    if (t->bound != u.bound) t->bound = t->time_us - u.time_us >= u.time_us ? t->bound : u.bound;
-  }
   return r;
 }
 
@@ -244,6 +251,7 @@ static double tokens_per_step(const PlanRequest& r) {
 PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r, const KernelTable* kt) {
   if (r.input_len < 1 || r.output_len < 1) throw Error("--input-len and --output-len must be positive");
   if (r.prefill_batch < 1) throw Error("--prefill-batch must be positive");
+  if (r.prefill_chunk < 0) throw Error("--prefill-chunk must not be negative (0: the whole prompt in one step)");
   if (!(r.cache_hit >= 0 && r.cache_hit < 1)) throw Error("--cache-hit must be in [0, 1)");
   if (r.opt.mtp < 0) throw Error("--mtp must not be negative");
   if (r.batch < 0 || r.context < -1) throw Error("--batch and --context must not be negative");
@@ -267,7 +275,12 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   const int64_t cap_batch = int64_t(128) * devices;
   const int64_t probe_seqs = (r.batch > 0 ? r.batch : cap_batch);
   const int64_t step_tokens = (probe_seqs + l.dp * l.pp - 1) / (l.dp * l.pp) * (1 + r.opt.mtp);
-  p.memory = plan_memory(m, hw, l, r.opt, step_tokens, r.prefill_batch * r.input_len, 0);
+  // Prefill: each data-parallel group runs prefill_batch prompts of input_len tokens, of
+  // which the cached prefix (cache_hit) is only attended to; the rest goes in chunks.
+  const int64_t hit = std::min<int64_t>(r.input_len - 1, int64_t(std::llround(r.cache_hit * double(r.input_len))));
+  const int64_t computed = r.input_len - hit;
+  const int64_t chunk = r.prefill_chunk > 0 ? std::min(r.prefill_chunk, computed) : computed;
+  p.memory = plan_memory(m, hw, l, r.opt, step_tokens, r.prefill_batch * chunk, hit + computed - chunk);
   if (r.batch > 0) {
     p.batch = r.batch;
   } else {
@@ -276,11 +289,14 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
     p.batch = std::clamp<int64_t>(per_group * l.dp, 1, cap_batch);
   }
 
-  // Prefill: each data-parallel group runs prefill_batch prompts of input_len tokens, of
-  // which the cached prefix (cache_hit) is only attended to.
-  const int64_t hit = std::min<int64_t>(r.input_len - 1, int64_t(std::llround(r.cache_hit * double(r.input_len))));
-  const Step ps{Phase::Prefill, r.prefill_batch, r.input_len - hit, hit};
-  p.prefill = cost_step(m, hw, l, r.opt, ps, kt, r.overlap);
+  for (int64_t done = 0; done < computed; done += chunk) {
+    const Step ps{Phase::Prefill, r.prefill_batch, std::min(chunk, computed - done), hit + done};
+    const PhaseResult ph = cost_step(m, hw, l, r.opt, ps, kt, r.overlap);
+    if (done == 0) p.prefill = ph;
+    else add_phase(p.prefill, ph);
+    p.prefill.steps = int((done + chunk) / chunk);
+  }
+  p.prefill.step = Step{Phase::Prefill, r.prefill_batch, computed, hit};
   p.ttft_ms = p.prefill.step_us * l.pp / 1e3;
   p.prefill_tokens_per_s_per_device =
       double(r.prefill_batch) * double(r.input_len) * l.dp / (p.prefill.step_us / 1e6) / devices;

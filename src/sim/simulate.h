@@ -41,6 +41,7 @@ struct PhaseResult {
   double other_comm_us = 0;  // tensor-parallel all-reduce, pipeline sends
   double step_us = 0;      // one pipeline stage's step
   int micro_batches = 1;   // 2: the step ran as two overlapped micro-batches (ops sum both)
+  int steps = 1;           // prefill in chunks: the steps it took (ops and times sum them)
 };
 
 // Time of one op: max(compute at its efficiency, memory at its efficiency) + launch overhead,
@@ -61,6 +62,10 @@ struct PlanRequest {
   int64_t input_len = 4096, output_len = 1024;
   int64_t context = -1;      // decode depth; -1: input_len + output_len/2
   int64_t prefill_batch = 1; // sequences per data-parallel group in one prefill step
+  // Tokens of each prompt per prefill step (chunked prefill, as vLLM and SGLang run long
+  // prompts; SGLang's default size): the activation workspace holds one chunk, TTFT sums
+  // the chunks, each attending to the ones before. 0: the whole prompt in one step.
+  int64_t prefill_chunk = 8192;
   // Fraction of each prompt found in a prefix cache (DeepSeek's on-disk KV cache): prefill
   // computes only the rest, attending to the cached part, and counts every prompt token in
   // its throughput, as DeepSeek's published figures do.

@@ -307,13 +307,19 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(hn.eff.gemm, n.gemm_large_gflops / 100, 1e-12);
 }
 
-TEST(SimPlan, CacheHitsAreAttendedNotComputed) {
-  const SimModel t = tiny();
-  const Hardware hw = toy();
+// One sequence: a 64-token prompt and 8 tokens out.
+static PlanRequest one_short_sequence() {
   PlanRequest r;
   r.batch = 1;
   r.input_len = 64;
   r.output_len = 8;
+  return r;
+}
+
+TEST(SimPlan, CacheHitsAreAttendedNotComputed) {
+  const SimModel t = tiny();
+  const Hardware hw = toy();
+  PlanRequest r = one_short_sequence();
   r.cache_hit = 0.25;
   const PlanResult p = simulate(t, hw, r);
   // 16 of 64 prompt tokens are cached: the step computes 48 new ones after them.
@@ -325,6 +331,40 @@ TEST(SimPlan, CacheHitsAreAttendedNotComputed) {
   EXPECT_REL(p.prefill_tokens_per_s_per_device, 64.0 * p.layout.dp / (p.prefill.step_us / 1e6) / dev);
   EXPECT_REL(p.prefill_computed_tokens_per_s_per_device, 48.0 * p.layout.dp / (p.prefill.step_us / 1e6) / dev);
   r.cache_hit = 1.0;
+  EXPECT_THROW(simulate(t, hw, r), dsa::Error);
+}
+
+TEST(SimPlan, LongPromptsPrefillInChunks) {
+  // A 64-token prompt in chunks of 16: four steps, each attending to the chunks before it;
+  // TTFT and every operator row sum them, and the workspace holds one chunk, not the prompt.
+  const SimModel t = tiny();
+  const Hardware hw = toy();
+  PlanRequest r = one_short_sequence();
+  r.devices = 1;
+  r.prefill_chunk = 16;
+  const PlanResult p = simulate(t, hw, r);
+  EXPECT_EQ(p.prefill.steps, 4);
+  EXPECT_EQ(p.prefill.step.new_tokens, 64);
+  double us = 0, flops = 0;
+  for (int j = 0; j < 4; ++j) {
+    const PhaseResult c = cost_step(t, hw, p.layout, r.opt, Step{Phase::Prefill, 1, 16, 16 * j}, nullptr, true);
+    us += c.step_us;
+    for (const auto& o : c.ops) flops += o.op.flops;
+  }
+  EXPECT_REL(p.prefill.step_us, us);
+  double got = 0;
+  for (const auto& o : p.prefill.ops) got += o.op.flops;
+  EXPECT_REL(got, flops);
+  EXPECT_REL(p.ttft_ms, us / 1e3);
+  EXPECT_REL(p.memory.workspace_bytes, activation_workspace_bytes(t, p.layout, r.opt, 1, 16, 48));
+  // The whole prompt in one step: one cost_step, a workspace for 64 tokens.
+  r.prefill_chunk = 0;
+  const PlanResult q = simulate(t, hw, r);
+  EXPECT_EQ(q.prefill.steps, 1);
+  EXPECT_REL(q.prefill.step_us, cost_step(t, hw, q.layout, r.opt, Step{Phase::Prefill, 1, 64, 0}, nullptr, true).step_us);
+  EXPECT_REL(q.memory.workspace_bytes, activation_workspace_bytes(t, q.layout, r.opt, 1, 64, 0));
+  EXPECT_GT(q.memory.workspace_bytes, p.memory.workspace_bytes);
+  r.prefill_chunk = -1;
   EXPECT_THROW(simulate(t, hw, r), dsa::Error);
 }
 
@@ -619,6 +659,7 @@ TEST(SimCli, InvalidOptionsAreNamed) {
            {"plan --pp 100", "--pp 100"},
            {"plan --devices 72", "--redundant-experts 32"},
            {"plan --redundant-experts -1", "--redundant-experts"},
+           {"plan --prefill-chunk -8", "--prefill-chunk"},
            {"plan --model deepseek-v3.2 --input-len 200000", "max_position_embeddings (163840)"},
            {"plan --context 163840", "--context 163840"},
            {"plan --sweep-context 4096,170000", "position 170000"},
