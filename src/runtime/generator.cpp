@@ -178,6 +178,8 @@ GenerateResult Generator::generate(std::span<const int32_t> prompt, const Genera
   const bool speculate = opt_.mtp || bool(g.propose);
   bool mtp_live = opt_.mtp && !g.propose;  // the MTP layer drafts (until the cache is too full to verify two)
   const size_t H = size_t(m_.config.hidden_size);
+  ForwardOptions both_rows;  // a speculative step samples from both rows' logits
+  both_rows.all_logits = true;
   const auto t1 = std::chrono::steady_clock::now();
   int32_t next = sampler.sample(logits);
   while (!emit_token(next)) {
@@ -203,9 +205,7 @@ GenerateResult Generator::generate(std::span<const int32_t> prompt, const Genera
     }
     cached_.push_back(proposal);
     const int32_t pair[2] = {next, proposal};
-    ForwardOptions fo;
-    fo.all_logits = true;
-    const float* lv = forward(m_, state_, pair, 2, fo);
+    const float* lv = forward(m_, state_, pair, 2, both_rows);
     ++r.decode_steps;
     ++r.drafted;
     if (mtp_live) {  // both positions wait for the MTP layer until their next token is known

@@ -185,7 +185,10 @@ int32_t Sampler::sample(const float* logits) {
     if (best < 0) throw_nothing_to_sample(work_);
     return best;
   }
-  const auto c = prepare(logits);
+  return draw(prepare(logits));
+}
+
+int32_t Sampler::draw(std::span<const Candidate> c) {
   const double u = next_uniform();
   double cum = 0.0;
   for (const Candidate& x : c) {
@@ -204,13 +207,7 @@ int32_t Sampler::draft(const float* logits) {
     q_[size_t(x.id)] = x.p;
     q_ids_.push_back(x.id);
   }
-  const double u = next_uniform();
-  double cum = 0.0;
-  for (const Candidate& x : c) {
-    cum += x.p;
-    if (u < cum) return x.id;
-  }
-  return c.back().id;
+  return draw(c);
 }
 
 int32_t Sampler::verify(const float* logits, int32_t proposal, bool from_draft, bool* accepted) {
@@ -237,15 +234,8 @@ int32_t Sampler::verify(const float* logits, int32_t proposal, bool from_draft, 
   // The residual max(0, p - q): what p has beyond what the proposal already covered.
   double z = 0.0;
   for (const Candidate& x : c) z += std::max(0.0, double(x.p) - q_of(x.id));
+  if (!(z > 0.0)) return draw(c);  // p == q within rounding: the residual is empty, p itself is exact
   const double u = next_uniform();
-  if (!(z > 0.0)) {  // p == q within rounding: the residual is empty, p itself is exact
-    double cum = 0.0;
-    for (const Candidate& x : c) {
-      cum += x.p;
-      if (u < cum) return x.id;
-    }
-    return c.back().id;
-  }
   double cum = 0.0;
   int32_t last = c.front().id;
   for (const Candidate& x : c) {

@@ -81,6 +81,8 @@ public:
 
 private:
   void forget(int32_t id);
+  // One draw from prepared candidates by their probabilities (one uniform).
+  int32_t draw(std::span<const Candidate> c);
 
   int vocab_;
   SamplerParams p_;

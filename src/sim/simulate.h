@@ -49,8 +49,8 @@ struct PhaseResult {
 OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt);
 // Step time. One batch: compute + all-to-all + TP/PP communication. With `overlap`, the step
 // may instead run as two micro-batches (half the sequences each, or a lone prompt's two
-// halves), one's expert all-to-all hidden behind the other's compute: max(compute of both,
-// all-to-all of both) + their TP/PP communication, taken when it is faster than one batch.
+// halves) whose MoE-layer stages interleave, each stage of one beside a stage of the other
+// (see cost_step in simulate.cpp), taken when that is faster than one batch.
 PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
                       const KernelTable* kt, bool overlap);
 
