@@ -36,19 +36,17 @@ void write_file(const std::string& path, const std::string& text) {
 std::vector<SweepRow> run_sweeps(const SimModel& m, const Hardware& hw, const PlanRequest& req, const PlanResult& base,
                                  const Args& a, const KernelTable* kt) {
   std::vector<SweepRow> rows;
-  const int64_t group_seqs = (base.batch + base.layout.dp - 1) / base.layout.dp;
   for (int64_t ctx : a.sweep_context) {
     const PositionCost c = cost_at_position(m, hw, req, base, ctx, kt);
     rows.push_back({"context", ctx, c.tpot_ms, c.decode_tokens_per_s_per_device, c.decode_cost_per_m, c.prefill_cost_per_m,
-                    group_seqs * ctx <= base.memory.max_cached_tokens_per_device});
+                    c.fits});
   }
   for (int64_t b : a.sweep_batch) {
     PlanRequest r = req;
     r.batch = b;
     const PlanResult p = simulate(m, hw, r, kt);
-    const int64_t seqs = (b + p.layout.dp - 1) / p.layout.dp;
     rows.push_back({"batch", b, p.tpot_ms, p.decode_tokens_per_s_per_device, p.decode_cost_per_m, p.prefill_cost_per_m,
-                    seqs * p.context <= p.memory.max_cached_tokens_per_device});
+                    p.decode_fits});
   }
   return rows;
 }

@@ -83,11 +83,15 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
   o += fmt("  activation workspace %.2f GiB; kv cache budget %.2f GiB%s\n", mem.workspace_bytes / kGiB,
            mem.cache_budget_bytes / kGiB, mem.fits ? "" : "  ** DOES NOT FIT: add devices or use more parallelism **");
   o += fmt("  cache %s B per token (%s B on each device); max %s cached tokens per device = %s sequences of %s tokens "
-           "in the deployment\n\n",
+           "in the deployment\n",
            grouped(int64_t(mem.cache_bytes_per_token)).c_str(), grouped(int64_t(mem.cache_bytes_per_token_per_device)).c_str(),
            grouped(mem.max_cached_tokens_per_device).c_str(),
            grouped(mem.max_cached_tokens_per_device / (r.input_len + r.output_len) * l.dp).c_str(),
            grouped(r.input_len + r.output_len).c_str());
+  o += fmt("  decode step caches %s tokens per device (%s sequences per dp group at depth %s + %d)%s\n\n",
+           grouped(p.decode_cached_tokens_per_device).c_str(), grouped(p.decode.step.seqs * l.pp).c_str(),
+           grouped(p.context).c_str(), 1 + r.opt.mtp,
+           p.decode_fits ? "" : "  ** DOES NOT FIT the cache: lower --batch or --context, or add devices **");
 
   if (show_ops) {
     o += fmt("prefill: %s sequence(s) x %s tokens per dp group%s%s, one device\n", grouped(p.prefill.step.seqs).c_str(),
@@ -186,6 +190,8 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
       {"cache_bytes_per_token", mem.cache_bytes_per_token},
       {"cache_bytes_per_token_per_device", mem.cache_bytes_per_token_per_device},
       {"max_cached_tokens_per_device", mem.max_cached_tokens_per_device},
+      {"decode_cached_tokens_per_device", p.decode_cached_tokens_per_device},
+      {"decode_fits", p.decode_fits},
       {"memory",
        {{"capacity_bytes", mem.capacity_bytes}, {"usable_bytes", mem.usable_bytes}, {"reserve_bytes", mem.reserve_bytes},
         {"weight_bytes", w.total()}, {"workspace_bytes", mem.workspace_bytes},

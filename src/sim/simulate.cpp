@@ -248,6 +248,13 @@ static double tokens_per_step(const PlanRequest& r) {
   return t;
 }
 
+// Whether one device's cache holds a dp group's `group_seqs` sequences of `tokens` tokens:
+// every device of a tp group holds the whole latent of its group's sequences (MLA's one
+// latent head cannot be split), pipeline stages hold their own layers' share.
+static bool cache_holds(const MemoryPlan& mem, int64_t group_seqs, int64_t tokens) {
+  return mem.fits && group_seqs * tokens <= mem.max_cached_tokens_per_device;
+}
+
 PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r, const KernelTable* kt) {
   if (r.input_len < 1 || r.output_len < 1) throw Error("--input-len and --output-len must be positive");
   if (r.prefill_batch < 1) throw Error("--prefill-batch must be positive");
@@ -285,7 +292,8 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
     p.batch = r.batch;
   } else {
     p.batch_auto = true;
-    const int64_t per_group = p.memory.max_cached_tokens_per_device / (r.input_len + r.output_len);
+    const int64_t depth = std::max(r.input_len + r.output_len, p.context + 1 + r.opt.mtp);
+    const int64_t per_group = p.memory.max_cached_tokens_per_device / depth;
     p.batch = std::clamp<int64_t>(per_group * l.dp, 1, cap_batch);
   }
 
@@ -307,6 +315,8 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   const int64_t seqs = std::max<int64_t>(1, (p.batch + l.dp * l.pp - 1) / (l.dp * l.pp));
   const Step ds{Phase::Decode, seqs, 1 + r.opt.mtp, p.context};
   p.decode = cost_step(m, hw, l, r.opt, ds, kt, r.overlap);
+  p.decode_cached_tokens_per_device = seqs * l.pp * (p.context + 1 + r.opt.mtp);
+  p.decode_fits = cache_holds(p.memory, seqs * l.pp, p.context + 1 + r.opt.mtp);
   const double round_s = p.decode.step_us * l.pp / 1e6;  // every sequence advances once
   p.tpot_ms = round_s * 1e3 / p.tokens_per_step;
   p.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * p.tokens_per_step / round_s / devices;
@@ -337,6 +347,7 @@ PositionCost cost_at_position(const SimModel& m, const Hardware& hw, const PlanR
   const int64_t seqs = std::max<int64_t>(1, (base.batch + l.dp * l.pp - 1) / (l.dp * l.pp));
   const Step ds{Phase::Decode, seqs, 1 + r.opt.mtp, position};
   const PhaseResult dr = cost_step(m, hw, l, r.opt, ds, kt, r.overlap);
+  c.fits = cache_holds(base.memory, seqs * l.pp, position + 1 + r.opt.mtp);
   const double round_s = dr.step_us * l.pp / 1e6;
   c.tpot_ms = round_s * 1e3 / base.tokens_per_step;
   c.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * base.tokens_per_step / round_s / devices;

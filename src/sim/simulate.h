@@ -91,6 +91,11 @@ struct PlanResult {
   double e2e_output_tokens_per_s_per_device = 0;  // prefill and decode sharing the devices
   double price_per_hour = 0;
   double prefill_cost_per_m = 0, decode_cost_per_m = 0;  // $ per million tokens
+  // Tokens a device caches during the decode step (a dp group's sequences at the decode
+  // depth plus the step's new tokens) and whether its cache holds them: an explicit batch
+  // beyond the cache is costed as asked but reported as not fitting.
+  int64_t decode_cached_tokens_per_device = 0;
+  bool decode_fits = false;
 };
 
 Layout resolve_layout(const PlanRequest& r, const Hardware& hw);
@@ -102,6 +107,7 @@ struct PositionCost {
   int64_t position = 0;
   double prefill_cost_per_m = 0, decode_cost_per_m = 0;
   double tpot_ms = 0, decode_tokens_per_s_per_device = 0;
+  bool fits = false;  // the cache holds the plan's batch at this position
 };
 PositionCost cost_at_position(const SimModel& m, const Hardware& hw, const PlanRequest& r, const PlanResult& base,
                               int64_t position, const KernelTable* kt = nullptr, int64_t chunk = 2048);

@@ -368,6 +368,64 @@ TEST(SimPlan, LongPromptsPrefillInChunks) {
   EXPECT_THROW(simulate(t, hw, r), dsa::Error);
 }
 
+TEST(SimPlan, DecodeBatchMustFitTheCache) {
+  // Every device of a dp group caches its group's sequences at the decode depth plus the
+  // step's tokens (here 100 + 1 + one MTP draft); one sequence more per group than the
+  // cache holds is costed as asked but reported as not fitting.
+  const SimModel t = tiny();
+  const Hardware hw = toy();
+  PlanRequest r;
+  r.devices = 2;
+  r.input_len = 64;
+  r.output_len = 32;
+  r.context = 100;
+  r.opt.mtp = 1;
+  // The activation workspace grows with the batch, so the cache shrinks with it: find the
+  // largest sequences per group g that fit, by bisection over the plan itself.
+  auto plan = [&](int64_t g) {
+    r.batch = 2 * g;
+    return simulate(t, hw, r);
+  };
+  int64_t lo = 1, hi = plan(1).memory.max_cached_tokens_per_device / 102 + 1;
+  ASSERT_TRUE(plan(lo).decode_fits);
+  ASSERT_FALSE(plan(hi).decode_fits);
+  while (hi - lo > 1) (plan((lo + hi) / 2).decode_fits ? lo : hi) = (lo + hi) / 2;
+  const PlanResult fit = plan(lo), over = plan(lo + 1);
+  EXPECT_EQ(fit.decode_cached_tokens_per_device, lo * 102);
+  EXPECT_LE(lo * 102, fit.memory.max_cached_tokens_per_device);
+  EXPECT_EQ(over.decode_cached_tokens_per_device, (lo + 1) * 102);
+  EXPECT_GT((lo + 1) * 102, over.memory.max_cached_tokens_per_device);
+  EXPECT_GT(over.decode_tokens_per_s_per_device, 0);
+  r.batch = 2 * (lo + 1);
+  const PlanContext c{&t, &hw, &r};
+  EXPECT_NE(format_text(c, over, {}, false).find("DOES NOT FIT the cache"), std::string::npos);
+  EXPECT_EQ(format_text(c, fit, {}, false).find("DOES NOT FIT"), std::string::npos);
+  const auto j = nlohmann::json::parse(format_json(c, over, {}));
+  EXPECT_FALSE(j["decode_fits"].get<bool>());
+  EXPECT_EQ(j["decode_cached_tokens_per_device"].get<int64_t>(), (lo + 1) * 102);
+  // Pipeline stages: a device holds every micro-batch's sequences of its own layers.
+  r.pp = 2;
+  r.batch = 6;
+  const PlanResult pp = simulate(t, hw, r);
+  EXPECT_EQ(pp.layout.dp, 1);
+  EXPECT_EQ(pp.decode.step.seqs, 3);
+  EXPECT_EQ(pp.decode_cached_tokens_per_device, 6 * 102);
+  // The automatic batch fits at the decode depth when it is deeper than input + output.
+  r.pp = 1;
+  r.batch = 0;
+  r.context = 5000;
+  const PlanResult deep = simulate(t, hw, r);
+  EXPECT_TRUE(deep.batch_auto);
+  EXPECT_TRUE(deep.decode_fits);
+  EXPECT_EQ(deep.batch, 2 * (deep.memory.max_cached_tokens_per_device / 5002));
+  // A position in the cost sweep is checked the same way, with the plan's batch.
+  r.context = 100;
+  const PlanResult base = plan(lo / 2);
+  const int64_t last = base.memory.max_cached_tokens_per_device / (lo / 2) - 2;
+  EXPECT_TRUE(cost_at_position(t, hw, r, base, last, nullptr, 16).fits);
+  EXPECT_FALSE(cost_at_position(t, hw, r, base, last + 1, nullptr, 16).fits);
+}
+
 TEST(SimPlan, ServingFigures) {
   const SimModel t = tiny();
   const Hardware hw = toy();
