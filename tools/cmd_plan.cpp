@@ -11,6 +11,7 @@
 #include "command.h"
 #include "core/error.h"
 #include "sim/report.h"
+#include "sim/search.h"
 #include "sim/simulate.h"
 
 namespace {
@@ -24,6 +25,9 @@ struct Args {
   std::string kernel_table, svg_cost, svg_throughput, compare;
   std::vector<int64_t> sweep_context, sweep_batch;
   bool json = false, no_ops = false, no_overlap = false, list = false, show_hardware = false;
+  bool search = false;
+  int max_devices = 256, top = 10;
+  double max_ttft = 0, max_tpot = 0;
   PlanRequest req;
 };
 
@@ -125,6 +129,19 @@ void run(const Args& a) {
   req.overlap = !a.no_overlap;
   std::unique_ptr<KernelTable> kt;
   if (!a.kernel_table.empty()) kt = std::make_unique<KernelTable>(load_kernel_table(a.kernel_table));
+  const PlanContext ctx{&m, &hw, &req};
+  if (a.search) {
+    SearchRequest sr;
+    sr.base = req;
+    sr.devices = req.devices;
+    sr.max_devices = a.max_devices;
+    sr.max_ttft_ms = a.max_ttft;
+    sr.max_tpot_ms = a.max_tpot;
+    const SearchResult res = search_layouts(m, hw, sr, kt.get());
+    std::printf("%s%s", a.json ? format_search_json(ctx, sr, res, a.top).c_str() : format_search_text(ctx, sr, res, a.top).c_str(),
+                a.json ? "\n" : "");
+    return;
+  }
   const PlanResult p = simulate(m, hw, req, kt.get());
   const std::vector<SweepRow> sweeps = run_sweeps(m, hw, req, p, a, kt.get());
   if (!a.svg_cost.empty()) cost_plot(m, hw, req, p, a, kt.get());
@@ -138,7 +155,6 @@ void run(const Args& a) {
         break;
       }
   }
-  const PlanContext ctx{&m, &hw, &req};
   if (a.json) std::printf("%s\n", format_json(ctx, p, sweeps).c_str());
   else std::printf("%s", format_text(ctx, p, sweeps, !a.no_ops).c_str());
 }
@@ -202,7 +218,25 @@ void setup_plan(CLI::App& app) {
   cmd->add_flag("--no-ops", a->no_ops, "Leave the per-operator tables out of the text report");
   cmd->add_flag("--list", a->list, "List built-in models and hardware profiles");
   cmd->add_flag("--show-hardware", a->show_hardware, "Print the hardware profile as JSON (a template for your own)");
-  cmd->callback([a] { run(*a); });
+  auto* search = cmd->add_flag("--search", a->search,
+                                "Search device counts, layouts and batch for the cheapest output tokens that meet "
+                                "--max-ttft/--max-tpot (--devices fixes the count)");
+  cmd->add_option("--max-devices", a->max_devices, "Largest device count --search tries")
+      ->capture_default_str()
+      ->check(dsa::cli::int_in(1, 1 << 20))
+      ->needs(search);
+  cmd->add_option("--max-ttft", a->max_ttft, "--search target: time to first token, ms")->check(dsa::cli::finite_in(0, 1e9))->needs(search);
+  cmd->add_option("--max-tpot", a->max_tpot, "--search target: time per output token, ms")->check(dsa::cli::finite_in(0, 1e9))->needs(search);
+  cmd->add_option("--top", a->top, "Candidates --search prints")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20))->needs(search);
+  cmd->callback([a, cmd] {
+    // The search chooses these itself (or has no single plan to draw); one given as well
+    // would be silently ignored.
+    if (a->search)
+      for (const char* name : {"--tp", "--dp", "--ep", "--pp", "--redundant-experts", "--batch", "--context", "--sweep-context",
+                               "--sweep-batch", "--svg-cost", "--svg-throughput", "--compare", "--no-ops"})
+        if (cmd->count(name) > 0) throw dsa::Error(std::string("--search chooses the layout and batch itself: leave out ") + name);
+    run(*a);
+  });
 }
 
 }  // namespace

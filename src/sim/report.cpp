@@ -205,6 +205,91 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
   return j.dump(2);
 }
 
+namespace {
+
+std::string targets(const SearchRequest& s) {
+  std::string t;
+  if (s.max_ttft_ms > 0) t += fmt("TTFT <= %g ms", s.max_ttft_ms);
+  if (s.max_tpot_ms > 0) t += fmt("%sTPOT <= %g ms", t.empty() ? "" : ", ", s.max_tpot_ms);
+  return t.empty() ? "no latency targets" : t;
+}
+
+// The `dsa plan` options that reproduce a candidate (workload options as the user gave them).
+std::string plan_options(const Candidate& k) {
+  const auto& r = k.req;
+  std::string o = fmt("--devices %d --tp %d --pp %d", r.devices, r.tp, r.pp);
+  if (r.redundant_experts > 0) o += fmt(" --redundant-experts %d", r.redundant_experts);
+  return o + fmt(" --batch %lld", (long long)r.batch);
+}
+
+}  // namespace
+
+std::string format_search_text(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top) {
+  const auto& req = *c.req;
+  std::string o = fmt("dsa plan --search: %s on %s (%s), input %s, output %s, weights %s, mtp %d\n", c.model->name.c_str(),
+                      c.hw->name.c_str(), c.hw->description.c_str(), grouped(req.input_len).c_str(),
+                      grouped(req.output_len).c_str(), weight_name(req.opt.weight), req.opt.mtp);
+  o += fmt("%d layouts tried (%s), %d fit in memory", r.layouts,
+           s.devices > 0 ? fmt("%d devices", s.devices).c_str() : fmt("up to %d devices", s.max_devices).c_str(), r.fitting);
+  o += s.max_ttft_ms > 0 || s.max_tpot_ms > 0 ? fmt(", %zu of them meet %s", r.candidates.size(), targets(s).c_str())
+                                              : std::string(" (no latency targets)");
+  o += "; cheapest output first\n\n";
+  if (r.candidates.empty()) {
+    o += r.fitting == 0 ? "No layout holds the weights: allow more devices (--max-devices) or smaller weights (--weight-dtype).\n"
+                        : "No layout meets the targets: relax them or allow more devices (--max-devices).\n";
+    return o;
+  }
+  o += fmt("  %4s %7s %3s %4s %3s %4s %4s %8s %9s %8s %12s %14s %10s\n", "rank", "devices", "tp", "dp", "pp", "ep",
+           "+red", "batch", "TTFT ms", "TPOT ms", "out tok/s/d", "decode tok/s/d", "$/M out");
+  const int n = std::min<int>(top, int(r.candidates.size()));
+  for (int i = 0; i < n; ++i) {
+    const auto& k = r.candidates[size_t(i)];
+    const auto& l = k.plan.layout;
+    o += fmt("  %4d %7d %3d %4d %3d %4d %4d %8s %9.1f %8.2f %12.0f %14.0f %10.4f\n", i + 1, l.devices(), l.tp, l.dp, l.pp,
+             l.ep, l.redundant_experts, grouped(k.plan.batch).c_str(), k.plan.ttft_ms, k.plan.tpot_ms,
+             k.plan.e2e_output_tokens_per_s_per_device, k.plan.decode_tokens_per_s_per_device, k.cost_per_million_output);
+  }
+  if (int(r.candidates.size()) > n) o += fmt("  ... %zu more (--top N)\n", r.candidates.size() - size_t(n));
+  o += fmt("\nout tok/s/d: output tokens/s per device with prefill and decode on the same devices; $/M out at $%.2f per "
+           "device-hour.\nThe first in full: dsa plan <same options> %s\n",
+           r.candidates[0].plan.price_per_hour, plan_options(r.candidates[0]).c_str());
+  return o;
+}
+
+std::string format_search_json(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top) {
+  using nlohmann::json;
+  json cands = json::array();
+  const int n = std::min<int>(top, int(r.candidates.size()));
+  for (int i = 0; i < n; ++i) {
+    const auto& k = r.candidates[size_t(i)];
+    const auto& l = k.plan.layout;
+    cands.push_back({{"devices", l.devices()}, {"tp", l.tp}, {"dp", l.dp}, {"ep", l.ep}, {"pp", l.pp},
+                     {"redundant_experts", l.redundant_experts}, {"batch", k.plan.batch}, {"ttft_ms", k.plan.ttft_ms},
+                     {"tpot_ms", k.plan.tpot_ms}, {"e2e_output_tokens_per_s_per_device", k.plan.e2e_output_tokens_per_s_per_device},
+                     {"decode_tokens_per_s_per_device", k.plan.decode_tokens_per_s_per_device},
+                     {"prefill_tokens_per_s_per_device", k.plan.prefill_tokens_per_s_per_device},
+                     {"cost_per_million_output_tokens", k.cost_per_million_output},
+                     {"decode_cached_tokens_per_device", k.plan.decode_cached_tokens_per_device},
+                     {"max_cached_tokens_per_device", k.plan.memory.max_cached_tokens_per_device},
+                     {"plan_options", plan_options(k)}});
+  }
+  const json j = {{"model", c.model->name},
+                  {"hardware", c.hw->name},
+                  {"input_len", c.req->input_len},
+                  {"output_len", c.req->output_len},
+                  {"weight_dtype", weight_name(c.req->opt.weight)},
+                  {"mtp", c.req->opt.mtp},
+                  {"devices", s.devices},
+                  {"max_devices", s.max_devices},
+                  {"max_ttft_ms", s.max_ttft_ms},
+                  {"max_tpot_ms", s.max_tpot_ms},
+                  {"layouts_tried", r.layouts},
+                  {"layouts_fitting", r.fitting},
+                  {"layouts_meeting_targets", r.candidates.size()},
+                  {"candidates", cands}};
+  return j.dump(2);
+}
+
 std::string svg_line_plot(const std::string& title, const std::string& xlabel, const std::string& ylabel,
                           const std::vector<Series>& series, bool log_x) {
   const double W = 760, H = 460, L = 80, R = 30, T = 50, B = 60;

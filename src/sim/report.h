@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/search.h"
 #include "sim/simulate.h"
 
 namespace dsa::sim {
@@ -22,6 +23,11 @@ struct SweepRow {
 
 std::string format_text(const PlanContext& c, const PlanResult& p, const std::vector<SweepRow>& sweeps, bool show_ops);
 std::string format_json(const PlanContext& c, const PlanResult& p, const std::vector<SweepRow>& sweeps);
+
+// `dsa plan --search`: the targets, how many layouts were tried, and the best `top`
+// candidates as a table (with the `dsa plan` command that shows the first in full) or JSON.
+std::string format_search_text(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top);
+std::string format_search_json(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top);
 
 struct Series {
   std::string name;

@@ -2,6 +2,7 @@
 // the per-op timing rule, the serving figures, the JSON contract and the probes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "sim/memory.h"
 #include "sim/probe.h"
 #include "sim/report.h"
+#include "sim/search.h"
 #include "sim/simulate.h"
 #include "tiny.h"
 
@@ -567,6 +569,93 @@ TEST(SimPlan, SparseDecodeCostIsFlatAndDenseGrowsWithContext) {
   EXPECT_GT(s3(131072) / s32(131072), 3.0);
 }
 
+TEST(SimSearch, DeviceCounts) {
+  // Powers of two inside a node, then whole nodes in powers of two; one node at most when
+  // the profile has no link between nodes.
+  Hardware hw = toy();
+  hw.devices_per_node = 72;
+  EXPECT_EQ(search_device_counts(hw, 256), (std::vector<int>{1, 2, 4, 8, 16, 32, 64, 72, 144}));
+  hw.devices_per_node = 8;
+  EXPECT_EQ(search_device_counts(hw, 40), (std::vector<int>{1, 2, 4, 8, 16, 32}));
+  hw.inter_node_bandwidth_gbps = 0;
+  EXPECT_EQ(search_device_counts(hw, 40), (std::vector<int>{1, 2, 4, 8}));
+}
+
+TEST(SimSearch, CandidatesArePlansThatMeetTheTargets) {
+  const SimModel t = tiny();
+  const Hardware hw = toy();  // 4 devices per node
+  SearchRequest s;
+  s.base.input_len = 64;
+  s.base.output_len = 32;
+  s.devices = 4;
+  // Four devices: tp 1 (pp 1, 2, 4 -> the tiny model's 3 layers allow 1 and 2), tp 2 (pp 1,
+  // 2), tp 4 (pp 1): five layouts.
+  const SearchResult all = search_layouts(t, hw, s);
+  EXPECT_EQ(all.layouts, 5);
+  ASSERT_GE(all.candidates.size(), 3u);
+  // A TPOT target between the candidates' own TPOTs, and a TTFT target all meet.
+  std::vector<double> tpots;
+  double ttft = 0;
+  for (const auto& k : all.candidates) {
+    tpots.push_back(k.plan.tpot_ms);
+    ttft = std::max(ttft, k.plan.ttft_ms);
+  }
+  std::sort(tpots.begin(), tpots.end());
+  s.max_tpot_ms = tpots[tpots.size() / 2];
+  s.max_ttft_ms = ttft;
+  s.devices = 0;
+  s.max_devices = 16;
+  const SearchResult r = search_layouts(t, hw, s);
+  EXPECT_EQ(r.layouts, 1 + 3 + 5 + 6 + 6);  // counts 1, 2, 4, 8, 16 (by hand as above)
+  ASSERT_FALSE(r.candidates.empty());
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const Candidate& k = r.candidates[i];
+    // The row is the plan of its own options, and it meets the targets and fits.
+    const PlanResult p = simulate(t, hw, k.req);
+    EXPECT_REL(k.plan.tpot_ms, p.tpot_ms);
+    EXPECT_REL(k.plan.e2e_output_tokens_per_s_per_device, p.e2e_output_tokens_per_s_per_device);
+    EXPECT_LE(p.tpot_ms, s.max_tpot_ms);
+    EXPECT_LE(p.ttft_ms, s.max_ttft_ms);
+    EXPECT_TRUE(p.memory.fits && p.decode_fits);
+    EXPECT_REL(k.cost_per_million_output, 0.001 / p.e2e_output_tokens_per_s_per_device * 1e6);
+    if (i > 0) {
+      EXPECT_GE(r.candidates[i - 1].plan.e2e_output_tokens_per_s_per_device, p.e2e_output_tokens_per_s_per_device);
+    }
+    // The batch is the largest that meets the target: one more sequence per dp group and
+    // micro-batch misses it or does not fit (or passes the 128-per-device ceiling).
+    PlanRequest more = k.req;
+    const int64_t unit = int64_t(k.req.dp) * k.req.pp;
+    more.batch += unit;
+    if (more.batch <= 128 * int64_t(k.req.devices)) {
+      const PlanResult q = simulate(t, hw, more);
+      EXPECT_TRUE(q.tpot_ms > s.max_tpot_ms || !q.decode_fits) << i;
+    }
+  }
+  // The search ranks what it found: the target removed some of the unconstrained candidates.
+  s.max_tpot_ms = 0;
+  s.max_ttft_ms = 0;
+  EXPECT_LE(r.candidates.size(), search_layouts(t, hw, s).candidates.size());
+  // Nothing meets an impossible target, and the report says which constraint failed.
+  s.max_tpot_ms = 1e-9;
+  const SearchResult none = search_layouts(t, hw, s);
+  EXPECT_TRUE(none.candidates.empty());
+  EXPECT_GT(none.fitting, 0);
+  PlanRequest base = s.base;
+  const PlanContext c{&t, &hw, &base};
+  EXPECT_NE(format_search_text(c, s, none, 10).find("No layout meets the targets"), std::string::npos);
+  const auto j = nlohmann::json::parse(format_search_json(c, s, r, 2));
+  EXPECT_EQ(j["layouts_tried"].get<int>(), r.layouts);
+  ASSERT_EQ(j["candidates"].size(), std::min<size_t>(2, r.candidates.size()));
+  EXPECT_EQ(j["candidates"][0]["batch"].get<int64_t>(), r.candidates[0].plan.batch);
+  // The full DeepSeek-V3.2 fits no toy device: the report says so.
+  const SimModel big = load_model("deepseek-v3.2");
+  s.max_tpot_ms = 0;
+  s.max_devices = 2;
+  const SearchResult nofit = search_layouts(big, hw, s);
+  EXPECT_EQ(nofit.fitting, 0);
+  EXPECT_NE(format_search_text(PlanContext{&big, &hw, &base}, s, nofit, 10).find("No layout holds the weights"), std::string::npos);
+}
+
 TEST(SimReport, JsonContract) {
   const SimModel m = load_model("v32-mini");
   const Hardware hw = load_hardware("h100");
@@ -725,6 +814,11 @@ TEST(SimCli, InvalidOptionsAreNamed) {
            {"bench --model . -t 100000", "--threads"},
            {"bench --model . -t 0", "--threads"},
            {"bench --model . -p 2147483647", "--prompt"},
+           {"plan --search --tp 2", "--tp"},
+           {"plan --search --batch 64", "--batch"},
+           {"plan --max-tpot 50", "--search"},
+           {"plan --search --max-devices 0", "--max-devices"},
+           {"plan --search --max-ttft -1", "--max-ttft"},
            {"benhc --model .", "unknown command 'benhc'"}}) {
     EXPECT_NE(run_dsa(args, out), 0) << args;
     EXPECT_NE(out.find(needle), std::string::npos) << args << ": " << out;

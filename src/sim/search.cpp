@@ -1,0 +1,88 @@
+#include "sim/search.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dsa::sim {
+
+std::vector<int> search_device_counts(const Hardware& hw, int max_devices) {
+  const int node = std::max(1, hw.devices_per_node);
+  // A profile without an inter-node link cannot span nodes (resolve_layout refuses it).
+  const int limit = hw.inter_node_bandwidth_gbps > 0 ? max_devices : std::min(max_devices, node);
+  std::vector<int> v;
+  for (int c = 1; c < node && c <= limit; c *= 2) v.push_back(c);
+  for (int64_t c = node; c <= limit; c *= 2) v.push_back(int(c));
+  return v;
+}
+
+namespace {
+
+// The plan of one layout at `batch` sequences (0: what fits).
+PlanResult plan_at(const SimModel& m, const Hardware& hw, PlanRequest r, int64_t batch, const KernelTable* kt) {
+  r.batch = batch;
+  return simulate(m, hw, r, kt);
+}
+
+}  // namespace
+
+SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchRequest& s, const KernelTable* kt) {
+  if (s.devices < 0 || s.max_devices < 1) throw Error("--max-devices must be at least 1");
+  if (!(s.max_ttft_ms >= 0) || !(s.max_tpot_ms >= 0)) throw Error("--max-ttft and --max-tpot must not be negative");
+  const auto& c = m.cfg;
+  const int node = std::max(1, hw.devices_per_node);
+  const std::vector<int> counts = s.devices > 0 ? std::vector<int>{s.devices} : search_device_counts(hw, s.max_devices);
+  SearchResult out;
+  for (int devices : counts) {
+    for (int tp = 1; tp <= std::min(node, devices); tp *= 2) {
+      // Tensor parallelism stays inside a node (its all-reduces are per layer) and splits heads.
+      if (devices % tp != 0 || c.num_attention_heads % tp != 0) continue;
+      for (int pp = 1; pp <= std::min(devices / tp, c.num_hidden_layers); pp *= 2) {
+        if ((devices / tp) % pp != 0) continue;
+        PlanRequest r = s.base;
+        r.devices = devices;
+        r.tp = tp;
+        r.pp = pp;
+        r.dp = devices / (tp * pp);
+        r.ep = tp * r.dp;
+        // EPLB-style replicas, only as many as make the experts spread evenly.
+        r.redundant_experts = c.n_routed_experts > 0 ? (r.ep - c.n_routed_experts % r.ep) % r.ep : 0;
+        ++out.layouts;
+        PlanResult p = plan_at(m, hw, r, 0, kt);
+        if (!p.memory.fits || !p.decode_fits) continue;
+        ++out.fitting;
+        // TTFT does not depend on the decode batch: one check per layout.
+        if (s.max_ttft_ms > 0 && p.ttft_ms > s.max_ttft_ms) continue;
+        // Sequences per dp group and micro-batch: the batch moves in steps of dp*pp.
+        const int64_t unit = int64_t(r.dp) * r.pp;
+        int64_t seqs = std::max<int64_t>(1, p.batch / unit);
+        p = plan_at(m, hw, r, seqs * unit, kt);
+        if (s.max_tpot_ms > 0 && p.tpot_ms > s.max_tpot_ms) {
+          // TPOT grows with the batch: bisect for the largest batch that meets the target.
+          int64_t lo = 0, hi = seqs;  // lo meets it (0: none found yet), hi does not
+          while (hi - lo > 1) {
+            const int64_t mid = (lo + hi) / 2;
+            (plan_at(m, hw, r, mid * unit, kt).tpot_ms <= s.max_tpot_ms ? lo : hi) = mid;
+          }
+          if (lo == 0) continue;
+          seqs = lo;
+          p = plan_at(m, hw, r, seqs * unit, kt);
+        }
+        r.batch = seqs * unit;
+        Candidate cand{r, p, 0};
+        const double tps = p.e2e_output_tokens_per_s_per_device;
+        cand.cost_per_million_output = tps > 0 ? p.price_per_hour / 3600.0 / tps * 1e6 : 0;
+        out.candidates.push_back(std::move(cand));
+      }
+    }
+  }
+  // Cheapest output first; for the same output rate per device, the smaller deployment.
+  std::stable_sort(out.candidates.begin(), out.candidates.end(), [](const Candidate& a, const Candidate& b) {
+    const double x = a.plan.e2e_output_tokens_per_s_per_device, y = b.plan.e2e_output_tokens_per_s_per_device;
+    if (x != y) return x > y;
+    return a.req.devices < b.req.devices;
+  });
+  return out;
+}
+
+}  // namespace dsa::sim

@@ -1,0 +1,45 @@
+#pragma once
+// Layout search (`dsa plan --search`): which device count, parallel layout and batch serve
+// a workload at the lowest cost per output token while meeting TTFT and TPOT targets. Every
+// candidate is an ordinary plan (simulate()), so its row reads the same as `dsa plan` with
+// its options.
+#include <cstdint>
+#include <vector>
+
+#include "sim/simulate.h"
+
+namespace dsa::sim {
+
+struct SearchRequest {
+  PlanRequest base;        // workload, dtypes, MTP, overlap; layout and batch are searched
+  int devices = 0;         // > 0: only this device count
+  int max_devices = 256;   // otherwise counts up to this
+  double max_ttft_ms = 0;  // 0: no target
+  double max_tpot_ms = 0;  // 0: no target
+};
+
+struct Candidate {
+  PlanRequest req;  // the layout and batch found (as `dsa plan` options)
+  PlanResult plan;
+  double cost_per_million_output = 0;  // prefill and decode on the same devices
+};
+
+struct SearchResult {
+  int layouts = 0;     // layouts tried
+  int fitting = 0;     // whose weights, workspace and at least one sequence fit
+  std::vector<Candidate> candidates;  // those meeting the targets, cheapest output first
+};
+
+// Device counts tried: powers of two inside a node, then whole nodes in powers of two
+// (1, 2, 4, 8, 16, ... for 8-device nodes; 64 x 2^k past one node of 72).
+std::vector<int> search_device_counts(const Hardware& hw, int max_devices);
+
+// Tries every layout of those counts (tp a power of two inside a node that divides the heads,
+// pp a power of two, dp the rest, experts over the whole stage with the fewest redundant
+// replicas that make them divide), each at the largest batch that fits the cache (at most
+// 128 sequences per device, as `dsa plan` picks) or, under a TPOT target, the largest that
+// meets it.
+SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchRequest& s,
+                            const KernelTable* kt = nullptr);
+
+}  // namespace dsa::sim
