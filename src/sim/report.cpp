@@ -222,6 +222,41 @@ std::string plan_options(const Candidate& k) {
   return o + fmt(" --batch %lld", (long long)r.batch);
 }
 
+nlohmann::json candidate_json(const Candidate& k) {
+  const auto& l = k.plan.layout;
+  return {{"devices", l.devices()}, {"tp", l.tp}, {"dp", l.dp}, {"ep", l.ep}, {"pp", l.pp},
+          {"redundant_experts", l.redundant_experts}, {"batch", k.plan.batch}, {"ttft_ms", k.plan.ttft_ms},
+          {"tpot_ms", k.plan.tpot_ms}, {"e2e_output_tokens_per_s_per_device", k.plan.e2e_output_tokens_per_s_per_device},
+          {"decode_tokens_per_s_per_device", k.plan.decode_tokens_per_s_per_device},
+          {"prefill_tokens_per_s_per_device", k.plan.prefill_tokens_per_s_per_device},
+          {"cost_per_million_output_tokens", k.cost_per_million_output},
+          {"decode_cached_tokens_per_device", k.plan.decode_cached_tokens_per_device},
+          {"max_cached_tokens_per_device", k.plan.memory.max_cached_tokens_per_device},
+          {"plan_options", plan_options(k)}};
+}
+
+std::string disaggregated_text(const SearchResult& r) {
+  if (!r.has_disaggregated) return "";
+  const Disaggregated& d = r.disaggregated;
+  auto pool = [](const char* what, const Candidate& k, const std::string& figures) {
+    const Layout& l = k.plan.layout;
+    return fmt("  %-8s %d devices (tp %d x dp %d x pp %d, ep %d%s): %s\n", what, l.devices(), l.tp, l.dp, l.pp, l.ep,
+               l.redundant_experts > 0 ? fmt(" + %d redundant", l.redundant_experts).c_str() : "", figures.c_str());
+  };
+  std::string o = "\nPrefill and decode on their own devices, each pool at its best layout within its target:\n";
+  o += pool("prefill", d.prefill,
+            fmt("%s prompt tokens/s per device, TTFT %.1f ms",
+                grouped(std::llround(d.prefill.plan.prefill_tokens_per_s_per_device)).c_str(), d.prefill.plan.ttft_ms));
+  o += pool("decode", d.decode,
+            fmt("batch %s, TPOT %.2f ms, %s output tokens/s per device", grouped(d.decode.plan.batch).c_str(),
+                d.decode.plan.tpot_ms, grouped(std::llround(d.decode.plan.decode_tokens_per_s_per_device)).c_str()));
+  o += fmt("  a request takes %.3f prefill and %.3f decode device-seconds: %.1f%% of the devices prefill\n"
+           "  (%.2f decode devices per prefill device); %s output tokens/s per device, $%.4f per million output tokens\n",
+           d.prefill_device_s, d.decode_device_s, 100 * d.prefill_share, d.decode_device_s / d.prefill_device_s,
+           grouped(std::llround(d.output_tokens_per_s_per_device)).c_str(), d.cost_per_million_output);
+  return o;
+}
+
 }  // namespace
 
 std::string format_search_text(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top) {
@@ -236,8 +271,9 @@ std::string format_search_text(const PlanContext& c, const SearchRequest& s, con
   o += "; cheapest output first\n\n";
   if (r.candidates.empty()) {
     o += r.fitting == 0 ? "No layout holds the weights: allow more devices (--max-devices) or smaller weights (--weight-dtype).\n"
-                        : "No layout meets the targets: relax them or allow more devices (--max-devices).\n";
-    return o;
+                        : "No layout meets the targets with prefill and decode on the same devices: relax them or allow more devices "
+                          "(--max-devices).\n";
+    return o + disaggregated_text(r);
   }
   o += fmt("  %4s %7s %3s %4s %3s %4s %4s %8s %9s %8s %12s %14s %10s\n", "rank", "devices", "tp", "dp", "pp", "ep",
            "+red", "batch", "TTFT ms", "TPOT ms", "out tok/s/d", "decode tok/s/d", "$/M out");
@@ -253,40 +289,38 @@ std::string format_search_text(const PlanContext& c, const SearchRequest& s, con
   o += fmt("\nout tok/s/d: output tokens/s per device with prefill and decode on the same devices; $/M out at $%.2f per "
            "device-hour.\nThe first in full: dsa plan <same options> %s\n",
            r.candidates[0].plan.price_per_hour, plan_options(r.candidates[0]).c_str());
-  return o;
+  return o + disaggregated_text(r);
 }
 
 std::string format_search_json(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top) {
   using nlohmann::json;
   json cands = json::array();
   const int n = std::min<int>(top, int(r.candidates.size()));
-  for (int i = 0; i < n; ++i) {
-    const auto& k = r.candidates[size_t(i)];
-    const auto& l = k.plan.layout;
-    cands.push_back({{"devices", l.devices()}, {"tp", l.tp}, {"dp", l.dp}, {"ep", l.ep}, {"pp", l.pp},
-                     {"redundant_experts", l.redundant_experts}, {"batch", k.plan.batch}, {"ttft_ms", k.plan.ttft_ms},
-                     {"tpot_ms", k.plan.tpot_ms}, {"e2e_output_tokens_per_s_per_device", k.plan.e2e_output_tokens_per_s_per_device},
-                     {"decode_tokens_per_s_per_device", k.plan.decode_tokens_per_s_per_device},
-                     {"prefill_tokens_per_s_per_device", k.plan.prefill_tokens_per_s_per_device},
-                     {"cost_per_million_output_tokens", k.cost_per_million_output},
-                     {"decode_cached_tokens_per_device", k.plan.decode_cached_tokens_per_device},
-                     {"max_cached_tokens_per_device", k.plan.memory.max_cached_tokens_per_device},
-                     {"plan_options", plan_options(k)}});
+  for (int i = 0; i < n; ++i) cands.push_back(candidate_json(r.candidates[size_t(i)]));
+  json j = {{"model", c.model->name},
+            {"hardware", c.hw->name},
+            {"input_len", c.req->input_len},
+            {"output_len", c.req->output_len},
+            {"weight_dtype", weight_name(c.req->opt.weight)},
+            {"mtp", c.req->opt.mtp},
+            {"devices", s.devices},
+            {"max_devices", s.max_devices},
+            {"max_ttft_ms", s.max_ttft_ms},
+            {"max_tpot_ms", s.max_tpot_ms},
+            {"layouts_tried", r.layouts},
+            {"layouts_fitting", r.fitting},
+            {"layouts_meeting_targets", r.candidates.size()},
+            {"candidates", cands}};
+  if (r.has_disaggregated) {
+    const Disaggregated& d = r.disaggregated;
+    j["disaggregated"] = {{"prefill", candidate_json(d.prefill)},
+                          {"decode", candidate_json(d.decode)},
+                          {"prefill_device_s_per_request", d.prefill_device_s},
+                          {"decode_device_s_per_request", d.decode_device_s},
+                          {"prefill_device_share", d.prefill_share},
+                          {"output_tokens_per_s_per_device", d.output_tokens_per_s_per_device},
+                          {"cost_per_million_output_tokens", d.cost_per_million_output}};
   }
-  const json j = {{"model", c.model->name},
-                  {"hardware", c.hw->name},
-                  {"input_len", c.req->input_len},
-                  {"output_len", c.req->output_len},
-                  {"weight_dtype", weight_name(c.req->opt.weight)},
-                  {"mtp", c.req->opt.mtp},
-                  {"devices", s.devices},
-                  {"max_devices", s.max_devices},
-                  {"max_ttft_ms", s.max_ttft_ms},
-                  {"max_tpot_ms", s.max_tpot_ms},
-                  {"layouts_tried", r.layouts},
-                  {"layouts_fitting", r.fitting},
-                  {"layouts_meeting_targets", r.candidates.size()},
-                  {"candidates", cands}};
   return j.dump(2);
 }
 

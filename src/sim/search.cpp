@@ -24,6 +24,10 @@ PlanResult plan_at(const SimModel& m, const Hardware& hw, PlanRequest r, int64_t
   return simulate(m, hw, r, kt);
 }
 
+double per_million(double price_per_hour, double tokens_per_s) {
+  return tokens_per_s > 0 ? price_per_hour / 3600.0 / tokens_per_s * 1e6 : 0;
+}
+
 }  // namespace
 
 SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchRequest& s, const KernelTable* kt) {
@@ -33,6 +37,8 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
   const int node = std::max(1, hw.devices_per_node);
   const std::vector<int> counts = s.devices > 0 ? std::vector<int>{s.devices} : search_device_counts(hw, s.max_devices);
   SearchResult out;
+  Candidate best_prefill, best_decode;
+  bool have_prefill = false, have_decode = false;
   for (int devices : counts) {
     for (int tp = 1; tp <= std::min(node, devices); tp *= 2) {
       // Tensor parallelism stays inside a node (its all-reduces are per layer) and splits heads.
@@ -52,7 +58,12 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
         if (!p.memory.fits || !p.decode_fits) continue;
         ++out.fitting;
         // TTFT does not depend on the decode batch: one check per layout.
-        if (s.max_ttft_ms > 0 && p.ttft_ms > s.max_ttft_ms) continue;
+        const bool ttft_ok = !(s.max_ttft_ms > 0 && p.ttft_ms > s.max_ttft_ms);
+        if (ttft_ok && (!have_prefill || p.prefill_tokens_per_s_per_device > best_prefill.plan.prefill_tokens_per_s_per_device)) {
+          best_prefill = Candidate{r, p, 0};
+          best_prefill.req.batch = p.batch;
+          have_prefill = true;
+        }
         // Sequences per dp group and micro-batch: the batch moves in steps of dp*pp.
         const int64_t unit = int64_t(r.dp) * r.pp;
         int64_t seqs = std::max<int64_t>(1, p.batch / unit);
@@ -69,12 +80,27 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
           p = plan_at(m, hw, r, seqs * unit, kt);
         }
         r.batch = seqs * unit;
-        Candidate cand{r, p, 0};
-        const double tps = p.e2e_output_tokens_per_s_per_device;
-        cand.cost_per_million_output = tps > 0 ? p.price_per_hour / 3600.0 / tps * 1e6 : 0;
-        out.candidates.push_back(std::move(cand));
+        Candidate cand{r, p, per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device)};
+        // A decode pool never prefills, so TTFT does not bind it.
+        if (!have_decode || p.decode_tokens_per_s_per_device > best_decode.plan.decode_tokens_per_s_per_device) {
+          best_decode = cand;
+          have_decode = true;
+        }
+        if (ttft_ok) out.candidates.push_back(std::move(cand));
       }
     }
+  }
+  if (have_prefill && have_decode) {
+    Disaggregated& d = out.disaggregated;
+    d.prefill = best_prefill;
+    d.decode = best_decode;
+    const PlanRequest& w = s.base;
+    d.prefill_device_s = double(w.input_len) / best_prefill.plan.prefill_tokens_per_s_per_device;
+    d.decode_device_s = double(w.output_len) / best_decode.plan.decode_tokens_per_s_per_device;
+    d.prefill_share = d.prefill_device_s / (d.prefill_device_s + d.decode_device_s);
+    d.output_tokens_per_s_per_device = double(w.output_len) / (d.prefill_device_s + d.decode_device_s);
+    d.cost_per_million_output = per_million(best_decode.plan.price_per_hour, d.output_tokens_per_s_per_device);
+    out.has_disaggregated = true;
   }
   // Cheapest output first; for the same output rate per device, the smaller deployment.
   std::stable_sort(out.candidates.begin(), out.candidates.end(), [](const Candidate& a, const Candidate& b) {

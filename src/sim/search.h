@@ -24,10 +24,24 @@ struct Candidate {
   double cost_per_million_output = 0;  // prefill and decode on the same devices
 };
 
+// Prefill and decode on their own devices (as DeepSeek's EP32 prefill and EP144 decode
+// units): each pool at the layout that serves its phase best within its target, sized in
+// proportion to the device-seconds a request spends in each phase.
+struct Disaggregated {
+  Candidate prefill;  // the most prompt tokens/s per device with TTFT within the target
+  Candidate decode;   // the most output tokens/s per device with TPOT within the target
+  double prefill_device_s = 0, decode_device_s = 0;  // per request: input / rate, output / rate
+  double prefill_share = 0;  // prefill devices / all devices
+  double output_tokens_per_s_per_device = 0;  // output / (prefill_device_s + decode_device_s)
+  double cost_per_million_output = 0;
+};
+
 struct SearchResult {
   int layouts = 0;     // layouts tried
   int fitting = 0;     // whose weights, workspace and at least one sequence fit
   std::vector<Candidate> candidates;  // those meeting the targets, cheapest output first
+  bool has_disaggregated = false;     // a prefill and a decode layout each met its target
+  Disaggregated disaggregated;
 };
 
 // Device counts tried: powers of two inside a node, then whole nodes in powers of two

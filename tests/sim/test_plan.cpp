@@ -631,6 +631,26 @@ TEST(SimSearch, CandidatesArePlansThatMeetTheTargets) {
       EXPECT_TRUE(q.tpot_ms > s.max_tpot_ms || !q.decode_fits) << i;
     }
   }
+  // Prefill and decode pools: each the best layout for its phase within its own target.
+  ASSERT_TRUE(r.has_disaggregated);
+  const Disaggregated& d = r.disaggregated;
+  EXPECT_LE(d.prefill.plan.ttft_ms, s.max_ttft_ms);
+  EXPECT_LE(d.decode.plan.tpot_ms, s.max_tpot_ms);
+  for (const Candidate& k : r.candidates) {
+    EXPECT_GE(d.prefill.plan.prefill_tokens_per_s_per_device, k.plan.prefill_tokens_per_s_per_device);
+    EXPECT_GE(d.decode.plan.decode_tokens_per_s_per_device, k.plan.decode_tokens_per_s_per_device);
+  }
+  EXPECT_REL(d.prefill_device_s, 64 / d.prefill.plan.prefill_tokens_per_s_per_device);
+  EXPECT_REL(d.decode_device_s, 32 / d.decode.plan.decode_tokens_per_s_per_device);
+  EXPECT_REL(d.output_tokens_per_s_per_device, 32 / (d.prefill_device_s + d.decode_device_s));
+  EXPECT_REL(d.prefill_share, d.prefill_device_s / (d.prefill_device_s + d.decode_device_s));
+  // A shared layout is the case where both pools are the same layout, so separate pools
+  // serve at least as many output tokens per device (the plan's shared figure is
+  // output / (input / prefill rate + output / decode rate) of one layout).
+  const Candidate& one = r.candidates[0];
+  EXPECT_REL(one.plan.e2e_output_tokens_per_s_per_device,
+             32 / (64 / one.plan.prefill_tokens_per_s_per_device + 32 / one.plan.decode_tokens_per_s_per_device));
+  EXPECT_GE(d.output_tokens_per_s_per_device, one.plan.e2e_output_tokens_per_s_per_device * (1 - 1e-12));
   // The search ranks what it found: the target removed some of the unconstrained candidates.
   s.max_tpot_ms = 0;
   s.max_ttft_ms = 0;
@@ -647,6 +667,7 @@ TEST(SimSearch, CandidatesArePlansThatMeetTheTargets) {
   EXPECT_EQ(j["layouts_tried"].get<int>(), r.layouts);
   ASSERT_EQ(j["candidates"].size(), std::min<size_t>(2, r.candidates.size()));
   EXPECT_EQ(j["candidates"][0]["batch"].get<int64_t>(), r.candidates[0].plan.batch);
+  EXPECT_EQ(j["disaggregated"]["decode"]["batch"].get<int64_t>(), d.decode.plan.batch);
   // The full DeepSeek-V3.2 fits no toy device: the report says so.
   const SimModel big = load_model("deepseek-v3.2");
   s.max_tpot_ms = 0;
