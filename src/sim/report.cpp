@@ -222,6 +222,9 @@ std::string plan_options(const Candidate& k) {
   return o + fmt(" --batch %lld", (long long)r.batch);
 }
 
+// A cost cell: "-" when the profile has no price (the local CPU) rather than $0.0000.
+std::string dollars(double price_per_hour, double cost) { return price_per_hour > 0 ? fmt("%.4f", cost) : "-"; }
+
 nlohmann::json candidate_json(const Candidate& k) {
   const auto& l = k.plan.layout;
   return {{"devices", l.devices()}, {"tp", l.tp}, {"dp", l.dp}, {"ep", l.ep}, {"pp", l.pp},
@@ -251,9 +254,10 @@ std::string disaggregated_text(const SearchResult& r) {
             fmt("batch %s, TPOT %.2f ms, %s output tokens/s per device", grouped(d.decode.plan.batch).c_str(),
                 d.decode.plan.tpot_ms, grouped(std::llround(d.decode.plan.decode_tokens_per_s_per_device)).c_str()));
   o += fmt("  a request takes %.3f prefill and %.3f decode device-seconds: %.1f%% of the devices prefill\n"
-           "  (%.2f decode devices per prefill device); %s output tokens/s per device, $%.4f per million output tokens\n",
+           "  (%.2f decode devices per prefill device); %s output tokens/s per device%s\n",
            d.prefill_device_s, d.decode_device_s, 100 * d.prefill_share, d.decode_device_s / d.prefill_device_s,
-           grouped(std::llround(d.output_tokens_per_s_per_device)).c_str(), d.cost_per_million_output);
+           grouped(std::llround(d.output_tokens_per_s_per_device)).c_str(),
+           d.decode.plan.price_per_hour > 0 ? fmt(", $%.4f per million output tokens", d.cost_per_million_output).c_str() : "");
   return o;
 }
 
@@ -281,14 +285,17 @@ std::string format_search_text(const PlanContext& c, const SearchRequest& s, con
   for (int i = 0; i < n; ++i) {
     const auto& k = r.candidates[size_t(i)];
     const auto& l = k.plan.layout;
-    o += fmt("  %4d %7d %3d %4d %3d %4d %4d %8s %9.1f %8.2f %12.0f %14.0f %10.4f\n", i + 1, l.devices(), l.tp, l.dp, l.pp,
+    o += fmt("  %4d %7d %3d %4d %3d %4d %4d %8s %9.1f %8.2f %12.0f %14.0f %10s\n", i + 1, l.devices(), l.tp, l.dp, l.pp,
              l.ep, l.redundant_experts, grouped(k.plan.batch).c_str(), k.plan.ttft_ms, k.plan.tpot_ms,
-             k.plan.e2e_output_tokens_per_s_per_device, k.plan.decode_tokens_per_s_per_device, k.cost_per_million_output);
+             k.plan.e2e_output_tokens_per_s_per_device, k.plan.decode_tokens_per_s_per_device,
+             dollars(k.plan.price_per_hour, k.cost_per_million_output).c_str());
   }
   if (int(r.candidates.size()) > n) o += fmt("  ... %zu more (--top N)\n", r.candidates.size() - size_t(n));
-  o += fmt("\nout tok/s/d: output tokens/s per device with prefill and decode on the same devices; $/M out at $%.2f per "
-           "device-hour.\nThe first in full: dsa plan <same options> %s\n",
-           r.candidates[0].plan.price_per_hour, plan_options(r.candidates[0]).c_str());
+  const double price = r.candidates[0].plan.price_per_hour;
+  o += fmt("\nout tok/s/d: output tokens/s per device with prefill and decode on the same devices; %s.\n"
+           "The first in full: dsa plan <same options> %s\n",
+           price > 0 ? fmt("$/M out at $%.2f per device-hour", price).c_str() : "no price per device-hour (--price)",
+           plan_options(r.candidates[0]).c_str());
   return o + disaggregated_text(r);
 }
 
