@@ -31,7 +31,8 @@ double per_million(double price_per_hour, double tokens_per_s) {
 }  // namespace
 
 SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchRequest& s, const KernelTable* kt) {
-  if (s.devices < 0 || s.max_devices < 1) throw Error("--max-devices must be at least 1");
+  if (s.devices < 0) throw Error("--devices must be positive (or left out)");
+  if (s.max_devices < 1) throw Error("--max-devices must be at least 1");
   if (!(s.max_ttft_ms >= 0) || !(s.max_tpot_ms >= 0)) throw Error("--max-ttft and --max-tpot must not be negative");
   const auto& c = m.cfg;
   const int node = std::max(1, hw.devices_per_node);
