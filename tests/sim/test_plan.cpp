@@ -777,6 +777,26 @@ static int run_dsa(const std::string& args, std::string& out) {
   return pclose(f);
 }
 
+// `--search --json` through the binary: the first candidate's printed options, given back to
+// `dsa plan`, reproduce its figures.
+TEST(SimCli, SearchOptionsReproduceThePlan) {
+  std::string out;
+  const std::string workload = "plan --model v32-mini --hardware h100 --input-len 2048 --output-len 256";
+  ASSERT_EQ(run_dsa(workload + " --search --max-devices 16 --max-tpot 20 --top 2 --json", out), 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_GE(j["candidates"].size(), 1u);
+  EXPECT_LE(j["candidates"].size(), 2u);
+  const auto& best = j["candidates"][0];
+  EXPECT_LE(best["tpot_ms"].get<double>(), 20.0);
+  ASSERT_TRUE(j.contains("disaggregated"));
+  ASSERT_EQ(run_dsa(workload + " " + best["plan_options"].get<std::string>() + " --json", out), 0) << out;
+  const auto p = nlohmann::json::parse(out);
+  EXPECT_DOUBLE_EQ(p["tpot_ms"].get<double>(), best["tpot_ms"].get<double>());
+  EXPECT_DOUBLE_EQ(p["e2e_output_tokens_per_s_per_device"].get<double>(),
+                   best["e2e_output_tokens_per_s_per_device"].get<double>());
+  EXPECT_TRUE(p["decode_fits"].get<bool>());
+}
+
 // Weights are costed in the dtype the checkpoint stores unless --weight-dtype says otherwise:
 // a bf16 checkpoint (no quantization_config) is not planned as fp8.
 TEST(SimCli, WeightDtypeDefaultsToTheCheckpoints) {
