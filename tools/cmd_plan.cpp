@@ -104,6 +104,19 @@ void throughput_plot(const SimModel& m, const Hardware& hw, const PlanRequest& r
   write_file(a.svg_throughput, svg_line_plot(title, "sequences per device", "tokens/s per device", {s}, true));
 }
 
+// A kernel-table row that no operator matched is a misspelt op or shape: say so rather than
+// let the roofline stand in for it without a word.
+void warn_unmatched(const KernelTable* kt, const std::string& path) {
+  if (!kt || kt->matched.size() >= kt->latency_us.size()) return;
+  for (const auto& [key, us] : kt->latency_us)
+    if (!kt->matched.count(key)) {
+      std::fprintf(stderr, "warning: %s: %zu of %zu rows match no operator of this plan (first: %s,%s); shapes are as printed by --json\n",
+                   path.c_str(), kt->latency_us.size() - kt->matched.size(), kt->latency_us.size(), key.first.c_str(),
+                   key.second.c_str());
+      return;
+    }
+}
+
 void run(const Args& a) {
   if (a.list) {
     std::printf("models:");
@@ -138,6 +151,7 @@ void run(const Args& a) {
     sr.max_ttft_ms = a.max_ttft;
     sr.max_tpot_ms = a.max_tpot;
     const SearchResult res = search_layouts(m, hw, sr, kt.get());
+    warn_unmatched(kt.get(), a.kernel_table);
     std::printf("%s%s", a.json ? format_search_json(ctx, sr, res, a.top).c_str() : format_search_text(ctx, sr, res, a.top).c_str(),
                 a.json ? "\n" : "");
     return;
@@ -146,15 +160,7 @@ void run(const Args& a) {
   const std::vector<SweepRow> sweeps = run_sweeps(m, hw, req, p, a, kt.get());
   if (!a.svg_cost.empty()) cost_plot(m, hw, req, p, a, kt.get());
   if (!a.svg_throughput.empty()) throughput_plot(m, hw, req, p, a, kt.get());
-  if (kt && kt->matched.size() < kt->latency_us.size()) {
-    for (const auto& [key, us] : kt->latency_us)
-      if (!kt->matched.count(key)) {
-        std::fprintf(stderr, "warning: %s: %zu of %zu rows match no operator of this plan (first: %s,%s); shapes are as printed by --json\n",
-                     a.kernel_table.c_str(), kt->latency_us.size() - kt->matched.size(), kt->latency_us.size(), key.first.c_str(),
-                     key.second.c_str());
-        break;
-      }
-  }
+  warn_unmatched(kt.get(), a.kernel_table);
   if (a.json) std::printf("%s\n", format_json(ctx, p, sweeps).c_str());
   else std::printf("%s", format_text(ctx, p, sweeps, !a.no_ops).c_str());
 }
