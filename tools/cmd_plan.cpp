@@ -129,7 +129,21 @@ void run(const Args& a) {
   // The model first: `local` streams its bf16 GEMV probe in rows as long as the model's
   // lm_head rows (hidden_size), which set how fast that probe reads.
   const SimModel m = load_model(a.model);
-  const Hardware hw = load_hardware(a.hardware, m.cfg.hidden_size);
+  // Several profiles (h200,b200,...) are compared by --search; a plain plan has one device.
+  std::vector<std::string> names;
+  for (size_t at = 0;;) {
+    const size_t comma = a.hardware.find(',', at);
+    names.push_back(a.hardware.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  for (const auto& n : names)
+    if (n.empty()) throw dsa::Error("--hardware '" + a.hardware + "': an empty name in the list");
+  if (names.size() > 1 && !a.search)
+    throw dsa::Error("--hardware " + a.hardware + ": several profiles are compared by --search; a plan takes one");
+  std::vector<Hardware> hws;
+  for (const auto& n : names) hws.push_back(load_hardware(n, m.cfg.hidden_size));
+  const Hardware& hw = hws[0];
   if (a.show_hardware) {
     std::printf("%s\n", hardware_to_json(hw).c_str());
     return;
@@ -150,9 +164,10 @@ void run(const Args& a) {
     sr.max_devices = a.max_devices;
     sr.max_ttft_ms = a.max_ttft;
     sr.max_tpot_ms = a.max_tpot;
-    const SearchResult res = search_layouts(m, hw, sr, kt.get());
+    const SearchResult res = search_hardware(m, hws, sr, kt.get());
     warn_unmatched(kt.get(), a.kernel_table);
-    std::printf("%s%s", a.json ? format_search_json(ctx, sr, res, a.top).c_str() : format_search_text(ctx, sr, res, a.top).c_str(),
+    std::printf("%s%s",
+                a.json ? format_search_json(ctx, hws, sr, res, a.top).c_str() : format_search_text(ctx, hws, sr, res, a.top).c_str(),
                 a.json ? "\n" : "");
     return;
   }
@@ -178,7 +193,7 @@ void setup_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--hardware", a->hardware,
                   "Hardware profile: h800, h100, h200, h20, b200, gb200, mi300x, ascend-910b, ascend-910c, "
-                  "local (measure this CPU), or a profile JSON file")
+                  "local (measure this CPU), or a profile JSON file; with --search, several (comma-separated)")
       ->capture_default_str();
   cmd->add_option("--devices", a->req.devices, "Devices in total (default: one node, or tp*dp*pp)")->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--tp", a->req.tp, "Tensor-parallel ways for attention and dense layers")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));

@@ -215,9 +215,10 @@ std::string targets(const SearchRequest& s) {
 }
 
 // The `dsa plan` options that reproduce a candidate (workload options as the user gave them).
-std::string plan_options(const Candidate& k) {
+std::string plan_options(const Candidate& k, bool with_hardware) {
   const auto& r = k.req;
-  std::string o = fmt("--devices %d --tp %d --pp %d", r.devices, r.tp, r.pp);
+  std::string o = with_hardware ? "--hardware " + k.hardware + " " : "";
+  o += fmt("--devices %d --tp %d --pp %d", r.devices, r.tp, r.pp);
   if (r.redundant_experts > 0) o += fmt(" --redundant-experts %d", r.redundant_experts);
   return o + fmt(" --batch %lld", (long long)r.batch);
 }
@@ -225,9 +226,9 @@ std::string plan_options(const Candidate& k) {
 // A cost cell: "-" when the profile has no price (the local CPU) rather than $0.0000.
 std::string dollars(double price_per_hour, double cost) { return price_per_hour > 0 ? fmt("%.4f", cost) : "-"; }
 
-nlohmann::json candidate_json(const Candidate& k) {
+nlohmann::json candidate_json(const Candidate& k, bool with_hardware) {
   const auto& l = k.plan.layout;
-  return {{"devices", l.devices()}, {"tp", l.tp}, {"dp", l.dp}, {"ep", l.ep}, {"pp", l.pp},
+  return {{"hardware", k.hardware}, {"devices", l.devices()}, {"tp", l.tp}, {"dp", l.dp}, {"ep", l.ep}, {"pp", l.pp},
           {"redundant_experts", l.redundant_experts}, {"batch", k.plan.batch}, {"ttft_ms", k.plan.ttft_ms},
           {"tpot_ms", k.plan.tpot_ms}, {"e2e_output_tokens_per_s_per_device", k.plan.e2e_output_tokens_per_s_per_device},
           {"decode_tokens_per_s_per_device", k.plan.decode_tokens_per_s_per_device},
@@ -235,10 +236,10 @@ nlohmann::json candidate_json(const Candidate& k) {
           {"cost_per_million_output_tokens", k.cost_per_million_output},
           {"decode_cached_tokens_per_device", k.plan.decode_cached_tokens_per_device},
           {"max_cached_tokens_per_device", k.plan.memory.max_cached_tokens_per_device},
-          {"plan_options", plan_options(k)}};
+          {"plan_options", plan_options(k, with_hardware)}};
 }
 
-std::string disaggregated_text(const SearchResult& r) {
+std::string disaggregated_text(const SearchResult& r, bool multi) {
   if (!r.has_disaggregated) return "";
   const Disaggregated& d = r.disaggregated;
   auto pool = [](const char* what, const Candidate& k, const std::string& figures) {
@@ -246,7 +247,8 @@ std::string disaggregated_text(const SearchResult& r) {
     return fmt("  %-8s %d devices (tp %d x dp %d x pp %d, ep %d%s): %s\n", what, l.devices(), l.tp, l.dp, l.pp, l.ep,
                l.redundant_experts > 0 ? fmt(" + %d redundant", l.redundant_experts).c_str() : "", figures.c_str());
   };
-  std::string o = "\nPrefill and decode on their own devices, each pool at its best layout within its target:\n";
+  std::string o = fmt("\nPrefill and decode on their own devices%s, each pool at its best layout within its target:\n",
+                      multi ? fmt(" (%s, the cheapest profile for them)", d.decode.hardware.c_str()).c_str() : "");
   o += pool("prefill", d.prefill,
             fmt("%s prompt tokens/s per device, TTFT %.1f ms",
                 grouped(std::llround(d.prefill.plan.prefill_tokens_per_s_per_device)).c_str(), d.prefill.plan.ttft_ms));
@@ -263,11 +265,16 @@ std::string disaggregated_text(const SearchResult& r) {
 
 }  // namespace
 
-std::string format_search_text(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top) {
+std::string format_search_text(const PlanContext& c, const std::vector<Hardware>& hws, const SearchRequest& s,
+                               const SearchResult& r, int top) {
   const auto& req = *c.req;
-  std::string o = fmt("dsa plan --search: %s on %s (%s), input %s, output %s, weights %s, mtp %d\n", c.model->name.c_str(),
-                      c.hw->name.c_str(), c.hw->description.c_str(), grouped(req.input_len).c_str(),
-                      grouped(req.output_len).c_str(), weight_name(req.opt.weight), req.opt.mtp);
+  const bool multi = hws.size() > 1;
+  std::string on;
+  for (const auto& hw : hws) on += (on.empty() ? "" : ", ") + hw.name;
+  if (!multi && !hws.empty()) on += " (" + hws[0].description + ")";
+  std::string o = fmt("dsa plan --search: %s on %s, input %s, output %s, weights %s, mtp %d\n", c.model->name.c_str(),
+                      on.c_str(), grouped(req.input_len).c_str(), grouped(req.output_len).c_str(),
+                      weight_name(req.opt.weight), req.opt.mtp);
   o += fmt("%d layouts tried (%s), %d fit in memory", r.layouts,
            s.devices > 0 ? fmt("%d devices", s.devices).c_str() : fmt("up to %d devices", s.max_devices).c_str(), r.fitting);
   o += s.max_ttft_ms > 0 || s.max_tpot_ms > 0 ? fmt(", %zu of them meet %s", r.candidates.size(), targets(s).c_str())
@@ -277,35 +284,55 @@ std::string format_search_text(const PlanContext& c, const SearchRequest& s, con
     o += r.fitting == 0 ? "No layout holds the weights: allow more devices (--max-devices) or smaller weights (--weight-dtype).\n"
                         : "No layout meets the targets with prefill and decode on the same devices: relax them or allow more devices "
                           "(--max-devices).\n";
-    return o + disaggregated_text(r);
+    return o + disaggregated_text(r, multi);
   }
-  o += fmt("  %4s %7s %3s %4s %3s %4s %4s %8s %9s %8s %12s %14s %10s\n", "rank", "devices", "tp", "dp", "pp", "ep",
-           "+red", "batch", "TTFT ms", "TPOT ms", "out tok/s/d", "decode tok/s/d", "$/M out");
-  const int n = std::min<int>(top, int(r.candidates.size()));
-  for (int i = 0; i < n; ++i) {
-    const auto& k = r.candidates[size_t(i)];
+  const std::string hw_col = multi ? fmt(" %-11s", "hardware") : "";
+  o += fmt("  %4s%s %7s %3s %4s %3s %4s %4s %8s %9s %8s %12s %14s %10s\n", "rank", hw_col.c_str(), "devices", "tp", "dp",
+           "pp", "ep", "+red", "batch", "TTFT ms", "TPOT ms", "out tok/s/d", "decode tok/s/d", "$/M out");
+  auto row = [&](size_t i) {
+    const auto& k = r.candidates[i];
     const auto& l = k.plan.layout;
-    o += fmt("  %4d %7d %3d %4d %3d %4d %4d %8s %9.1f %8.2f %12.0f %14.0f %10s\n", i + 1, l.devices(), l.tp, l.dp, l.pp,
-             l.ep, l.redundant_experts, grouped(k.plan.batch).c_str(), k.plan.ttft_ms, k.plan.tpot_ms,
+    o += fmt("  %4zu%s %7d %3d %4d %3d %4d %4d %8s %9.1f %8.2f %12.0f %14.0f %10s\n", i + 1,
+             multi ? fmt(" %-11s", k.hardware.c_str()).c_str() : "", l.devices(), l.tp, l.dp, l.pp, l.ep,
+             l.redundant_experts, grouped(k.plan.batch).c_str(), k.plan.ttft_ms, k.plan.tpot_ms,
              k.plan.e2e_output_tokens_per_s_per_device, k.plan.decode_tokens_per_s_per_device,
              dollars(k.plan.price_per_hour, k.cost_per_million_output).c_str());
+  };
+  const size_t n = std::min<size_t>(size_t(top), r.candidates.size());
+  for (size_t i = 0; i < n; ++i) row(i);
+  if (r.candidates.size() > n) o += fmt("  ... %zu more (--top N)\n", r.candidates.size() - n);
+  if (multi) {  // one profile's rows can fill the table: the best row of every other one too
+    std::vector<std::string> seen;
+    std::vector<size_t> more;
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      const std::string& h = r.candidates[i].hardware;
+      if (std::find(seen.begin(), seen.end(), h) != seen.end()) continue;
+      seen.push_back(h);
+      if (i >= n) more.push_back(i);
+    }
+    if (!more.empty()) o += "  the best of each other profile:\n";
+    for (size_t i : more) row(i);
   }
-  if (int(r.candidates.size()) > n) o += fmt("  ... %zu more (--top N)\n", r.candidates.size() - size_t(n));
   const double price = r.candidates[0].plan.price_per_hour;
   o += fmt("\nout tok/s/d: output tokens/s per device with prefill and decode on the same devices; %s.\n"
            "The first in full: dsa plan <same options> %s\n",
-           price > 0 ? fmt("$/M out at $%.2f per device-hour", price).c_str() : "no price per device-hour (--price)",
-           plan_options(r.candidates[0]).c_str());
-  return o + disaggregated_text(r);
+           multi       ? "$/M out at each profile's price per device-hour (--price sets one for all)"
+           : price > 0 ? fmt("$/M out at $%.2f per device-hour", price).c_str()
+                       : "no price per device-hour (--price)",
+           plan_options(r.candidates[0], multi).c_str());
+  return o + disaggregated_text(r, multi);
 }
 
-std::string format_search_json(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top) {
+std::string format_search_json(const PlanContext& c, const std::vector<Hardware>& hws, const SearchRequest& s,
+                               const SearchResult& r, int top) {
   using nlohmann::json;
-  json cands = json::array();
+  const bool multi = hws.size() > 1;
+  json cands = json::array(), names = json::array();
+  for (const auto& hw : hws) names.push_back(hw.name);
   const int n = std::min<int>(top, int(r.candidates.size()));
-  for (int i = 0; i < n; ++i) cands.push_back(candidate_json(r.candidates[size_t(i)]));
+  for (int i = 0; i < n; ++i) cands.push_back(candidate_json(r.candidates[size_t(i)], multi));
   json j = {{"model", c.model->name},
-            {"hardware", c.hw->name},
+            {"hardware", names},
             {"input_len", c.req->input_len},
             {"output_len", c.req->output_len},
             {"weight_dtype", weight_name(c.req->opt.weight)},
@@ -320,8 +347,8 @@ std::string format_search_json(const PlanContext& c, const SearchRequest& s, con
             {"candidates", cands}};
   if (r.has_disaggregated) {
     const Disaggregated& d = r.disaggregated;
-    j["disaggregated"] = {{"prefill", candidate_json(d.prefill)},
-                          {"decode", candidate_json(d.decode)},
+    j["disaggregated"] = {{"prefill", candidate_json(d.prefill, multi)},
+                          {"decode", candidate_json(d.decode, multi)},
                           {"prefill_device_s_per_request", d.prefill_device_s},
                           {"decode_device_s_per_request", d.decode_device_s},
                           {"prefill_device_share", d.prefill_share},

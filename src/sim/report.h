@@ -25,9 +25,12 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
 std::string format_json(const PlanContext& c, const PlanResult& p, const std::vector<SweepRow>& sweeps);
 
 // `dsa plan --search`: the targets, how many layouts were tried, and the best `top`
-// candidates as a table (with the `dsa plan` command that shows the first in full) or JSON.
-std::string format_search_text(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top);
-std::string format_search_json(const PlanContext& c, const SearchRequest& s, const SearchResult& r, int top);
+// candidates as a table (with the `dsa plan` command that shows the first in full) or JSON;
+// with several profiles each row names its own.
+std::string format_search_text(const PlanContext& c, const std::vector<Hardware>& hws, const SearchRequest& s,
+                               const SearchResult& r, int top);
+std::string format_search_json(const PlanContext& c, const std::vector<Hardware>& hws, const SearchRequest& s,
+                               const SearchResult& r, int top);
 
 struct Series {
   std::string name;

@@ -28,6 +28,22 @@ double per_million(double price_per_hour, double tokens_per_s) {
   return tokens_per_s > 0 ? price_per_hour / 3600.0 / tokens_per_s * 1e6 : 0;
 }
 
+// Cheapest output first. On one profile that is the most output tokens/s per device (the
+// price is common); across profiles it is $ per million output tokens when all have a price.
+// Ties go to the smaller deployment.
+void rank(std::vector<Candidate>& v, bool by_cost) {
+  std::stable_sort(v.begin(), v.end(), [by_cost](const Candidate& a, const Candidate& b) {
+    if (by_cost && a.cost_per_million_output != b.cost_per_million_output)
+      return a.cost_per_million_output < b.cost_per_million_output;
+    const double x = a.plan.e2e_output_tokens_per_s_per_device, y = b.plan.e2e_output_tokens_per_s_per_device;
+    if (x != y) return x > y;
+    return a.req.devices < b.req.devices;
+  });
+}
+
+// The price a plan of this profile charges: --price overrides every profile's.
+double hw_price(const Hardware& hw, const PlanRequest& r) { return r.price_per_hour >= 0 ? r.price_per_hour : hw.price_per_hour; }
+
 }  // namespace
 
 SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchRequest& s, const KernelTable* kt) {
@@ -61,7 +77,7 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
         // TTFT does not depend on the decode batch: one check per layout.
         const bool ttft_ok = !(s.max_ttft_ms > 0 && p.ttft_ms > s.max_ttft_ms);
         if (ttft_ok && (!have_prefill || p.prefill_tokens_per_s_per_device > best_prefill.plan.prefill_tokens_per_s_per_device)) {
-          best_prefill = Candidate{r, p, 0};
+          best_prefill = Candidate{r, p, 0, hw.name};
           best_prefill.req.batch = p.batch;
           have_prefill = true;
         }
@@ -81,7 +97,7 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
           p = plan_at(m, hw, r, seqs * unit, kt);
         }
         r.batch = seqs * unit;
-        Candidate cand{r, p, per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device)};
+        Candidate cand{r, p, per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device), hw.name};
         // A decode pool never prefills, so TTFT does not bind it.
         if (!have_decode || p.decode_tokens_per_s_per_device > best_decode.plan.decode_tokens_per_s_per_device) {
           best_decode = cand;
@@ -103,12 +119,31 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
     d.cost_per_million_output = per_million(best_decode.plan.price_per_hour, d.output_tokens_per_s_per_device);
     out.has_disaggregated = true;
   }
-  // Cheapest output first; for the same output rate per device, the smaller deployment.
-  std::stable_sort(out.candidates.begin(), out.candidates.end(), [](const Candidate& a, const Candidate& b) {
-    const double x = a.plan.e2e_output_tokens_per_s_per_device, y = b.plan.e2e_output_tokens_per_s_per_device;
-    if (x != y) return x > y;
-    return a.req.devices < b.req.devices;
-  });
+  rank(out.candidates, false);
+  return out;
+}
+
+SearchResult search_hardware(const SimModel& m, const std::vector<Hardware>& hws, const SearchRequest& s,
+                             const KernelTable* kt) {
+  if (hws.empty()) throw Error("--search needs at least one hardware profile");
+  if (hws.size() == 1) return search_layouts(m, hws[0], s, kt);
+  bool priced = true;
+  for (const auto& hw : hws) priced = priced && hw_price(hw, s.base) > 0;
+  SearchResult out;
+  for (const auto& hw : hws) {
+    SearchResult r = search_layouts(m, hw, s, kt);
+    out.layouts += r.layouts;
+    out.fitting += r.fitting;
+    for (auto& c : r.candidates) out.candidates.push_back(std::move(c));
+    if (r.has_disaggregated && (!out.has_disaggregated || (priced ? r.disaggregated.cost_per_million_output <
+                                                                        out.disaggregated.cost_per_million_output
+                                                                  : r.disaggregated.output_tokens_per_s_per_device >
+                                                                        out.disaggregated.output_tokens_per_s_per_device))) {
+      out.disaggregated = r.disaggregated;
+      out.has_disaggregated = true;
+    }
+  }
+  rank(out.candidates, priced);
   return out;
 }
 

@@ -4,6 +4,7 @@
 // candidate is an ordinary plan (simulate()), so its row reads the same as `dsa plan` with
 // its options.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "sim/simulate.h"
@@ -22,6 +23,7 @@ struct Candidate {
   PlanRequest req;  // the layout and batch found (as `dsa plan` options)
   PlanResult plan;
   double cost_per_million_output = 0;  // prefill and decode on the same devices
+  std::string hardware;                // the profile's name
 };
 
 // Prefill and decode on their own devices (as DeepSeek's EP32 prefill and EP144 decode
@@ -55,5 +57,12 @@ std::vector<int> search_device_counts(const Hardware& hw, int max_devices);
 // meets it.
 SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchRequest& s,
                             const KernelTable* kt = nullptr);
+
+// The same over several hardware profiles (`--hardware h200,b200,...`), each at its own price
+// and node size: the candidates of all of them, cheapest output first (by $ per million
+// output tokens when every profile has a price, else by output tokens/s per device), and the
+// cheapest of their prefill/decode pools.
+SearchResult search_hardware(const SimModel& m, const std::vector<Hardware>& hws, const SearchRequest& s,
+                             const KernelTable* kt = nullptr);
 
 }  // namespace dsa::sim

@@ -662,8 +662,8 @@ TEST(SimSearch, CandidatesArePlansThatMeetTheTargets) {
   EXPECT_GT(none.fitting, 0);
   PlanRequest base = s.base;
   const PlanContext c{&t, &hw, &base};
-  EXPECT_NE(format_search_text(c, s, none, 10).find("No layout meets the targets"), std::string::npos);
-  const auto j = nlohmann::json::parse(format_search_json(c, s, r, 2));
+  EXPECT_NE(format_search_text(c, {hw}, s, none, 10).find("No layout meets the targets"), std::string::npos);
+  const auto j = nlohmann::json::parse(format_search_json(c, {hw}, s, r, 2));
   EXPECT_EQ(j["layouts_tried"].get<int>(), r.layouts);
   ASSERT_EQ(j["candidates"].size(), std::min<size_t>(2, r.candidates.size()));
   EXPECT_EQ(j["candidates"][0]["batch"].get<int64_t>(), r.candidates[0].plan.batch);
@@ -674,7 +674,46 @@ TEST(SimSearch, CandidatesArePlansThatMeetTheTargets) {
   s.max_devices = 2;
   const SearchResult nofit = search_layouts(big, hw, s);
   EXPECT_EQ(nofit.fitting, 0);
-  EXPECT_NE(format_search_text(PlanContext{&big, &hw, &base}, s, nofit, 10).find("No layout holds the weights"), std::string::npos);
+  EXPECT_NE(format_search_text(PlanContext{&big, &hw, &base}, {hw}, s, nofit, 10).find("No layout holds the weights"),
+            std::string::npos);
+}
+
+TEST(SimSearch, SeveralProfilesRankByCost) {
+  // The same device at twice the price: every layout serves the same tokens at twice the
+  // cost, so each of its rows ranks after its twin, and the pools come from the cheaper one.
+  const SimModel t = tiny();
+  const Hardware a = toy();
+  Hardware b = toy();
+  b.name = "toy2x";
+  b.price_per_hour = 2 * a.price_per_hour;
+  SearchRequest s;
+  s.base.input_len = 64;
+  s.base.output_len = 32;
+  s.max_devices = 8;
+  const SearchResult one = search_layouts(t, a, s);
+  const SearchResult both = search_hardware(t, {a, b}, s);
+  EXPECT_EQ(both.layouts, 2 * one.layouts);
+  ASSERT_EQ(both.candidates.size(), 2 * one.candidates.size());
+  EXPECT_EQ(both.candidates[0].hardware, "toy");
+  for (size_t i = 1; i < both.candidates.size(); ++i)
+    EXPECT_LE(both.candidates[i - 1].cost_per_million_output, both.candidates[i].cost_per_million_output);
+  double cheap = 0, dear = 0;
+  for (const Candidate& k : both.candidates) (k.hardware == "toy" ? cheap : dear) += k.cost_per_million_output;
+  EXPECT_REL(dear, 2 * cheap);
+  ASSERT_TRUE(both.has_disaggregated);
+  EXPECT_EQ(both.disaggregated.decode.hardware, "toy");
+  // One price for all (--price): the twins cost the same.
+  s.base.price_per_hour = 1;
+  const SearchResult same = search_hardware(t, {a, b}, s);
+  EXPECT_REL(same.candidates[0].cost_per_million_output, same.candidates[1].cost_per_million_output);
+  PlanRequest base = s.base;
+  const PlanContext c{&t, &a, &base};
+  const std::string text = format_search_text(c, {a, b}, s, both, 3);
+  EXPECT_NE(text.find("the best of each other profile"), std::string::npos) << text;
+  EXPECT_NE(text.find("--hardware toy "), std::string::npos) << text;
+  const auto j = nlohmann::json::parse(format_search_json(c, {a, b}, s, both, 100));
+  EXPECT_EQ(j["hardware"].size(), 2u);
+  EXPECT_EQ(j["candidates"].size(), both.candidates.size());
 }
 
 TEST(SimReport, JsonContract) {
@@ -860,6 +899,9 @@ TEST(SimCli, InvalidOptionsAreNamed) {
            {"plan --max-tpot 50", "--search"},
            {"plan --search --max-devices 0", "--max-devices"},
            {"plan --search --max-ttft -1", "--max-ttft"},
+           {"plan --hardware h200,b200", "--search"},
+           {"plan --search --hardware h200,,b200", "empty name"},
+           {"plan --search --hardware h200,nope", "nope"},
            {"benhc --model .", "unknown command 'benhc'"}}) {
     EXPECT_NE(run_dsa(args, out), 0) << args;
     EXPECT_NE(out.find(needle), std::string::npos) << args << ": " << out;
