@@ -129,16 +129,18 @@ SearchResult search_hardware(const SimModel& m, const std::vector<Hardware>& hws
   if (hws.size() == 1) return search_layouts(m, hws[0], s, kt);
   bool priced = true;
   for (const auto& hw : hws) priced = priced && hw_price(hw, s.base) > 0;
+  // The pools of one profile against another's, by the same rule as the rows.
+  const auto better = [priced](const Disaggregated& x, const Disaggregated& y) {
+    return priced ? x.cost_per_million_output < y.cost_per_million_output
+                  : x.output_tokens_per_s_per_device > y.output_tokens_per_s_per_device;
+  };
   SearchResult out;
   for (const auto& hw : hws) {
     SearchResult r = search_layouts(m, hw, s, kt);
     out.layouts += r.layouts;
     out.fitting += r.fitting;
     for (auto& c : r.candidates) out.candidates.push_back(std::move(c));
-    if (r.has_disaggregated && (!out.has_disaggregated || (priced ? r.disaggregated.cost_per_million_output <
-                                                                        out.disaggregated.cost_per_million_output
-                                                                  : r.disaggregated.output_tokens_per_s_per_device >
-                                                                        out.disaggregated.output_tokens_per_s_per_device))) {
+    if (r.has_disaggregated && (!out.has_disaggregated || better(r.disaggregated, out.disaggregated))) {
       out.disaggregated = r.disaggregated;
       out.has_disaggregated = true;
     }
