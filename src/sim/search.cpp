@@ -84,18 +84,28 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
         // Sequences per dp group and micro-batch: the batch moves in steps of dp*pp.
         const int64_t unit = int64_t(r.dp) * r.pp;
         int64_t seqs = std::max<int64_t>(1, p.batch / unit);
-        p = plan_at(m, hw, r, seqs * unit, kt);
-        if (s.max_tpot_ms > 0 && p.tpot_ms > s.max_tpot_ms) {
-          // TPOT grows with the batch: bisect for the largest batch that meets the target.
-          int64_t lo = 0, hi = seqs;  // lo meets it (0: none found yet), hi does not
-          while (hi - lo > 1) {
+        if (s.max_tpot_ms > 0) {
+          // Under a TPOT target the target bounds the batch, not the plain plan's 128 per
+          // device (which would hide what a large-memory device can hold): the largest batch
+          // that fits and meets the target. Both fail from some batch on (the workspace grows
+          // with the batch, the cache shrinks), so double until one fails, then bisect.
+          const auto ok = [&](int64_t n) {
+            const PlanResult q = plan_at(m, hw, r, n * unit, kt);
+            return q.decode_fits && q.tpot_ms <= s.max_tpot_ms;
+          };
+          int64_t lo = 0, hi = seqs;
+          while (ok(hi)) {
+            lo = hi;
+            hi *= 2;
+          }
+          while (hi - lo > 1) {  // lo meets it (0: none found yet), hi does not
             const int64_t mid = (lo + hi) / 2;
-            (plan_at(m, hw, r, mid * unit, kt).tpot_ms <= s.max_tpot_ms ? lo : hi) = mid;
+            (ok(mid) ? lo : hi) = mid;
           }
           if (lo == 0) continue;
           seqs = lo;
-          p = plan_at(m, hw, r, seqs * unit, kt);
         }
+        p = plan_at(m, hw, r, seqs * unit, kt);
         r.batch = seqs * unit;
         Candidate cand{r, p, per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device), hw.name};
         // A decode pool never prefills, so TTFT does not bind it.
