@@ -68,13 +68,21 @@ inline CLI::Validator regular_file() {
       "FILE");
 }
 
+// "a,b,,c" -> {"a", "b", "", "c"}: empty items kept, for the caller to name.
+inline std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> v;
+  for (size_t i = 0;;) {
+    const size_t j = s.find(',', i);
+    v.push_back(s.substr(i, j == std::string::npos ? std::string::npos : j - i));
+    if (j == std::string::npos) return v;
+    i = j + 1;
+  }
+}
+
 // "1,2,3" -> {1, 2, 3}; one clear error for anything else.
 inline std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
   std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = s.find(',', i);
-    const std::string tok = s.substr(i, j == std::string::npos ? std::string::npos : j - i);
+  for (const std::string& tok : split_commas(s)) {
     size_t used = 0;
     long long v = 0;
     try {
@@ -85,8 +93,6 @@ inline std::vector<int32_t> parse_ids(const std::string& s, const std::string& f
     if (tok.empty() || used != tok.size() || v < 0 || v > INT32_MAX)
       throw Error(flag + ": expected comma-separated non-negative token ids, got '" + tok + "'");
     ids.push_back(int32_t(v));
-    if (j == std::string::npos) break;
-    i = j + 1;
   }
   return ids;
 }

@@ -130,13 +130,7 @@ void run(const Args& a) {
   // lm_head rows (hidden_size), which set how fast that probe reads.
   const SimModel m = load_model(a.model);
   // Several profiles (h200,b200,...) are compared by --search; a plain plan has one device.
-  std::vector<std::string> names;
-  for (size_t at = 0;;) {
-    const size_t comma = a.hardware.find(',', at);
-    names.push_back(a.hardware.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
+  const std::vector<std::string> names = dsa::cli::split_commas(a.hardware);
   for (const auto& n : names)
     if (n.empty()) throw dsa::Error("--hardware '" + a.hardware + "': an empty name in the list");
   if (names.size() > 1 && !a.search)

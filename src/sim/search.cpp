@@ -89,9 +89,12 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
           // device (which would hide what a large-memory device can hold): the largest batch
           // that fits and meets the target. Both fail from some batch on (the workspace grows
           // with the batch, the cache shrinks), so double until one fails, then bisect.
+          // A batch that passes becomes lo, so p ends as the plan at lo: no final re-run.
           const auto ok = [&](int64_t n) {
-            const PlanResult q = plan_at(m, hw, r, n * unit, kt);
-            return q.decode_fits && q.tpot_ms <= s.max_tpot_ms;
+            PlanResult q = plan_at(m, hw, r, n * unit, kt);
+            const bool pass = q.decode_fits && q.tpot_ms <= s.max_tpot_ms;
+            if (pass) p = std::move(q);
+            return pass;
           };
           int64_t lo = 0, hi = seqs;
           while (ok(hi)) {
@@ -104,8 +107,9 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
           }
           if (lo == 0) continue;
           seqs = lo;
+        } else {
+          p = plan_at(m, hw, r, seqs * unit, kt);  // the explicit batch's plan, as its options give
         }
-        p = plan_at(m, hw, r, seqs * unit, kt);
         r.batch = seqs * unit;
         Candidate cand{r, p, per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device), hw.name};
         // A decode pool never prefills, so TTFT does not bind it.
