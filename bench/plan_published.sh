@@ -32,6 +32,11 @@ row "DeepSeek V3/R1 prefill, hits left out" 73700 "$(awk -v x="$p" 'BEGIN { prin
 p=$(plan --model deepseek-v3 --hardware h100 --devices 32 --redundant-experts 32 --prefill-batch 4 --input-len 4096 \
   --output-len 1 | field prefill_tokens_per_s_per_device)
 row "SGLang V3 prefill, 32xH100 EP32, full load" 50302 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+# Alibaba's RTP-LLM reproduction of the prefill unit (H800 over RoCE, EP32, 4K prompts): two
+# prompts per GPU in 1.5 s at full load, 42.6k tokens/s per node.
+p=$(plan --model deepseek-v3 --hardware h800 --devices 32 --redundant-experts 32 --prefill-batch 2 --input-len 4096 \
+  --output-len 1 | field prefill_tokens_per_s_per_device)
+row "RTP-LLM V3 prefill, 32xH800 EP32, full load" 42600 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
 # Decode: the batch is the one the day's own figures imply, 14.8k tokens/s per node at 20-22
 # tokens/s per user = 14800 / 8 / 21 = 88 sequences per GPU; DeepSeek's profile runs use 128.
 per_gpu=$(awk 'BEGIN { printf "%d", 14800 / 8 / 21 + 0.5 }')
@@ -44,6 +49,13 @@ p=$(plan $dec --batch 18432 | field tpot_ms)
 row "DeepSeek V3/R1 speed per user, 128 seq/GPU" 21 "$(awk -v x="$p" 'BEGIN { print 1000 / x }')" "tok/s per sequence"
 p=$(plan $dec --batch 18432 --no-overlap | field decode_tokens_per_s_per_device)
 row "DeepSeek V3/R1 decode, 128 seq/GPU, no overlap" 14800 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+# RTP-LLM's decode unit under load (144 H800s as 128 + 16 holding the replicas, 4K in / 2K out):
+# at 13,200 sequences it reaches its 20 tokens/s per user limit at 1,850 tokens/s per GPU.
+rtp="--model deepseek-v3 --hardware h800 --devices 144 --redundant-experts 32 --batch 13200 --input-len 4096 --output-len 2048"
+p=$(plan $rtp | field decode_tokens_per_s_per_device)
+row "RTP-LLM V3 decode, 144xH800, 13,200 seq" 14700 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+p=$(plan $rtp | field tpot_ms)
+row "RTP-LLM V3 speed per user, 13,200 seq" 20 "$(awk -v x="$p" 'BEGIN { print 1000 / x }')" "tok/s per sequence"
 
 # TensorRT-LLM DeepSeek-V3.2 on 8 x B200: NVFP4, MTP-1, 8K in / 1K out, concurrency 256.
 p=$(plan --model deepseek-v3.2 --hardware b200 --devices 8 --batch 256 --input-len 8192 --output-len 1024 \
