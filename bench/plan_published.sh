@@ -37,16 +37,25 @@ row "SGLang V3 prefill, 32xH100 EP32, full load" 50302 "$(awk -v x="$p" 'BEGIN {
 p=$(plan --model deepseek-v3 --hardware h800 --devices 32 --redundant-experts 32 --prefill-batch 2 --input-len 4096 \
   --output-len 1 | field prefill_tokens_per_s_per_device)
 row "RTP-LLM V3 prefill, 32xH800 EP32, full load" 42600 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+# SGLang on GB200 NVL72 (Sep 2025), prefill of 2,000-token prompts on one NVLink domain: with
+# bf16 attention and fp8 experts 18,471 tokens/s per GPU, the figure the profiles' `sustained`
+# factor was fit to (so its error is zero by construction); with fp8 attention and NVFP4
+# experts 26,156 (the plan keeps prefill attention in bf16).
+gb="--model deepseek-v3 --hardware gb200 --devices 8 --prefill-batch 8 --input-len 2000 --output-len 1"
+p=$(plan $gb | field prefill_tokens_per_s_per_device)
+row "SGLang V3 prefill, GB200, fp8 (fit)" 18471 "$p" "tok/s per GPU"
+p=$(plan $gb --weight-dtype nvfp4 | field prefill_tokens_per_s_per_device)
+row "SGLang V3 prefill, GB200, NVFP4" 26156 "$p" "tok/s per GPU"
 # Decode: the batch is the one the day's own figures imply, 14.8k tokens/s per node at 20-22
 # tokens/s per user = 14800 / 8 / 21 = 88 sequences per GPU; DeepSeek's profile runs use 128.
 per_gpu=$(awk 'BEGIN { printf "%d", 14800 / 8 / 21 + 0.5 }')
 dec="--model deepseek-v3 --hardware h800 --devices 144 --redundant-experts 32 --context 4989"
 p=$(plan $dec --batch $((per_gpu * 144)) | field decode_tokens_per_s_per_device)
 row "DeepSeek V3/R1 decode, $per_gpu seq/GPU (day)" 14800 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
+p=$(plan $dec --batch $((per_gpu * 144)) | field tpot_ms)
+row "DeepSeek V3/R1 speed per user, $per_gpu seq/GPU" 21 "$(awk -v x="$p" 'BEGIN { print 1000 / x }')" "tok/s per sequence"
 p=$(plan $dec --batch 18432 | field decode_tokens_per_s_per_device)
 row "DeepSeek V3/R1 decode, 128 seq/GPU (profile)" 14800 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
-p=$(plan $dec --batch 18432 | field tpot_ms)
-row "DeepSeek V3/R1 speed per user, 128 seq/GPU" 21 "$(awk -v x="$p" 'BEGIN { print 1000 / x }')" "tok/s per sequence"
 p=$(plan $dec --batch 18432 --no-overlap | field decode_tokens_per_s_per_device)
 row "DeepSeek V3/R1 decode, 128 seq/GPU, no overlap" 14800 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
 # RTP-LLM's decode unit under load (144 H800s as 128 + 16 holding the replicas, 4K in / 2K out):

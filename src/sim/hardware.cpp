@@ -176,7 +176,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
     if (!e.is_object()) throw Error(where + ": field 'efficiency': expected an object");
     const std::string w = where + " efficiency";
     known_keys(e, {"gemm", "attention_dense", "attention_dense_prefill", "attention_sparse_decode", "attention_sparse_prefill", "indexer",
-                   "topk", "memory", "elementwise", "comm"},
+                   "topk", "memory", "elementwise", "comm", "sustained"},
                w);
     h.eff.gemm = num(e, "gemm", h.eff.gemm, w);
     h.eff.attention_dense = num(e, "attention_dense", h.eff.attention_dense, w);
@@ -188,6 +188,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
     h.eff.memory = num(e, "memory", h.eff.memory, w);
     h.eff.elementwise = num(e, "elementwise", h.eff.memory, w);
     h.eff.comm = num(e, "comm", h.eff.comm, w);
+    h.eff.sustained = num(e, "sustained", h.eff.sustained, w);
   }
   auto positive = [&](const char* f, double v) {
     if (!(v > 0)) throw Error(where + ": field '" + std::string(f) + "': must be positive");
@@ -199,7 +200,8 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   if (h.devices_per_node > 1) positive("intra_node_bandwidth_gbps", h.intra_node_bandwidth_gbps);  // 0: one device, no link
   if (h.memory_reserve_gib >= h.memory_gib) throw Error(where + ": field 'memory_reserve_gib': must be below memory_gib");
   for (double e : {h.eff.gemm, h.eff.attention_dense, h.eff.attention_dense_prefill, h.eff.attention_sparse_decode,
-                   h.eff.attention_sparse_prefill, h.eff.indexer, h.eff.topk, h.eff.memory, h.eff.elementwise, h.eff.comm})
+                   h.eff.attention_sparse_prefill, h.eff.indexer, h.eff.topk, h.eff.memory, h.eff.elementwise, h.eff.comm,
+                   h.eff.sustained})
     if (!(e > 0 && e <= 1)) throw Error(where + ": efficiency factors must be in (0, 1]");
   if (!(h.memory_usable_fraction > 0 && h.memory_usable_fraction <= 1))
     throw Error(where + ": field 'memory_usable_fraction': must be in (0, 1]");
@@ -221,7 +223,8 @@ std::string hardware_to_json(const Hardware& h) {
                             {"attention_sparse_decode", h.eff.attention_sparse_decode},
                             {"attention_sparse_prefill", h.eff.attention_sparse_prefill},
                             {"indexer", h.eff.indexer}, {"topk", h.eff.topk},
-                            {"memory", h.eff.memory}, {"elementwise", h.eff.elementwise}, {"comm", h.eff.comm}}},
+                            {"memory", h.eff.memory}, {"elementwise", h.eff.elementwise}, {"comm", h.eff.comm},
+                            {"sustained", h.eff.sustained}}},
             {"sources", h.sources}};
   return j.dump(2);
 }
@@ -252,6 +255,7 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   h.memory_reserve_gib = 1;
   h.price_per_hour = 0;
   h.eff.comm = 1.0;
+  h.eff.sustained = 1.0;  // the probes time the engine's own kernels at its shapes: nothing to discount
   // Every factor below is a measured kernel rate over a measured peak: the simulator's
   // roofline then reproduces each probe exactly, and end-to-end predictions come from
   // composing operators (never from end-to-end runs).

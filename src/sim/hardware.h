@@ -21,6 +21,13 @@ struct Efficiency {
   double elementwise = 0.85;               // norms, RoPE, activation quantization, silu: achieved / peak
                                            // bandwidth (a profile without it uses `memory`)
   double comm = 0.80;                      // achieved / peak link bandwidth
+  // Fraction of the kernels' compute rates above (each taken from a kernel benchmark run
+  // alone) that a serving system sustains end to end; it multiplies every compute-bound
+  // rate, not memory or link bandwidth. Fit once, to SGLang's GB200 prefill (one NVLink
+  // domain, so compute-bound with no scale-out all-to-all), and checked against every other
+  // published figure in docs/PLAN.md. `local` measures the engine's kernels as the engine
+  // runs them and uses 1.
+  double sustained = 0.46;
 };
 
 // The engine's CPU kernels stream one to three rows through the GEMV path and switch to

@@ -83,7 +83,7 @@ OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt) {
   double per_weight = hw.dequant_flops_per_weight;
   if (op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
   const double work = op.flops + op.weight_elems * per_weight;
-  t.compute_us = work / (hw.peak_flops(op.bits) * efficiency(hw, op)) * 1e6;
+  t.compute_us = work / (hw.peak_flops(op.bits) * efficiency(hw, op) * hw.eff.sustained) * 1e6;
   const double mem_eff = op.cls == OpClass::Memory ? hw.eff.elementwise : hw.eff.memory;
   t.memory_us = op.bytes / (hw.memory_bandwidth_gbps * 1e9 * mem_eff) * 1e6;
   t.time_us = std::max(t.compute_us, t.memory_us) + hw.launch_overhead_us * op.count;

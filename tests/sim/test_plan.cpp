@@ -38,7 +38,7 @@ Hardware toy() {
     "memory_gib": 1, "memory_usable_fraction": 0.5, "memory_reserve_gib": 0.125, "devices_per_node": 4,
     "intra_node_bandwidth_gbps": 100, "intra_node_latency_us": 3, "inter_node_bandwidth_gbps": 10,
     "inter_node_latency_us": 7, "launch_overhead_us": 1, "price_per_hour": 3.6,
-    "efficiency": {"gemm": 0.5, "memory": 0.8, "comm": 0.8, "attention_sparse_decode": 0.25}})",
+    "efficiency": {"gemm": 0.5, "memory": 0.8, "comm": 0.8, "attention_sparse_decode": 0.25, "sustained": 1}})",
                                  "toy");
 }
 
@@ -223,6 +223,47 @@ TEST(SimTiming, PackingCountsFromFourRowsPerWeight) {
   EXPECT_REL(time_op(op, cpu, nullptr).compute_us, (8e6 + 26e6) / 1e12 * 1e6);
 }
 
+TEST(SimTiming, SustainedFactorDiscountsComputeOnly) {
+  Hardware hw = toy();
+  hw.eff.sustained = 0.25;
+  Op op;
+  op.name = "x";
+  op.cls = OpClass::Gemm;
+  op.bits = 8;
+  op.count = 1;
+  op.flops = 1e9;
+  op.bytes = 1e9;
+  // compute 1e9 / (2e12 * 0.5 * 0.25) = 4000 us; memory 1e9 / (100e9 * 0.8) = 12500 us, as
+  // without the factor: it discounts FLOP rates only.
+  OpTime t = time_op(op, hw, nullptr);
+  EXPECT_REL(t.compute_us, 4000.0);
+  EXPECT_REL(t.memory_us, 12500.0);
+  EXPECT_EQ(t.bound, "memory");
+  op.cls = OpClass::AttentionDense;
+  op.phase = Phase::Decode;
+  op.bits = 16;
+  op.bytes = 0;  // 1e9 / (1e12 * 0.67 * 0.25)
+  EXPECT_REL(time_op(op, hw, nullptr).compute_us, 1e9 / (1e12 * hw.eff.attention_dense * 0.25) * 1e6);
+  Op c;
+  c.name = "moe.combine";
+  c.cls = OpClass::CommEP;
+  c.count = 1;
+  c.comm_intra = 1e9;
+  EXPECT_REL(time_op(c, hw, nullptr).time_us, time_op(c, toy(), nullptr).time_us);
+  // A measured latency stays what was measured.
+  const KernelTable kt = kernel_table_from_csv("op,shape,latency_us\nx,M=1,7.5\n", "t.csv");
+  op.name = "x";
+  op.shape = "M=1";
+  EXPECT_REL(time_op(op, hw, &kt).time_us, 7.5);
+  // The profile JSON carries it; a profile without it gets the accelerators' default.
+  EXPECT_EQ(hardware_from_json_text(hardware_to_json(hw), "back").eff.sustained, 0.25);
+  const std::string bare = R"({"bf16_tflops": 1, "memory_bandwidth_gbps": 1, "memory_gib": 100, "devices_per_node": 1})";
+  EXPECT_EQ(hardware_from_json_text(bare, "bare").eff.sustained, Efficiency{}.sustained);
+  for (const char* bad : {"0", "1.5", "-1"})
+    EXPECT_THROW(hardware_from_json_text(std::string(R"({"bf16_tflops": 1, "memory_bandwidth_gbps": 1, "memory_gib": 100,
+      "devices_per_node": 1, "efficiency": {"sustained": )") + bad + "}}", "x"), dsa::Error) << bad;
+}
+
 TEST(SimTiming, TopkAndIndexerUseTheirOwnFactors) {
   Hardware hw = toy();
   hw.eff.indexer = 0.25;
@@ -281,6 +322,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.attention_dense_prefill, 0.3, 1e-12);  // the causal block kernel's rate
   EXPECT_EQ(h.launch_overhead_us, 3);
   EXPECT_NEAR(h.eff.elementwise, 0.05, 1e-12);
+  EXPECT_EQ(h.eff.sustained, 1.0);  // the probes already time the kernels as the engine runs them
   EXPECT_EQ(h.peak_flops(8), 100e9);
   // The profile then reproduces its own probes: the 512-row GEMM and the fp8 GEMV.
   Op g;
