@@ -42,6 +42,11 @@ Hardware toy() {
                                  "toy");
 }
 
+// An operator as the timing tests build one: the fields a test leaves out stay zero.
+Op make_op(const char* name, OpClass cls, int bits, double count, double flops = 0, double bytes = 0) {
+  return Op{.name = name, .cls = cls, .bits = bits, .count = count, .flops = flops, .bytes = bytes, .shape = {}};
+}
+
 }  // namespace
 
 TEST(SimMemory, WeightsPerDevice) {
@@ -158,13 +163,7 @@ TEST(SimHardware, BuiltinsAndUserProfiles) {
 
 TEST(SimTiming, RooflinePlusOverheadCommAndKernelTable) {
   const Hardware hw = toy();
-  Op op;
-  op.name = "x";
-  op.cls = OpClass::Gemm;
-  op.bits = 8;
-  op.count = 2;
-  op.flops = 1e9;
-  op.bytes = 1e6;
+  Op op = make_op("x", OpClass::Gemm, 8, 2, 1e9, 1e6);
   // compute 1e9 / (2e12 * 0.5) = 1000 us; memory 1e6 / (100e9 * 0.8) = 12.5 us; + 2 launches.
   OpTime t = time_op(op, hw, nullptr);
   EXPECT_REL(t.compute_us, 1000.0);
@@ -180,10 +179,7 @@ TEST(SimTiming, RooflinePlusOverheadCommAndKernelTable) {
   op.weight_elems = 1e8;  // + 8e8 FLOP-equivalents of widening
   EXPECT_REL(time_op(op, cpu, nullptr).compute_us, (1e6 + 8e8) / (2e12 * 0.5) * 1e6);
 
-  Op c;
-  c.name = "moe.dispatch";
-  c.cls = OpClass::CommEP;
-  c.count = 1;
+  Op c = make_op("moe.dispatch", OpClass::CommEP, 16, 1);
   c.comm_intra = 1e9;
   c.comm_hops = 2;
   EXPECT_REL(time_op(c, hw, nullptr).time_us, 1e9 / (100e9 * 0.8) * 1e6 + 2 * 3);
@@ -209,11 +205,7 @@ TEST(SimTiming, PackingCountsFromFourRowsPerWeight) {
   Hardware cpu = toy();
   cpu.dequant_flops_per_weight = 6;
   cpu.pack_flops_per_weight = 20;
-  Op op;
-  op.name = "x";
-  op.cls = OpClass::Gemm;
-  op.bits = 8;
-  op.count = 1;
+  Op op = make_op("x", OpClass::Gemm, 8, 1);
   op.weight_elems = 1e6;
   // 3 rows per weight: the streaming GEMV path, widening only: (6e6 + 6e6) / (2e12 * 0.5).
   op.flops = 2.0 * 3 * 1e6;
@@ -226,13 +218,7 @@ TEST(SimTiming, PackingCountsFromFourRowsPerWeight) {
 TEST(SimTiming, SustainedFactorDiscountsComputeOnly) {
   Hardware hw = toy();
   hw.eff.sustained = 0.25;
-  Op op;
-  op.name = "x";
-  op.cls = OpClass::Gemm;
-  op.bits = 8;
-  op.count = 1;
-  op.flops = 1e9;
-  op.bytes = 1e9;
+  Op op = make_op("x", OpClass::Gemm, 8, 1, 1e9, 1e9);
   // compute 1e9 / (2e12 * 0.5 * 0.25) = 4000 us; memory 1e9 / (100e9 * 0.8) = 12500 us, as
   // without the factor: it discounts FLOP rates only.
   OpTime t = time_op(op, hw, nullptr);
@@ -244,10 +230,7 @@ TEST(SimTiming, SustainedFactorDiscountsComputeOnly) {
   op.bits = 16;
   op.bytes = 0;  // 1e9 / (1e12 * 0.67 * 0.25)
   EXPECT_REL(time_op(op, hw, nullptr).compute_us, 1e9 / (1e12 * hw.eff.attention_dense * 0.25) * 1e6);
-  Op c;
-  c.name = "moe.combine";
-  c.cls = OpClass::CommEP;
-  c.count = 1;
+  Op c = make_op("moe.combine", OpClass::CommEP, 16, 1);
   c.comm_intra = 1e9;
   EXPECT_REL(time_op(c, hw, nullptr).time_us, time_op(c, toy(), nullptr).time_us);
   // A measured latency stays what was measured.
@@ -268,12 +251,7 @@ TEST(SimTiming, TopkAndIndexerUseTheirOwnFactors) {
   Hardware hw = toy();
   hw.eff.indexer = 0.25;
   hw.eff.topk = 0.001;
-  Op op;
-  op.name = "indexer.topk";
-  op.cls = OpClass::Topk;
-  op.count = 1;
-  op.flops = 1e6;  // keys
-  op.bytes = 4e6;
+  Op op = make_op("indexer.topk", OpClass::Topk, 16, 1, 1e6 /* keys */, 4e6);
   // 1e6 / (1e12 * 0.001) = 1000 us against 4e6 / (100e9 * 0.8) = 50 us, + 1 launch.
   EXPECT_REL(time_op(op, hw, nullptr).time_us, 1001.0);
   op.cls = OpClass::Indexer;
@@ -325,11 +303,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_EQ(h.eff.sustained, 1.0);  // the probes already time the kernels as the engine runs them
   EXPECT_EQ(h.peak_flops(8), 100e9);
   // The profile then reproduces its own probes: the 512-row GEMM and the fp8 GEMV.
-  Op g;
-  g.name = "g";
-  g.cls = OpClass::Gemm;
-  g.bits = 8;
-  g.count = 1;
+  Op g = make_op("g", OpClass::Gemm, 8, 1);
   g.weight_elems = 1024.0 * 2048;
   g.flops = 2.0 * 512 * g.weight_elems;
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemm_large_gflops * 1e9) * 1e6, 1e-6);
