@@ -46,6 +46,11 @@ p=$(plan $gb | field prefill_tokens_per_s_per_device)
 row "SGLang V3 prefill, GB200, fp8 (fit)" 18471 "$p" "tok/s per GPU"
 p=$(plan $gb --weight-dtype nvfp4 | field prefill_tokens_per_s_per_device)
 row "SGLang V3 prefill, GB200, NVFP4" 26156 "$p" "tok/s per GPU"
+# Ant Group's SGLang prefill on one node of 8 H20s (TP8, 4K prompts): 16.5k tokens/s per node.
+# It sets the H20 profile's `sustained` to 1 (no discount), so it is not a check of the factor.
+p=$(plan --model deepseek-v3 --hardware h20 --devices 8 --tp 8 --prefill-batch 4 --input-len 4096 --output-len 1 \
+  | field prefill_tokens_per_s_per_device)
+row "SGLang V3 prefill, 8xH20 TP8 (sets H20's)" 16500 "$(awk -v x="$p" 'BEGIN { print 8 * x }')" "tok/s per node"
 # Decode: the batch is the one the day's own figures imply, 14.8k tokens/s per node at 20-22
 # tokens/s per user = 14800 / 8 / 21 = 88 sequences per GPU; DeepSeek's profile runs use 128.
 per_gpu=$(awk 'BEGIN { printf "%d", 14800 / 8 / 21 + 0.5 }')

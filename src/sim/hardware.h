@@ -24,9 +24,10 @@ struct Efficiency {
   // Fraction of the kernels' compute rates above (each taken from a kernel benchmark run
   // alone) that a serving system sustains end to end; it multiplies every compute-bound
   // rate, not memory or link bandwidth. Fit once, to SGLang's GB200 prefill (one NVLink
-  // domain, so compute-bound with no scale-out all-to-all), and checked against every other
-  // published figure in docs/PLAN.md. `local` measures the engine's kernels as the engine
-  // runs them and uses 1.
+  // domain, so compute-bound with no scale-out all-to-all), and checked against the other
+  // published figures in docs/PLAN.md. The compute-cut H20 profile sets 1 (its published
+  // serving figure beats its kernel rates); `local` measures the engine's kernels as the
+  // engine runs them and uses 1.
   double sustained = 0.46;
 };
 
