@@ -24,10 +24,6 @@ PlanResult plan_at(const SimModel& m, const Hardware& hw, PlanRequest r, int64_t
   return simulate(m, hw, r, kt);
 }
 
-double per_million(double price_per_hour, double tokens_per_s) {
-  return tokens_per_s > 0 ? price_per_hour / 3600.0 / tokens_per_s * 1e6 : 0;
-}
-
 // Cheapest output first. On one profile that is the most output tokens/s per device (the
 // price is common); across profiles it is $ per million output tokens when all have a price.
 // Ties go to the smaller deployment.
@@ -40,9 +36,6 @@ void rank(std::vector<Candidate>& v, bool by_cost) {
     return a.req.devices < b.req.devices;
   });
 }
-
-// The price a plan of this profile charges: --price overrides every profile's.
-double hw_price(const Hardware& hw, const PlanRequest& r) { return r.price_per_hour >= 0 ? r.price_per_hour : hw.price_per_hour; }
 
 }  // namespace
 
@@ -111,7 +104,7 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
           p = plan_at(m, hw, r, seqs * unit, kt);  // the explicit batch's plan, as its options give
         }
         r.batch = seqs * unit;
-        Candidate cand{r, p, per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device), hw.name};
+        Candidate cand{r, p, cost_per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device), hw.name};
         // A decode pool never prefills, so TTFT does not bind it.
         if (!have_decode || p.decode_tokens_per_s_per_device > best_decode.plan.decode_tokens_per_s_per_device) {
           best_decode = cand;
@@ -130,7 +123,7 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
     d.decode_device_s = double(w.output_len) / best_decode.plan.decode_tokens_per_s_per_device;
     d.prefill_share = d.prefill_device_s / (d.prefill_device_s + d.decode_device_s);
     d.output_tokens_per_s_per_device = double(w.output_len) / (d.prefill_device_s + d.decode_device_s);
-    d.cost_per_million_output = per_million(best_decode.plan.price_per_hour, d.output_tokens_per_s_per_device);
+    d.cost_per_million_output = cost_per_million(best_decode.plan.price_per_hour, d.output_tokens_per_s_per_device);
     out.has_disaggregated = true;
   }
   rank(out.candidates, false);
@@ -142,7 +135,7 @@ SearchResult search_hardware(const SimModel& m, const std::vector<Hardware>& hws
   if (hws.empty()) throw Error("--search needs at least one hardware profile");
   if (hws.size() == 1) return search_layouts(m, hws[0], s, kt);
   bool priced = true;
-  for (const auto& hw : hws) priced = priced && hw_price(hw, s.base) > 0;
+  for (const auto& hw : hws) priced = priced && plan_price_per_hour(hw, s.base) > 0;
   // The pools of one profile against another's, by the same rule as the rows.
   const auto better = [priced](const Disaggregated& x, const Disaggregated& y) {
     return priced ? x.cost_per_million_output < y.cost_per_million_output

@@ -255,6 +255,14 @@ static bool cache_holds(const MemoryPlan& mem, int64_t group_seqs, int64_t token
   return mem.fits && group_seqs * tokens <= mem.max_cached_tokens_per_device;
 }
 
+double plan_price_per_hour(const Hardware& hw, const PlanRequest& r) {
+  return r.price_per_hour >= 0 ? r.price_per_hour : hw.price_per_hour;
+}
+
+double cost_per_million(double price_per_hour, double tokens_per_s) {
+  return tokens_per_s > 0 ? price_per_hour / 3600.0 / tokens_per_s * 1e6 : 0.0;
+}
+
 PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r, const KernelTable* kt) {
   if (r.input_len < 1 || r.output_len < 1) throw Error("--input-len and --output-len must be positive");
   if (r.prefill_batch < 1) throw Error("--prefill-batch must be positive");
@@ -274,7 +282,8 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   const int devices = l.devices();
   p.context = r.context >= 0 ? r.context : r.input_len + r.output_len / 2;
   p.tokens_per_step = tokens_per_step(r);
-  p.price_per_hour = r.price_per_hour >= 0 ? r.price_per_hour : hw.price_per_hour;
+  p.price_per_hour = plan_price_per_hour(hw, r);
+  const int64_t decode_depth = p.context + 1 + r.opt.mtp;  // cached tokens per sequence during a decode step
 
   // Memory first: the automatic batch is what fits (sequences of input+output tokens), at
   // most 128 per device (DeepSeek's decode profile runs 128 per GPU; beyond it decode is
@@ -292,7 +301,7 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
     p.batch = r.batch;
   } else {
     p.batch_auto = true;
-    const int64_t depth = std::max(r.input_len + r.output_len, p.context + 1 + r.opt.mtp);
+    const int64_t depth = std::max(r.input_len + r.output_len, decode_depth);
     const int64_t per_group = p.memory.max_cached_tokens_per_device / depth;
     p.batch = std::clamp<int64_t>(per_group * l.dp, 1, cap_batch);
   }
@@ -315,8 +324,8 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   const int64_t seqs = std::max<int64_t>(1, (p.batch + l.dp * l.pp - 1) / (l.dp * l.pp));
   const Step ds{Phase::Decode, seqs, 1 + r.opt.mtp, p.context};
   p.decode = cost_step(m, hw, l, r.opt, ds, kt, r.overlap);
-  p.decode_cached_tokens_per_device = seqs * l.pp * (p.context + 1 + r.opt.mtp);
-  p.decode_fits = cache_holds(p.memory, seqs * l.pp, p.context + 1 + r.opt.mtp);
+  p.decode_cached_tokens_per_device = seqs * l.pp * decode_depth;
+  p.decode_fits = cache_holds(p.memory, seqs * l.pp, decode_depth);
   const double round_s = p.decode.step_us * l.pp / 1e6;  // every sequence advances once
   p.tpot_ms = round_s * 1e3 / p.tokens_per_step;
   p.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * p.tokens_per_step / round_s / devices;
@@ -327,9 +336,8 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   const double decode_s = double(r.output_len) / p.tokens_per_step * round_s;
   p.e2e_output_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * double(r.output_len) / (prefill_s + decode_s) / devices;
 
-  auto cost = [&](double tps) { return tps > 0 ? p.price_per_hour / 3600.0 / tps * 1e6 : 0.0; };
-  p.prefill_cost_per_m = cost(p.prefill_tokens_per_s_per_device);
-  p.decode_cost_per_m = cost(p.decode_tokens_per_s_per_device);
+  p.prefill_cost_per_m = cost_per_million(p.price_per_hour, p.prefill_tokens_per_s_per_device);
+  p.decode_cost_per_m = cost_per_million(p.price_per_hour, p.decode_tokens_per_s_per_device);
   return p;
 }
 
@@ -351,9 +359,8 @@ PositionCost cost_at_position(const SimModel& m, const Hardware& hw, const PlanR
   const double round_s = dr.step_us * l.pp / 1e6;
   c.tpot_ms = round_s * 1e3 / base.tokens_per_step;
   c.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * base.tokens_per_step / round_s / devices;
-  auto cost = [&](double tps) { return tps > 0 ? base.price_per_hour / 3600.0 / tps * 1e6 : 0.0; };
-  c.prefill_cost_per_m = cost(prefill_tps);
-  c.decode_cost_per_m = cost(c.decode_tokens_per_s_per_device);
+  c.prefill_cost_per_m = cost_per_million(base.price_per_hour, prefill_tps);
+  c.decode_cost_per_m = cost_per_million(base.price_per_hour, c.decode_tokens_per_s_per_device);
   return c;
 }
 

@@ -99,6 +99,10 @@ struct PlanResult {
 };
 
 Layout resolve_layout(const PlanRequest& r, const Hardware& hw);
+// $ per device-hour a plan charges: --price when given, else the profile's assumption.
+double plan_price_per_hour(const Hardware& hw, const PlanRequest& r);
+// $ per million tokens at `tokens_per_s` per device (0 when nothing is produced).
+double cost_per_million(double price_per_hour, double tokens_per_s);
 PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r, const KernelTable* kt = nullptr);
 
 // $ per million tokens at one token position: prefill (a chunk of `chunk` tokens ending at
