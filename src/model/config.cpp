@@ -239,7 +239,7 @@ void ModelConfig::validate() const {
   pos("num_attention_heads", num_attention_heads);
   pos("q_lora_rank", q_lora_rank);
   pos("kv_lora_rank", kv_lora_rank);
-  if (kv_lora_rank > 1024) bad("kv_lora_rank", "at most 1024 supported, got " + std::to_string(kv_lora_rank));
+  if (kv_lora_rank > kMaxKvLoraRank) bad("kv_lora_rank", "at most " + std::to_string(kMaxKvLoraRank) + " supported, got " + std::to_string(kv_lora_rank));
   pos("qk_nope_head_dim", qk_nope_head_dim);
   pos("v_head_dim", v_head_dim);
   pos("index_n_heads", index_n_heads);
@@ -260,8 +260,8 @@ void ModelConfig::validate() const {
   if (n_routed_experts > 0) {
     pos("moe_intermediate_size", moe_intermediate_size);
     pos("num_experts_per_tok", num_experts_per_tok);
-    if (num_experts_per_tok > 64) bad("num_experts_per_tok", "at most 64 supported, got " + std::to_string(num_experts_per_tok));
-    if (n_routed_experts > 1024) bad("n_routed_experts", "at most 1024 supported, got " + std::to_string(n_routed_experts));
+    if (num_experts_per_tok > kMaxExpertsPerTok) bad("num_experts_per_tok", "at most " + std::to_string(kMaxExpertsPerTok) + " supported, got " + std::to_string(num_experts_per_tok));
+    if (n_routed_experts > kMaxRoutedExperts) bad("n_routed_experts", "at most " + std::to_string(kMaxRoutedExperts) + " supported, got " + std::to_string(n_routed_experts));
     if (num_experts_per_tok > n_routed_experts) bad("num_experts_per_tok", "larger than n_routed_experts");
     if (n_group <= 0 || n_routed_experts % n_group) bad("n_group", "must divide n_routed_experts (" + std::to_string(n_routed_experts) + "), got " + std::to_string(n_group));
     if (topk_group <= 0 || topk_group > n_group) bad("topk_group", "must be in [1, n_group], got " + std::to_string(topk_group));
@@ -271,7 +271,9 @@ void ModelConfig::validate() const {
     if (topk_method != "noaux_tc") bad("topk_method", "unsupported '" + topk_method + "' (expected \"noaux_tc\")");
   }
   if (num_nextn_predict_layers < 0 || num_nextn_predict_layers > 1) bad("num_nextn_predict_layers", "supported values are 0 and 1, got " + std::to_string(num_nextn_predict_layers));
-  if (quant.fp8 && (quant.block_rows <= 0 || quant.block_cols <= 0)) bad("quantization_config.weight_block_size", "must be positive");
+  if (quant.fp8 && (quant.block_rows <= 0 || quant.block_cols <= 0 || quant.block_rows > kMaxWeightBlock || quant.block_cols > kMaxWeightBlock))
+    bad("quantization_config.weight_block_size", "each side must be in [1, " + std::to_string(kMaxWeightBlock) + "], got [" +
+        std::to_string(quant.block_rows) + ", " + std::to_string(quant.block_cols) + "]");
   if (int(indexer_full.size()) != num_hidden_layers) bad("indexer_types", "schedule length does not match num_hidden_layers");
 }
 

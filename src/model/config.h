@@ -29,6 +29,14 @@ struct QuantConfig {
 // validation, not as a multi-gigabyte allocation or an endless plan.
 inline constexpr int kMaxLayers = 1024;
 inline constexpr int kMaxIndexTopk = 1 << 16;
+// The routing and kernel code keeps per-token scratch on the stack, sized by these; validation
+// refuses any config beyond them (released models: 256 experts in 8 groups, 8 per token,
+// 128x128 weight blocks, kv_lora_rank 512).
+inline constexpr int kMaxRoutedExperts = 1024;
+inline constexpr int kMaxExpertGroups = kMaxRoutedExperts / 2;  // each group holds at least 2
+inline constexpr int kMaxExpertsPerTok = 64;
+inline constexpr int kMaxKvLoraRank = 1024;
+inline constexpr int kMaxWeightBlock = 512;
 
 struct ModelConfig {
   Family family = Family::DeepseekV32;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/error.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
 
@@ -15,16 +16,19 @@ namespace {
 // unbiased sigmoid scores of the chosen experts, normalized, times routed_scaling_factor.
 void route(const ModelConfig& c, const float* sig, const Vec& bias, int32_t* ids, float* weights) {
   const int E = c.n_routed_experts, k = c.num_experts_per_tok, G = c.n_group;
-  float sel[1024];
-  bool eligible[1024];
+  // Stack scratch sized by the bounds ModelConfig::validate enforces; checked here too, since
+  // a config could be built in code without validation.
+  DSA_CHECK(E <= kMaxRoutedExperts && G <= kMaxExpertGroups && k <= E, "route: config beyond the validated bounds");
+  float sel[kMaxRoutedExperts];
+  bool eligible[kMaxRoutedExperts];
   for (int e = 0; e < E; ++e) {
     sel[e] = sig[e] + bias.at(e);
     eligible[e] = true;
   }
   if (G > 1) {
     const int per = E / G;
-    float gscore[256];
-    int gorder[256];
+    float gscore[kMaxExpertGroups];
+    int gorder[kMaxExpertGroups];
     for (int g = 0; g < G; ++g) {
       float b1 = -INFINITY, b2 = -INFINITY;
       for (int e = g * per; e < (g + 1) * per; ++e) {
@@ -40,7 +44,7 @@ void route(const ModelConfig& c, const float* sig, const Vec& bias, int32_t* ids
     for (int r = c.topk_group; r < G; ++r)
       for (int e = gorder[r] * per; e < (gorder[r] + 1) * per; ++e) eligible[e] = false;
   }
-  int order[1024];
+  int order[kMaxRoutedExperts];
   int m = 0;
   for (int e = 0; e < E; ++e)
     if (eligible[e]) order[m++] = e;

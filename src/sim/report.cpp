@@ -11,12 +11,16 @@ namespace {
 
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list ap;
+  // Sized first: names from a config or a hardware profile can be of any length.
+  va_list ap, again;
   va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_copy(again, ap);
+  const int n = std::vsnprintf(nullptr, 0, f, ap);
   va_end(ap);
-  return buf;
+  std::string out(size_t(std::max(n, 0)), '\0');
+  std::vsnprintf(out.data(), out.size() + 1, f, again);
+  va_end(again);
+  return out;
 }
 
 const char* weight_name(WeightDtype w) { return w == WeightDtype::FP8 ? "fp8" : w == WeightDtype::BF16 ? "bf16" : "nvfp4"; }

@@ -9,8 +9,10 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
+#include "fixtures.h"
 #include "io/safetensors.h"
 #include "model/make_model.h"
 #include "model/teacher_forcing.h"
@@ -21,7 +23,7 @@ using namespace dsa;
 namespace {
 
 std::string tmpdir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("dsa_test_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path p = test::scratch(name);
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -246,6 +248,55 @@ TEST(Loader, OneHeadWideLatentRuns) {
   for (CacheType cache : {CacheType::F32, CacheType::FP8}) {
     const TeacherForcedResult r = run_teacher_forced(*m, ids, 4, cache, false, false);
     for (float v : r.logits) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// More expert groups than the routing code once kept on the stack (256): 300 groups of two
+// experts, 4 kept. Each token's experts are distinct, in range, and come from at most
+// topk_group groups (the sanitizer build catches any write past the scratch).
+TEST(Loader, ManyExpertGroupsRouteWithinTheKeptGroups) {
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = 4;
+  o.verbose = false;
+  o.out_dir = tmpdir("groups");
+  o.config_patch = R"({"n_group": 300, "n_routed_experts": 600, "topk_group": 4, "moe_intermediate_size": 16})";
+  make_model(o);
+  auto m = Model::load(o.out_dir, false);
+  const ModelConfig& c = m->config;
+  ASSERT_EQ(c.n_group, 300);
+  const int per = c.n_routed_experts / c.n_group, k = c.num_experts_per_tok;
+  const TeacherForcedResult r = run_teacher_forced(*m, {5, 9, 2, 7, 1, 3}, 4, CacheType::F32, false, true);
+  int layers = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    ++layers;
+    const auto& ex = r.ints.at("moe.experts." + std::to_string(l)).v;
+    ASSERT_EQ(ex.size(), size_t(r.T) * size_t(k));
+    for (int t = 0; t < r.T; ++t) {
+      std::set<int32_t> experts, groups;
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = ex[size_t(t * k + j)];
+        ASSERT_TRUE(e >= 0 && e < c.n_routed_experts) << "layer " << l << " token " << t << ": expert " << e;
+        experts.insert(e);
+        groups.insert(e / per);
+      }
+      EXPECT_EQ(int(experts.size()), k) << "layer " << l << " token " << t << " repeats an expert";
+      EXPECT_LE(int(groups.size()), c.topk_group) << "layer " << l << " token " << t;
+    }
+  }
+  EXPECT_GT(layers, 0);
+}
+
+// A weight block wider than the kernels' per-block scratch is refused by name.
+TEST(Config, WeightBlockBeyondTheKernelsIsRefused) {
+  auto j = nlohmann::json::parse(make_model_config("tiny", "fp8"));
+  j["quantization_config"]["weight_block_size"] = {128, 1024};
+  try {
+    (void)ModelConfig::from_json_text(j.dump());
+    ADD_FAILURE() << "a 1024-column weight block was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weight_block_size"), std::string::npos) << e.what();
   }
 }
 

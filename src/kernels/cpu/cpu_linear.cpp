@@ -758,6 +758,7 @@ void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, 
   std::fill(y, y + w.cols, 0.0f);
   const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : 128;
   float wbuf[512];
+  DSA_CHECK(bc <= 512, "weight block wider than 512 columns");
   for (int c0 = 0; c0 < w.cols; c0 += bc) {
     const int len = std::min(bc, w.cols - c0);
     for (int r = 0; r < nrows; ++r) {
