@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/mmap_file.h"
+#include "fixtures.h"
 
 namespace {
 
@@ -38,7 +39,7 @@ long resident_kb(const uint8_t* begin, const uint8_t* end) {
 // populate() maps every page of the file into the process up front; before it, a fresh
 // mapping holds none (the loader calls it so that the first tokens take no page faults).
 TEST(MmapFile, PopulateMapsEveryPage) {
-  const auto path = std::filesystem::temp_directory_path() / ("dsa_mmap_" + std::to_string(::getpid()));
+  const std::filesystem::path path = dsa::test::scratch("mmap");
   const size_t bytes = size_t(8) << 20;
   {
     std::ofstream out(path, std::ios::binary);

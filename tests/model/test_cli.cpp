@@ -31,7 +31,7 @@ Result sh(const std::string& cmd) {
   return r;
 }
 
-std::string tmp(const std::string& name) { return (fs::temp_directory_path() / ("dsa_cli_" + std::to_string(::getpid()) + "_" + name)).string(); }
+std::string tmp(const std::string& name) { return test::scratch(name); }
 
 TEST(Cli, LogitsOnGoldenCaseMatches) {
   const std::string dir = test::golden_dir() + "/glm-fp8-shared";

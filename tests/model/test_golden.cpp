@@ -18,16 +18,6 @@ using namespace dsa;
 
 namespace {
 
-std::vector<std::string> list_cases() {
-  std::vector<std::string> cases;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(test::golden_dir(), ec))
-    if (fs::exists(e.path() / "case.json")) cases.push_back(e.path().filename().string());
-  std::sort(cases.begin(), cases.end());
-  if (cases.empty()) cases.push_back("none");
-  return cases;
-}
-
 std::vector<float> floats(const TensorInfo& t) {
   std::vector<float> v(size_t(t.numel()));
   std::memcpy(v.data(), t.data, v.size() * 4);
@@ -64,74 +54,89 @@ void expect_row_sets(const std::string& name, const std::vector<int32_t>& got, c
   }
 }
 
-class Golden : public ::testing::TestWithParam<std::tuple<std::string, Backend>> {};
-
-TEST_P(Golden, MatchesReference) {
-  const auto [name, backend] = GetParam();
-  const std::string dir = test::golden_dir() + "/" + name;
-  DSA_REQUIRE_FIXTURE(dir + "/case.json");
-  std::ifstream in(dir + "/case.json");
-  const auto cj = nlohmann::json::parse(in);
-  const std::vector<int32_t> ids = cj.at("ids").get<std::vector<int32_t>>();
-  const int prompt_len = cj.at("prompt_len").get<int>();
-  const bool fp8_cache = cj.at("kv_cache").get<std::string>() == "fp8";
-
-  kernels::set_backend(backend);
-  auto model = Model::load(dir + "/model", true);
-  const bool mtp = model->weights.mtp.has_value();
-  const auto r = run_teacher_forced(*model, ids, prompt_len, fp8_cache ? CacheType::FP8 : CacheType::F32, mtp, true);
-  kernels::set_backend(Backend::Cpu);
-  const SafeTensors exp = SafeTensors::open(dir + "/expected.safetensors");
-
-  const double tol = fp8_cache ? 3e-2 : 1e-4;
-  for (const auto& [tname, t] : exp.tensors()) {
-    SCOPED_TRACE(tname);
-    const int64_t width = t.shape.size() > 1 ? t.shape[1] : 1;
-    if (tname == "logits" || tname == "mtp.logits" || (!fp8_cache && tname.rfind("hidden.", 0) == 0)) {
-      const std::vector<float>& got = tname == "logits" ? r.logits : tname == "mtp.logits" ? r.mtp_logits : r.floats.at(tname).v;
-      const std::vector<float> want = floats(t);
-      ASSERT_EQ(got.size(), want.size());
-      int64_t row = -1;
-      const double e = rel_err(got, want, width, &row);
-      EXPECT_LE(e, tol) << name << " " << tname << ": worst relative error " << e << " at row " << row;
-      std::printf("[ golden ] %-24s %-16s rel err %.2e (worst row %lld)\n", name.c_str(), tname.c_str(), e, (long long)row);
-      if (fp8_cache && tname == "logits") {
-        // Same argmax wherever the golden top-2 gap is clear of the fp8 knife edges.
-        double mx = 0;
-        for (float w : want) mx = std::max(mx, double(std::fabs(w)));
-        for (int64_t rr = 0; rr < t.shape[0]; ++rr) {
-          const float* w = &want[size_t(rr * width)];
-          const float* g = &got[size_t(rr * width)];
-          const int64_t wa = std::max_element(w, w + width) - w, ga = std::max_element(g, g + width) - g;
-          std::vector<float> sorted(w, w + width);
-          std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-          if (sorted[0] - sorted[1] > 3e-2 * mx) {
-            EXPECT_EQ(ga, wa) << "argmax differs at row " << rr;
-          }
-        }
-      }
-    } else if (!fp8_cache && (tname.rfind("indexer.topk.", 0) == 0 || tname.rfind("moe.experts.", 0) == 0)) {
-      ASSERT_TRUE(r.ints.count(tname)) << "engine produced no " << tname;
-      expect_row_sets(tname, r.ints.at(tname).v, ints(t), width);
-    } else if (!fp8_cache && tname.rfind("indexer.scores.", 0) == 0) {
-      // Diagnostic strength: fp8 codes may differ at a few knife edges (README: ~1e-3).
-      ASSERT_TRUE(r.floats.count(tname)) << "engine produced no " << tname;
-      int64_t row = -1;
-      const double e = rel_err(r.floats.at(tname).v, floats(t), width, &row);
-      EXPECT_LE(e, 1e-2) << tname << " worst row " << row;
+// fp8 cases: the same argmax wherever the golden top-2 gap is clear of the fp8 knife edges.
+void expect_clear_argmax(const std::vector<float>& got, const std::vector<float>& want, int64_t rows, int64_t width) {
+  double mx = 0;
+  for (float w : want) mx = std::max(mx, double(std::fabs(w)));
+  for (int64_t rr = 0; rr < rows; ++rr) {
+    const float* w = &want[size_t(rr * width)];
+    const float* g = &got[size_t(rr * width)];
+    const int64_t wa = std::max_element(w, w + width) - w, ga = std::max_element(g, g + width) - g;
+    std::vector<float> sorted(w, w + width);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] > 3e-2 * mx) {
+      EXPECT_EQ(ga, wa) << "argmax differs at row " << rr;
     }
   }
 }
 
-std::string case_name(const ::testing::TestParamInfo<Golden::ParamType>& info) {
-  std::string s = std::get<0>(info.param) + (std::get<1>(info.param) == Backend::Ref ? "_ref" : "_cpu");
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
+struct CaseSpec {
+  std::vector<int32_t> ids;
+  int prompt_len = 0;
+  bool fp8_cache = false;
+};
+
+CaseSpec read_case(const std::string& dir) {
+  std::ifstream in(dir + "/case.json");
+  const auto cj = nlohmann::json::parse(in);
+  return {cj.at("ids").get<std::vector<int32_t>>(), cj.at("prompt_len").get<int>(), cj.at("kv_cache").get<std::string>() == "fp8"};
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::Combine(::testing::ValuesIn(list_cases()), ::testing::Values(Backend::Cpu, Backend::Ref)),
-                         case_name);
+// One expected tensor against the engine's result, as the golden README prescribes. Without
+// the tap only the logits exist; with it every internal is compared too.
+void compare_tensor(const std::string& name, const std::string& tname, const TensorInfo& t, const TeacherForcedResult& r,
+                    bool fp8_cache, bool tapped) {
+  SCOPED_TRACE(tname);
+  const int64_t width = t.shape.size() > 1 ? t.shape[1] : 1;
+  const bool is_logits = tname == "logits" || tname == "mtp.logits";
+  if (is_logits || (tapped && !fp8_cache && tname.rfind("hidden.", 0) == 0)) {
+    const std::vector<float>& got = tname == "logits" ? r.logits : tname == "mtp.logits" ? r.mtp_logits : r.floats.at(tname).v;
+    const std::vector<float> want = floats(t);
+    ASSERT_EQ(got.size(), want.size());
+    int64_t row = -1;
+    const double e = rel_err(got, want, width, &row), tol = fp8_cache ? 3e-2 : 1e-4;
+    EXPECT_LE(e, tol) << name << " " << tname << ": worst relative error " << e << " at row " << row;
+    std::printf("[ golden ] %-24s %-16s rel err %.2e (worst row %lld)\n", name.c_str(), tname.c_str(), e, (long long)row);
+    if (fp8_cache && tname == "logits") expect_clear_argmax(got, want, t.shape[0], width);
+  } else if (tapped && !fp8_cache && (tname.rfind("indexer.topk.", 0) == 0 || tname.rfind("moe.experts.", 0) == 0)) {
+    ASSERT_TRUE(r.ints.count(tname)) << "engine produced no " << tname;
+    expect_row_sets(tname, r.ints.at(tname).v, ints(t), width);
+  } else if (tapped && !fp8_cache && tname.rfind("indexer.scores.", 0) == 0) {
+    // Diagnostic strength: fp8 codes may differ at a few knife edges (README: ~1e-3).
+    ASSERT_TRUE(r.floats.count(tname)) << "engine produced no " << tname;
+    int64_t row = -1;
+    const double e = rel_err(r.floats.at(tname).v, floats(t), width, &row);
+    EXPECT_LE(e, 1e-2) << tname << " worst row " << row;
+  }
+}
+
+void check_case(const std::string& name, bool tapped) {
+  SCOPED_TRACE(name);
+  const std::string dir = test::golden_dir() + "/" + name;
+  const CaseSpec cs = read_case(dir);
+  auto model = Model::load(dir + "/model", true);
+  const bool mtp = model->weights.mtp.has_value();
+  const auto r = run_teacher_forced(*model, cs.ids, cs.prompt_len, cs.fp8_cache ? CacheType::FP8 : CacheType::F32, mtp, tapped);
+  const SafeTensors exp = SafeTensors::open(dir + "/expected.safetensors");
+  ASSERT_TRUE(exp.tensors().count("logits")) << dir << "/expected.safetensors has no logits";
+  for (const auto& [tname, t] : exp.tensors()) compare_tensor(name, tname, t, r, cs.fp8_cache, tapped);
+}
+
+// Every case found when the test runs (not when CMake ran), with the given kernels, with and
+// without the internals tap. The tap serializes the per-query loops (rows arrive in order),
+// so the untapped runs are the ones that compare the parallel paths `dsa run` takes.
+void check_every_case(Backend backend, bool tapped) {
+  const std::vector<std::string> cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  kernels::set_backend(backend);
+  for (const auto& name : cases) check_case(name, tapped);
+  kernels::set_backend(Backend::Cpu);
+}
+
+TEST(Golden, OptimizedKernels) { check_every_case(Backend::Cpu, false); }
+TEST(Golden, OptimizedKernelsWithInternals) { check_every_case(Backend::Cpu, true); }
+TEST(Golden, NaiveKernels) { check_every_case(Backend::Ref, false); }
+TEST(Golden, NaiveKernelsWithInternals) { check_every_case(Backend::Ref, true); }
 
 // Logits of every row of the v32-fp8-sparse-kvexact prompt with the given cache, the
 // prompt in one forward call (split = 0) or split at `split` into two calls.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 
+#include "fixtures.h"
 #include "model/forward.h"
 #include "model/make_model.h"
 #include "runtime/generator.h"
@@ -35,9 +36,9 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 using namespace dsa;
 
 namespace {
-// The tiny random checkpoint (with its MTP layer) in a temporary folder, removed at exit.
+// The tiny random checkpoint (with its MTP layer) in the test's scratch folder.
 struct TinyModel {
-  std::string dir = (std::filesystem::temp_directory_path() / ("dsa_noalloc_" + std::to_string(::getpid()))).string();
+  std::string dir = test::scratch("tiny");
   std::unique_ptr<Model> model;
   TinyModel() {
     MakeModelOptions o;
@@ -47,7 +48,6 @@ struct TinyModel {
     make_model(o);
     model = Model::load(dir, true, false);
   }
-  ~TinyModel() { std::filesystem::remove_all(dir); }
 };
 const Model& tiny() {
   static TinyModel t;

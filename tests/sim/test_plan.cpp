@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "fixtures.h"
 #include "sim/memory.h"
 #include "sim/probe.h"
 #include "sim/report.h"
@@ -852,7 +853,7 @@ TEST(SimCli, SearchOptionsReproduceThePlan) {
 // Weights are costed in the dtype the checkpoint stores unless --weight-dtype says otherwise:
 // a bf16 checkpoint (no quantization_config) is not planned as fp8.
 TEST(SimCli, WeightDtypeDefaultsToTheCheckpoints) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("dsa_plan_bf16_" + std::to_string(::getpid()));
+  const std::filesystem::path dir = dsa::test::scratch("plan_bf16");
   std::filesystem::create_directories(dir);
   {
     std::ofstream(dir / "config.json") << dsa::sim::test::kTinyJson;

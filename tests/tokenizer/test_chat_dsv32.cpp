@@ -13,8 +13,6 @@ namespace {
 using dsa::chat::ThinkingMode;
 namespace dsv32 = dsa::chat::dsv32;
 
-std::string examples_path() { return dsa::test::tokenizer_dir() + "/chat_examples.jsonl"; }
-
 dsv32::EncodeOptions options_of(const nlohmann::ordered_json& line) {
   const auto& a = line["encode_args"];
   dsv32::EncodeOptions o;
@@ -25,9 +23,8 @@ dsv32::EncodeOptions options_of(const nlohmann::ordered_json& line) {
 }
 
 TEST(ChatDsv32, EveryExamplePromptIsByteExact) {
-  DSA_REQUIRE_FIXTURE(examples_path());
-  const auto lines = dsa::test::read_jsonl(examples_path());
-  ASSERT_EQ(lines.size(), 10u);
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("chat_examples.jsonl", &lines));
   for (const auto& l : lines) {
     const std::string got = dsv32::encode_messages(l["messages"], options_of(l));
     EXPECT_EQ(got, l["prompt"].get<std::string>()) << l["name"];
@@ -35,9 +32,10 @@ TEST(ChatDsv32, EveryExamplePromptIsByteExact) {
 }
 
 TEST(ChatDsv32, EveryExamplePromptTokenizesToItsIds) {
-  DSA_REQUIRE_FIXTURE(examples_path());
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("chat_examples.jsonl", &lines));
   const auto tok = dsa::Tokenizer::from_dir(dsa::test::tokenizer_dir());
-  for (const auto& l : dsa::test::read_jsonl(examples_path())) {
+  for (const auto& l : lines) {
     const auto want = l["prompt_ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok.encode(l["prompt"].get<std::string>(), /*add_bos=*/false), want) << l["name"];
     EXPECT_EQ(tok.encode(dsv32::encode_messages(l["messages"], options_of(l))), want) << l["name"];
@@ -45,10 +43,11 @@ TEST(ChatDsv32, EveryExamplePromptTokenizesToItsIds) {
 }
 
 TEST(ChatDsv32, ContextRendersOnlyTheNewMessagesWithoutBos) {
-  DSA_REQUIRE_FIXTURE(examples_path());
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("chat_examples.jsonl", &lines));
   // Append-only encoding: encode(rest, context=first k) renders the same messages of the
   // same full list, so it is exactly the tail of the full prompt, with no BOS.
-  for (const auto& l : dsa::test::read_jsonl(examples_path())) {
+  for (const auto& l : lines) {
     const auto& msgs = l["messages"];
     const auto opts = options_of(l);
     const std::string full = dsv32::encode_messages(msgs, opts);

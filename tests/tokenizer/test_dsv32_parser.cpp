@@ -134,11 +134,11 @@ TEST(Dsv32Parser, StreamingEmitsEarlyAndHoldsBackMarkerPrefixes) {
 }
 
 TEST(Dsv32Parser, RoundTripsEveryAssistantMessageOfTheExamples) {
-  const std::string path = dsa::test::tokenizer_dir() + "/chat_examples.jsonl";
-  DSA_REQUIRE_FIXTURE(path);
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("chat_examples.jsonl", &lines));
   const auto tok = dsa::Tokenizer::from_dir(dsa::test::tokenizer_dir());
   int checked = 0;
-  for (const auto& l : dsa::test::read_jsonl(path)) {
+  for (const auto& l : lines) {
     dsv32::EncodeOptions o;
     o.thinking_mode = dsa::chat::parse_thinking_mode(l["encode_args"]["thinking_mode"].get<std::string>());
     const auto& msgs = l["messages"];

@@ -9,12 +9,9 @@ namespace {
 
 namespace glm5 = dsa::chat::glm5;
 
-std::string examples_path() { return dsa::test::tokenizer_dir() + "/glm5_chat_examples.jsonl"; }
-
 TEST(Glm5Template, EveryExampleIsByteExact) {
-  DSA_REQUIRE_FIXTURE(examples_path());
-  const auto lines = dsa::test::read_jsonl(examples_path());
-  ASSERT_EQ(lines.size(), 15u);
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("glm5_chat_examples.jsonl", &lines));
   for (const auto& l : lines) {
     glm5::RenderOptions o;
     o.add_generation_prompt = l["add_generation_prompt"].get<bool>();

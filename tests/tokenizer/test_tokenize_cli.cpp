@@ -24,8 +24,7 @@ std::string slurp(const fs::path& p) {
 
 // Runs the dsa binary with `args`, stdin from a temp file; stdout/stderr captured to files.
 Result run_dsa(const std::string& args, const std::string& input) {
-  const fs::path dir = fs::temp_directory_path() / ("dsa_tok_cli_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                                                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const fs::path dir = dsa::test::scratch(::testing::UnitTest::GetInstance()->current_test_info()->name());
   fs::create_directories(dir);
   { std::ofstream(dir / "in", std::ios::binary) << input; }
   // Built with append(): GCC 12 reports a false -Wrestrict on `"literal" + std::string`.
@@ -50,12 +49,12 @@ std::vector<std::string> lines_of(const std::string& s) {
 
 TEST(TokenizeCli, EncodesAndDecodesTheGoldenLines) {
   const std::string dir = dsa::test::tokenizer_dir();
-  DSA_REQUIRE_FIXTURE(dir + "/golden.jsonl");
+  std::vector<nlohmann::ordered_json> golden;
+  ASSERT_TRUE(dsa::test::listed_jsonl("golden.jsonl", &golden));
   // Only tokenizer.json in the model directory: no weights, no config.
-  const fs::path model = fs::temp_directory_path() / "dsa_tok_cli_model";
+  const fs::path model = dsa::test::scratch("tokenizer_only");
   fs::create_directories(model);
   fs::copy_file(dir + "/tokenizer.json", model / "tokenizer.json", fs::copy_options::overwrite_existing);
-  const auto golden = dsa::test::read_jsonl(dir + "/golden.jsonl");
   std::string texts, idss;
   for (const auto& l : golden) {
     texts += l["text"].dump() + "\n";

@@ -12,12 +12,9 @@ const dsa::Tokenizer& deepseek() {
   return tok;
 }
 
-std::string golden_path() { return dsa::test::tokenizer_dir() + "/golden.jsonl"; }
-
 TEST(TokenizerGolden, EncodeMatchesEveryLine) {
-  DSA_REQUIRE_FIXTURE(golden_path());
-  const auto lines = dsa::test::read_jsonl(golden_path());
-  ASSERT_EQ(lines.size(), 333u);
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("golden.jsonl", &lines));
   int failures = 0;
   for (const auto& l : lines) {
     const std::string text = l["text"].get<std::string>();
@@ -33,16 +30,18 @@ TEST(TokenizerGolden, EncodeMatchesEveryLine) {
 }
 
 TEST(TokenizerGolden, DecodeRoundTripsEveryLine) {
-  DSA_REQUIRE_FIXTURE(golden_path());
-  for (const auto& l : dsa::test::read_jsonl(golden_path())) {
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("golden.jsonl", &lines));
+  for (const auto& l : lines) {
     const auto ids = l["ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(deepseek().decode(ids), l["text"].get<std::string>()) << l["name"];
   }
 }
 
 TEST(TokenizerGolden, StreamDecoderMatchesDecodeAndStaysValid) {
-  DSA_REQUIRE_FIXTURE(golden_path());
-  for (const auto& l : dsa::test::read_jsonl(golden_path())) {
+  std::vector<nlohmann::ordered_json> lines;
+  ASSERT_TRUE(dsa::test::listed_jsonl("golden.jsonl", &lines));
+  for (const auto& l : lines) {
     dsa::StreamDecoder sd(deepseek());
     std::string all;
     for (int32_t id : l["ids"].get<std::vector<int32_t>>()) {
