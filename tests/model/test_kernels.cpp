@@ -2,6 +2,7 @@
 // blocks, every weight dtype and every cache layout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -320,29 +321,89 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CacheTwin, ::testing::Values(CacheType::F32, CacheType::BF16, CacheType::FP8, CacheType::FP8_656));
 
-TEST(KernelTwins, SparseAttentionReadsOnlySelectedKeys) {
-  // One-hot by construction: a query aligned with key 9 at a large scale must return
-  // key 9's latent when 9 is selected, and never see it when it is not.
-  const int L = 128, R = 8, ctx = 16;
-  MlaCacheView c;
-  c.type = CacheType::F32;
-  c.kv_lora = L;
-  c.rope = R;
-  std::vector<uint8_t> buf(c.token_bytes() * ctx);
-  c.data = buf.data();
-  for (int t = 0; t < ctx; ++t) {
-    std::vector<float> lat(L, 0.0f), kr(R, 0.0f);
-    lat[size_t(t)] = 1.0f;
-    kernels::mla_cache_write(c, t, lat.data(), kr.data());
+// One-hot by construction: key t's latent (and value) is the unit vector e_t, and head h's
+// query is aligned with key 3 + 4h at a large scale, so the result is e_{3+4h} when that key
+// is selected and has no trace of it when it is not. Eight heads and more than eight keys,
+// so the SIMD paths run (a head count that is not a multiple of 4 takes the reference), and
+// the reference twin is checked the same way.
+using SparseDecodeFn = void (*)(const MlaCacheView&, const float*, const float*, int, const int32_t*, int, float, float*);
+using SparsePrefillFn = void (*)(const float*, const float*, const float*, int, int, int, int, const int32_t*, int, float, float*);
+constexpr int kSparseHeads = 8, kSparseCtx = 40;
+int aligned_key(int h) { return 3 + 4 * h; }
+
+std::vector<int32_t> sparse_selection(bool with_aligned) {
+  std::vector<int32_t> idx = {0, 1, 2, 36, 38, 39};
+  for (int h = 0; h < kSparseHeads && with_aligned; ++h) idx.push_back(aligned_key(h));
+  return idx;
+}
+
+// Rows of o [heads, width]: with the aligned keys, e_{aligned}; without, weight only on the
+// other selected keys (summing to 1) and none elsewhere.
+void expect_one_hot_rows(const std::vector<float>& o, int width, bool with_aligned) {
+  const auto sel = sparse_selection(false);
+  for (int h = 0; h < kSparseHeads; ++h) {
+    const float* row = &o[size_t(h) * size_t(width)];
+    if (with_aligned) {
+      EXPECT_NEAR(row[aligned_key(h)], 1.0f, 1e-6) << "head " << h;
+      continue;
+    }
+    double on = 0;
+    for (int32_t t : sel) on += row[t];
+    EXPECT_NEAR(on, 1.0, 1e-6) << "head " << h;
+    for (int t = 0; t < width; ++t)
+      if (std::find(sel.begin(), sel.end(), t) == sel.end()) {
+        EXPECT_EQ(row[t], 0.0f) << "head " << h << " key " << t;
+      }
   }
-  std::vector<float> q(L, 0.0f), qr(R, 0.0f), o(L);
-  q[9] = 1e4f;
-  const std::vector<int32_t> with = {2, 9, 4}, without = {2, 4};
-  kernels::mla_sparse_decode(c, q.data(), qr.data(), 1, with.data(), 3, 1.0f, o.data());
-  EXPECT_NEAR(o[9], 1.0f, 1e-6);
-  kernels::mla_sparse_decode(c, q.data(), qr.data(), 1, without.data(), 2, 1.0f, o.data());
-  EXPECT_EQ(o[9], 0.0f);
-  EXPECT_NEAR(o[2] + o[4], 1.0f, 1e-6);
+}
+
+TEST(KernelTwins, SparseDecodeReadsOnlySelectedKeys) {
+  const int L = 128, R = 8;
+  for (const CacheType type : {CacheType::F32, CacheType::BF16, CacheType::FP8}) {
+    MlaCacheView c;
+    c.type = type;
+    c.kv_lora = L;
+    c.rope = R;
+    std::vector<uint8_t> buf(c.token_bytes() * kSparseCtx);
+    c.data = buf.data();
+    for (int t = 0; t < kSparseCtx; ++t) {
+      std::vector<float> lat(L, 0.0f), kr(R, 0.0f);
+      lat[size_t(t)] = 1.0f;
+      kernels::mla_cache_write(c, t, lat.data(), kr.data());
+    }
+    std::vector<float> q(size_t(kSparseHeads) * L, 0.0f), qr(size_t(kSparseHeads) * R, 0.0f);
+    for (int h = 0; h < kSparseHeads; ++h) q[size_t(h) * L + size_t(aligned_key(h))] = 1e4f;
+    for (const SparseDecodeFn fn : {SparseDecodeFn(&kernels::cpu::mla_sparse_decode), SparseDecodeFn(&kernels::ref::mla_sparse_decode)})
+      for (const bool with : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "cache " << int(type) << (fn == &kernels::ref::mla_sparse_decode ? " ref" : " cpu") << (with ? " with" : " without"));
+        const auto idx = sparse_selection(with);
+        std::vector<float> o(size_t(kSparseHeads) * L, -1.0f);
+        fn(c, q.data(), qr.data(), kSparseHeads, idx.data(), int(idx.size()), 1.0f, o.data());
+        expect_one_hot_rows(o, L, with);
+      }
+  }
+}
+
+TEST(KernelTwins, SparsePrefillReadsOnlySelectedKeys) {
+  // kv [token, heads * (nope + v)], per head [k_nope | v]; v_dim 64 covers the 64-column
+  // blocks of the SIMD path, and nope = v_dim keeps the one-hot key and value aligned.
+  const int nope = 64, R = 8, V = 64, W = nope + V;
+  std::vector<float> kv(size_t(kSparseCtx) * kSparseHeads * W, 0.0f), kr(size_t(kSparseCtx) * R, 0.0f);
+  for (int t = 0; t < kSparseCtx; ++t)
+    for (int h = 0; h < kSparseHeads; ++h) {
+      kv[(size_t(t) * kSparseHeads + size_t(h)) * W + size_t(t)] = 1.0f;
+      kv[(size_t(t) * kSparseHeads + size_t(h)) * W + size_t(nope + t)] = 1.0f;
+    }
+  std::vector<float> q(size_t(kSparseHeads) * (nope + R), 0.0f);
+  for (int h = 0; h < kSparseHeads; ++h) q[size_t(h) * (nope + R) + size_t(aligned_key(h))] = 1e4f;
+  for (const SparsePrefillFn fn : {SparsePrefillFn(&kernels::cpu::mha_sparse_prefill), SparsePrefillFn(&kernels::ref::mha_sparse_prefill)})
+    for (const bool with : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << (fn == &kernels::ref::mha_sparse_prefill ? "ref" : "cpu") << (with ? " with" : " without"));
+      const auto idx = sparse_selection(with);
+      std::vector<float> o(size_t(kSparseHeads) * V, -1.0f);
+      fn(q.data(), kv.data(), kr.data(), kSparseHeads, nope, R, V, idx.data(), int(idx.size()), 1.0f, o.data());
+      expect_one_hot_rows(o, V, with);
+    }
 }
 
 TEST(KernelTwins, ElementwiseAndHadamard) {
