@@ -102,12 +102,12 @@ Regex::Regex(const std::string& pattern, bool literal) {
   int err = 0;
   PCRE2_SIZE off = 0;
   const std::string pat = literal ? pattern : onig_to_pcre2(pattern);
-  uint32_t opts = PCRE2_UTF | PCRE2_UCP;
-  if (literal) opts |= PCRE2_LITERAL;
+  // PCRE2_LITERAL refuses PCRE2_UCP (it only changes what classes match, and a literal has none).
+  const uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.data()), pat.size(), opts,
                                    &err, &off, nullptr);
   if (!code)
-    throw Error("cannot compile pre-tokenizer regex /" + pattern + "/ at offset " +
+    throw Error("cannot compile regex /" + pattern + "/ at offset " +
                 std::to_string(off) + ": " + pcre2_message(err));
   // JIT is an optimisation only; pcre2_match falls back to the interpreter without it.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -126,7 +126,7 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<uint32_t, uint32_
   while (pos <= s.size()) {
     const int rc = pcre2_match(code, subj, s.size(), pos, PCRE2_NO_UTF_CHECK, sc.md, sc.mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) throw Error("pre-tokenizer regex match failed: " + pcre2_message(rc));
+    if (rc < 0) throw Error("regex match failed: " + pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(sc.md);
     const size_t st = ov[0], en = ov[1];
     if (st == en && have_last && last_end == en) {
@@ -146,14 +146,16 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<uint32_t, uint32_
 
 namespace {
 
-SplitBehavior parse_behavior(const std::string& b) {
+SplitBehavior parse_behavior(const std::string& b, const std::string& path) {
   if (b == "Isolated") return SplitBehavior::Isolated;
   if (b == "Removed") return SplitBehavior::Removed;
   if (b == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
   if (b == "MergedWithNext") return SplitBehavior::MergedWithNext;
   if (b == "Contiguous") return SplitBehavior::Contiguous;
-  throw Error("unsupported Split behavior in tokenizer.json: " + b);
+  throw Error(path + ".behavior is '" + b + "'; supported: Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous");
 }
+
+constexpr const char* kSupportedTypes = "Sequence, Split, ByteLevel, Digits, Whitespace, WhitespaceSplit";
 
 // The GPT-2 pattern that ByteLevel(use_regex=true) applies.
 constexpr const char* kGpt2Pattern =
@@ -236,23 +238,31 @@ void apply_split(std::string_view piece, const Regex& re, SplitBehavior behavior
 
 }  // namespace
 
-PreTokenizer PreTokenizer::from_json(const nlohmann::json& j) {
+PreTokenizer PreTokenizer::from_json(const nlohmann::json& j, const std::string& path) {
   PreTokenizer p;
-  if (!j.is_null()) p.add(j);
+  if (!j.is_null()) p.add(j, path);
   return p;
 }
 
-void PreTokenizer::add(const nlohmann::json& j) {
-  const std::string type = j.value("type", "");
+void PreTokenizer::add(const nlohmann::json& j, const std::string& path) {
+  if (!j.is_object()) throw Error(path + " must be an object, got " + j.dump());
+  if (!j.contains("type") || !j["type"].is_string()) throw Error(path + " has no \"type\" string");
+  const std::string type = j["type"].get<std::string>();
   if (type == "Sequence") {
-    for (const auto& s : j.at("pretokenizers")) add(s);
+    const auto& list = j.contains("pretokenizers") ? j["pretokenizers"] : nlohmann::json();
+    if (!list.is_array()) throw Error(path + ".pretokenizers must be an array");
+    for (size_t k = 0; k < list.size(); ++k) add(list[k], path + ".pretokenizers[" + std::to_string(k) + "]");
   } else if (type == "Split") {
-    const auto& pat = j.at("pattern");
+    const auto& pat = j.contains("pattern") ? j["pattern"] : nlohmann::json();
     Step st;
-    if (pat.contains("Regex")) st.re = std::make_shared<Regex>(pat["Regex"].get<std::string>());
-    else if (pat.contains("String")) st.re = std::make_shared<Regex>(pat["String"].get<std::string>(), true);
-    else throw Error("Split pre-tokenizer without Regex or String pattern");
-    st.behavior = parse_behavior(j.value("behavior", "Isolated"));
+    try {
+      if (pat.is_object() && pat.contains("Regex")) st.re = std::make_shared<Regex>(pat["Regex"].get<std::string>());
+      else if (pat.is_object() && pat.contains("String")) st.re = std::make_shared<Regex>(pat["String"].get<std::string>(), true);
+      else throw Error("must be {\"String\": ...} or {\"Regex\": ...}, got " + pat.dump());
+    } catch (const Error& e) {
+      throw Error(path + ".pattern: " + e.what());
+    }
+    st.behavior = parse_behavior(j.value("behavior", "Isolated"), path);
     st.invert = j.value("invert", false);
     steps_.push_back(std::move(st));
   } else if (type == "ByteLevel") {
@@ -279,7 +289,9 @@ void PreTokenizer::add(const nlohmann::json& j) {
     st.invert = true;
     steps_.push_back(std::move(st));
   } else {
-    throw Error("unsupported pre_tokenizer type in tokenizer.json: '" + type + "'");
+    // BertPreTokenizer, Metaspace, CharDelimiterSplit, Punctuation, UnicodeScripts,
+    // FixedLength or a misspelling: never silently the identity.
+    throw Error(path + ".type is '" + type + "', an unsupported pre-tokenizer; supported: " + kSupportedTypes);
   }
 }
 

@@ -12,7 +12,8 @@
 
 namespace dsa::tok {
 
-// One compiled PCRE2 pattern (UTF + UCP, JIT when available).
+// One compiled PCRE2 pattern (UTF + UCP, or UTF + LITERAL; JIT when available), used by the
+// pre-tokenizer's splits and the Replace normalizer.
 class Regex {
 public:
   // literal: match `pattern` as a plain string (Split with {"String": ...}).
@@ -37,8 +38,9 @@ enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext
 
 class PreTokenizer {
 public:
-  // j: the "pre_tokenizer" value (may be null). Throws dsa::Error on unsupported types.
-  static PreTokenizer from_json(const nlohmann::json& j);
+  // j: the "pre_tokenizer" value (may be null); `path` names it in error messages. Throws
+  // dsa::Error naming the field on an unsupported type or a malformed step.
+  static PreTokenizer from_json(const nlohmann::json& j, const std::string& path = "pre_tokenizer");
 
   // True if a ByteLevel step was present (the model then works on raw bytes).
   bool has_byte_level() const { return byte_level_; }
@@ -54,7 +56,7 @@ private:
     bool invert = false;
     bool add_prefix_space = false;
   };
-  void add(const nlohmann::json& j);
+  void add(const nlohmann::json& j, const std::string& path);
   std::vector<Step> steps_;
   bool byte_level_ = false;
 };

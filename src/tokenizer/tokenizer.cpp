@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/mmap_file.h"
 #include "io/json.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -45,13 +46,6 @@ std::optional<std::string> byte_level_to_bytes(std::string_view s) {
     out += static_cast<char>(map[cp]);
   }
   return out;
-}
-
-// Rust char::is_whitespace (Unicode White_Space), for added-token lstrip/rstrip.
-bool is_white_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
 }
 
 struct StringHash {
@@ -182,6 +176,7 @@ std::string config_token(const nlohmann::json& cfg, const char* key) {
 }  // namespace
 
 struct Tokenizer::Impl {
+  tok::Normalizer norm;
   tok::PreTokenizer pre;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> bytes_to_id;  // vocab
   std::array<int32_t, 256> byte_id{};                                                   // single-byte tokens
@@ -190,7 +185,10 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> valid, special;
   std::vector<AddedToken> added;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> added_by_content;
-  Trie trie_raw, trie_norm;  // "normalized": false entries first, then the rest
+  // "normalized": false tokens, matched on the raw text; the others, stored in their
+  // normalized form and matched on the normalized pieces (tokenizers' split_trie and
+  // split_normalized_trie).
+  Trie trie_raw, trie_norm;
   int32_t unk_id = -1;
   bool ignore_merges = false;
   int32_t bos = -1, eos = -1;
@@ -203,7 +201,7 @@ struct Tokenizer::Impl {
   static constexpr size_t kCacheWordMin = 12;
   static constexpr size_t kCacheWordMax = 128;
 
-  void split_added(std::string_view text, std::vector<Segment>& out) const;
+  void split_added(std::string_view text, std::vector<Segment>& out, std::deque<std::string>& arena) const;
   void split_with(const Trie& trie, std::string_view text, std::vector<Segment>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
@@ -232,14 +230,14 @@ void Tokenizer::Impl::split_with(const Trie& trie, std::string_view text, std::v
         size_t p = s - 1;
         while (p > seg_start && (static_cast<unsigned char>(text[p]) & 0xC0) == 0x80) --p;
         size_t q = p;
-        if (!is_white_space(utf8::next_cp(text, q))) break;
+        if (!utf8::is_white_space(utf8::next_cp(text, q))) break;
         s = p;
       }
     }
     if (at.rstrip) {
       while (e < text.size()) {
         size_t q = e;
-        if (!is_white_space(utf8::next_cp(text, q))) break;
+        if (!utf8::is_white_space(utf8::next_cp(text, q))) break;
         e = q;
       }
     }
@@ -250,12 +248,24 @@ void Tokenizer::Impl::split_with(const Trie& trie, std::string_view text, std::v
   if (seg_start < text.size()) out.push_back({text.substr(seg_start), -1});
 }
 
-void Tokenizer::Impl::split_added(std::string_view text, std::vector<Segment>& out) const {
+// tokenizers' AddedVocabulary::extract_and_normalize: raw-matched tokens are split out of
+// the original text first; each remaining piece is normalized on its own (so Prepend or
+// Strip apply per piece), then searched for the normalized tokens. Normalized pieces live
+// in `arena`.
+void Tokenizer::Impl::split_added(std::string_view text, std::vector<Segment>& out,
+                                  std::deque<std::string>& arena) const {
   std::vector<Segment> first;
   split_with(trie_raw, text, first);
   for (const Segment& s : first) {
-    if (s.id >= 0) out.push_back(s);
-    else split_with(trie_norm, s.text, out);  // the normalizer is the identity here
+    if (s.id >= 0) {
+      out.push_back(s);
+    } else if (norm.is_identity()) {
+      split_with(trie_norm, s.text, out);
+    } else {
+      std::string& n = arena.emplace_back();
+      norm.apply(s.text, n);
+      split_with(trie_norm, n, out);
+    }
   }
 }
 
@@ -402,14 +412,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
         throw Error(std::string("model.") + k + " is not supported");
     m.ignore_merges = model.value("ignore_merges", false);
 
-    // Normalizer: only the identity (null / empty Sequence). NFC is accepted as the identity:
-    // byte-level vocabularies are trained on NFC text and inputs are expected to be NFC.
-    const auto& norm = j.contains("normalizer") ? j["normalizer"] : nlohmann::json(nullptr);
-    if (!norm.is_null()) {
-      const std::string t = norm.value("type", "");
-      const bool ok = t == "NFC" || (t == "Sequence" && norm.value("normalizers", nlohmann::json::array()).empty());
-      if (!ok) throw Error("unsupported normalizer '" + t + "'");
-    }
+    m.norm = tok::Normalizer::from_json(j.contains("normalizer") ? j["normalizer"] : nlohmann::json(nullptr));
     m.pre = tok::PreTokenizer::from_json(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json(nullptr));
     if (!m.pre.has_byte_level()) throw Error("not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer)");
 
@@ -499,7 +502,9 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
         auto b = byte_level_to_bytes(at.content);
         m.token_bytes[id] = b ? *b : at.content;
         m.added_by_content.emplace(at.content, at.id);
-        (a.value("normalized", true) ? m.trie_norm : m.trie_raw).insert(at.content, idx);
+        // tokenizers matches a normalized token by its content passed through the normalizer.
+        if (a.value("normalized", true)) m.trie_norm.insert(m.norm.apply(at.content), idx);
+        else m.trie_raw.insert(at.content, idx);
         m.added.push_back(std::move(at));
       }
     }
@@ -523,9 +528,9 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) 
   if (!utf8::valid(text)) throw Error("tokenizer input is not valid UTF-8");
   const Impl& m = *impl_;
   std::vector<Segment> segs;
-  m.split_added(text, segs);
   std::vector<std::string_view> pieces;
   std::deque<std::string> arena;
+  m.split_added(text, segs, arena);
   for (const Segment& s : segs) {
     if (s.id >= 0) { out.push_back(s.id); continue; }
     m.pre.split(s.text, pieces, arena);

@@ -1,7 +1,8 @@
 #pragma once
 // Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json: added tokens matched
-// literally (leftmost-longest), the pre_tokenizer regexes (PCRE2), BPE merges by rank, and
-// the ByteLevel decoder. Exact against the tokenizers crate on shared/tokenizer/golden.jsonl.
+// literally (leftmost-longest), the normalizer (normalizer.h), the pre_tokenizer regexes
+// (PCRE2), BPE merges by rank, and the ByteLevel decoder. Exact against the tokenizers crate
+// on shared/tokenizer/golden.jsonl.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -26,11 +27,14 @@ public:
 
   // text must be valid UTF-8 (throws dsa::Error otherwise). add_bos prepends bos_id();
   // the tokenizer.json post-processor is not applied (byte-level files add nothing).
+  // "normalized": false added tokens are matched on the raw text, the rest of the text is
+  // normalized piece by piece, then the other added tokens are matched, then pre-tokenized.
   std::vector<int32_t> encode(std::string_view text, bool add_bos = false) const;
   void encode_append(std::string_view text, std::vector<int32_t>& out) const;
 
   // ids -> text. Like the tokenizers crate: bytes of every token (added tokens included),
-  // then invalid UTF-8 replaced by U+FFFD. Throws dsa::Error on an unknown id.
+  // then invalid UTF-8 replaced by U+FFFD; the normalizer plays no part in decoding.
+  // Throws dsa::Error on an unknown id.
   std::string decode(std::span<const int32_t> ids) const;
   // ids -> raw bytes, no UTF-8 repair.
   std::string decode_bytes(std::span<const int32_t> ids) const;

@@ -95,6 +95,12 @@ void append_cp(std::string& out, uint32_t cp) {
   }
 }
 
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+
 bool py_isspace(uint32_t cp) {
   // CPython's _PyUnicode_IsWhitespace: bidirectional types WS/B/S plus Zs. Note that it
   // includes U+001C..U+001F (information separators) and U+0085, unlike JavaScript trim().

@@ -31,6 +31,10 @@ uint32_t next_cp(std::string_view s, size_t& i);
 
 void append_cp(std::string& out, uint32_t cp);
 
+// Rust char::is_whitespace (the Unicode White_Space property), what the tokenizers crate
+// strips with (added-token lstrip/rstrip, the Strip normalizer).
+bool is_white_space(uint32_t cp);
+
 // Python's str.isspace() (what str.strip() with no argument removes).
 bool py_isspace(uint32_t cp);
 
