@@ -63,7 +63,7 @@ void run(const Args& a) {
 
   // Kernel timings over the timed runs: the GEMM part's own FLOP rate, and a breakdown.
   using kernels::KernelId;
-  std::vector<kernels::KernelStat> pstat(size_t(KernelId::kCount)), dstat(size_t(KernelId::kCount));
+  std::vector<kernels::KernelStat> pstat(static_cast<size_t>(KernelId::kCount)), dstat(static_cast<size_t>(KernelId::kCount));  // not size_t(...): clang reads that as a parameter declaration
   // The decode step's matrix products by weight, summed over the repeats.
   std::vector<kernels::WeightStat> dweights;
   auto collect_weights = [&dweights] {

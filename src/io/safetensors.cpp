@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,19 +63,31 @@ const TensorInfo& SafeTensors::get(const std::string& name) const {
   return *t;
 }
 
-void SafeTensors::add_file(const std::string& path) {
-  auto file = std::make_unique<MmapFile>(path);
-  const size_t size = file->size();
+namespace {
+
+// A JSON integer in [0, max] as uint64_t. get<uint64_t>() would wrap -1 to 2^64-1, and
+// converting a float such as 1e300 to an integer is undefined behaviour.
+bool json_uint_at_most(const json& v, uint64_t max, uint64_t* out) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned()) *out = v.get<uint64_t>();
+  else if (v.get<int64_t>() < 0) return false;
+  else *out = uint64_t(v.get<int64_t>());
+  return *out <= max;
+}
+
+}  // namespace
+
+std::vector<TensorInfo> parse_safetensors(const uint8_t* data, size_t size, const std::string& path) {
   if (size < 8) throw Error("'" + path + "': truncated safetensors file (" + std::to_string(size) + " bytes, need at least 8)");
   uint64_t header_len = 0;
-  std::memcpy(&header_len, file->data(), 8);
+  std::memcpy(&header_len, data, 8);
   if (header_len > size - 8)
     throw Error("'" + path + "': header length " + std::to_string(header_len) + " exceeds file size " + std::to_string(size));
   json header;
   try {
     // Duplicate tensor names would silently keep the last entry (nlohmann's rule): refuse.
     std::set<std::string> seen;
-    header = json::parse(file->data() + 8, file->data() + 8 + header_len, [&](int depth, json::parse_event_t ev, json& v) {
+    header = json::parse(data + 8, data + 8 + header_len, [&](int depth, json::parse_event_t ev, json& v) {
       if (depth > kMaxJsonDepth) throw JsonTooDeep();
       if (ev == json::parse_event_t::key && depth == 1 && !seen.insert(v.get<std::string>()).second)
         throw Error("'" + path + "': tensor '" + v.get<std::string>() + "' appears twice in the safetensors header");
@@ -84,10 +97,9 @@ void SafeTensors::add_file(const std::string& path) {
     throw Error("'" + path + "': malformed safetensors header: " + e.what());
   }
   if (!header.is_object()) throw Error("'" + path + "': safetensors header is not a JSON object");
-  const uint8_t* base = file->data() + 8 + header_len;
+  const uint8_t* base = data + 8 + header_len;
   const size_t data_size = size - 8 - header_len;
-  std::vector<std::pair<uint64_t, std::string>> extents;  // [begin, end) per tensor, for the overlap check
-  std::vector<uint64_t> ends;
+  std::vector<TensorInfo> out;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = "'" + path + "': tensor '" + name + "'";
@@ -96,49 +108,78 @@ void SafeTensors::add_file(const std::string& path) {
     TensorInfo t;
     t.name = name;
     t.file = path;
-    try {
-      const std::string dt = v.at("dtype").get<std::string>();
-      if (!dtype_from_name(dt, &t.dtype)) throw Error(where + ": unsupported dtype '" + dt + "'");
-      for (const auto& d : v.at("shape")) {
-        const int64_t x = d.get<int64_t>();
-        if (x < 0) throw Error(where + ": negative dimension");
-        t.shape.push_back(x);
-      }
-      // The element count must not wrap (a [2^32, 2^32] shape would otherwise "need 0 bytes").
-      uint64_t n = 1;
-      for (int64_t x : t.shape)
-        if (__builtin_mul_overflow(n, uint64_t(x), &n) || __builtin_mul_overflow(n, uint64_t(dtype_size(t.dtype)), &n))
-          throw Error(where + ": shape " + t.shape_str() + " is too large");
-      const auto& off = v.at("data_offsets");
-      if (!off.is_array() || off.size() != 2) throw Error(where + ": data_offsets must be [begin, end]");
-      const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-      if (b > e || e > data_size)
-        throw Error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
-                    "] outside the data region of " + std::to_string(data_size) + " bytes (truncated file?)");
-      t.data = base + b;
-      t.nbytes = size_t(e - b);
-    } catch (const json::exception& e) {
-      throw Error(where + ": malformed header entry: " + e.what());
+    const json& dt = v.at("dtype");
+    if (!dt.is_string()) throw Error(where + ": dtype must be a string, got " + dt.dump());
+    if (!dtype_from_name(dt.get<std::string>(), &t.dtype)) throw Error(where + ": unsupported dtype '" + dt.get<std::string>() + "'");
+    const json& shape = v.at("shape");
+    if (!shape.is_array()) throw Error(where + ": shape must be a list of integers, got " + shape.dump());
+    // The byte count must not wrap (a [2^32, 2^32] shape would otherwise "need 0 bytes"), and
+    // every partial product stays below 2^63 so that numel() cannot overflow either (a zero
+    // dimension after [2^62, 2] would hide it from the final count).
+    uint64_t want = dtype_size(t.dtype);
+    for (const auto& d : shape) {
+      uint64_t x = 0;
+      if (!json_uint_at_most(d, uint64_t(INT64_MAX), &x))
+        throw Error(where + ": shape entries must be integers in [0, 2^63), got " + d.dump());
+      t.shape.push_back(int64_t(x));
+      if (__builtin_mul_overflow(want, x, &want) || want > uint64_t(INT64_MAX))
+        throw Error(where + ": shape " + t.shape_str() + " is too large");
     }
-    const size_t want = size_t(t.numel()) * dtype_size(t.dtype);
+    const json& off = v.at("data_offsets");
+    uint64_t b = 0, e = 0;
+    if (!off.is_array() || off.size() != 2 || !json_uint_at_most(off[0], UINT64_MAX, &b) || !json_uint_at_most(off[1], UINT64_MAX, &e))
+      throw Error(where + ": data_offsets must be [begin, end] (two non-negative integers), got " + off.dump());
+    if (b > e || e > data_size)
+      throw Error(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                  "] outside the data region of " + std::to_string(data_size) + " bytes (truncated file?)");
+    t.data = base + b;
+    t.nbytes = size_t(e - b);
     if (want != t.nbytes)
       throw Error(where + ": " + std::to_string(t.nbytes) + " bytes stored, but " + dtype_name(t.dtype) + " " +
                   t.shape_str() + " needs " + std::to_string(want));
-    if (tensors_.count(name)) throw Error(where + ": tensor appears in more than one file");
-    if (t.nbytes > 0) {
-      extents.emplace_back(uint64_t(t.data - base), name);
-      ends.push_back(uint64_t(t.data - base) + t.nbytes);
-    }
-    tensors_.emplace(name, std::move(t));
+    out.push_back(std::move(t));
   }
   // Two tensors sharing bytes means a corrupt header (writers lay tensors out back to back).
-  std::vector<size_t> order(extents.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return extents[a].first < extents[b].first; });
+  std::vector<const TensorInfo*> order;
+  for (const TensorInfo& t : out)
+    if (t.nbytes > 0) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) { return a->data < b->data; });
   for (size_t i = 1; i < order.size(); ++i)
-    if (extents[order[i]].first < ends[order[i - 1]])
-      throw Error("'" + path + "': tensors '" + extents[order[i - 1]].second + "' and '" + extents[order[i]].second +
+    if (order[i]->data < order[i - 1]->data + order[i - 1]->nbytes)
+      throw Error("'" + path + "': tensors '" + order[i - 1]->name + "' and '" + order[i]->name +
                   "' overlap in the data region (corrupt header)");
+  return out;
+}
+
+std::map<std::string, std::string> parse_safetensors_index(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = parse_json_bounded(text);
+  } catch (const json::exception& e) {
+    throw Error("'" + path + "': malformed JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error("'" + path + "': expected an object 'weight_map'");
+  std::map<std::string, std::string> out;
+  for (auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw Error("'" + path + "': weight_map['" + name + "'] is not a file name");
+    const std::string s = file.get<std::string>();
+    // The shard is opened beside the index: no path separators, no "." or "..", and no NUL
+    // (open() would stop reading the name there).
+    if (s.empty() || s == "." || s == ".." || s.find_first_of(std::string("/\0", 2)) != std::string::npos)
+      throw Error("'" + path + "': shard name " + file.dump() + " must be a plain file name");
+    out.emplace(name, s);
+  }
+  return out;
+}
+
+void SafeTensors::add_file(const std::string& path) {
+  auto file = std::make_unique<MmapFile>(path);
+  for (TensorInfo& t : parse_safetensors(file->data(), file->size(), path)) {
+    if (tensors_.count(t.name)) throw Error("'" + path + "': tensor '" + t.name + "': tensor appears in more than one file");
+    std::string name = t.name;
+    tensors_.emplace(std::move(name), std::move(t));
+  }
   files_.push_back(std::move(file));
 }
 
@@ -152,26 +193,18 @@ SafeTensors SafeTensors::open(const std::string& path) {
   const fs::path dir(path);
   const fs::path index = dir / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    json j;
-    try {
-      j = parse_json_bounded(read_text_file(index.string(), "safetensors index", size_t(64) << 20));
-    } catch (const json::exception& e) {
-      throw Error("'" + index.string() + "': malformed JSON: " + e.what());
-    }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      throw Error("'" + index.string() + "': expected an object 'weight_map'");
+    const auto weight_map =
+        parse_safetensors_index(read_text_file(index.string(), "safetensors index", size_t(64) << 20), index.string());
     std::set<std::string> shards;
-    for (auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw Error("'" + index.string() + "': weight_map['" + name + "'] is not a file name");
-      shards.insert(file.get<std::string>());
-    }
-    for (const auto& s : shards) {
-      if (s.find('/') != std::string::npos) throw Error("'" + index.string() + "': shard name '" + s + "' must be a plain file name");
-      st.add_file((dir / s).string());
-    }
-    for (auto& [name, file] : j["weight_map"].items()) {
+    for (const auto& [name, file] : weight_map) shards.insert(file);
+    for (const auto& s : shards) st.add_file((dir / s).string());
+    // Each listed tensor must come from the shard the map names: an index that disagrees
+    // with the files is corrupt, whichever shard happens to hold the name.
+    for (const auto& [name, file] : weight_map) {
       const TensorInfo* t = st.find(name);
-      if (!t) throw Error("tensor '" + name + "' listed in '" + index.string() + "' is missing from shard '" + file.get<std::string>() + "'");
+      if (!t || t->file != (dir / file).string())
+        throw Error("tensor '" + name + "' listed in '" + index.string() + "' is missing from shard '" + file + "'" +
+                    (t ? " (it is in '" + fs::path(t->file).filename().string() + "')" : ""));
     }
     return st;
   }

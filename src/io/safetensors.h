@@ -49,6 +49,18 @@ private:
   std::map<std::string, TensorInfo> tensors_;
 };
 
+// The parsers behind SafeTensors::open, on bytes already in memory (the fuzz targets call
+// them directly). Both throw dsa::Error naming `path` and the field that is wrong.
+//
+// One .safetensors file image: the 8-byte header length, the JSON header, the data region.
+// Checks what open() checks: known dtypes, shapes whose byte size matches the stored range,
+// offsets inside the data region, no duplicate names, no overlapping tensors. The tensors'
+// `data` point into `data`, in header order.
+std::vector<TensorInfo> parse_safetensors(const uint8_t* data, size_t size, const std::string& path);
+// model.safetensors.index.json: its weight_map, tensor name -> shard file name (a plain file
+// name beside the index).
+std::map<std::string, std::string> parse_safetensors_index(const std::string& text, const std::string& path);
+
 // A tensor to be written: name, dtype, shape and raw little-endian bytes.
 struct TensorBlob {
   std::string name;

@@ -242,6 +242,8 @@ void ModelConfig::validate() const {
   if (kv_lora_rank > kMaxKvLoraRank) bad("kv_lora_rank", "at most " + std::to_string(kMaxKvLoraRank) + " supported, got " + std::to_string(kv_lora_rank));
   pos("qk_nope_head_dim", qk_nope_head_dim);
   pos("v_head_dim", v_head_dim);
+  for (const auto& [field, v] : {std::pair{"qk_nope_head_dim", qk_nope_head_dim}, std::pair{"v_head_dim", v_head_dim}})
+    if (v > kMaxHeadDim) bad(field, "at most " + std::to_string(kMaxHeadDim) + " supported, got " + std::to_string(v));
   pos("index_n_heads", index_n_heads);
   pos("index_topk", index_topk);
   // Generous bounds far above any released model, so that a typo fails here instead of

@@ -29,6 +29,9 @@ struct QuantConfig {
 // validation, not as a multi-gigabyte allocation or an endless plan.
 inline constexpr int kMaxLayers = 1024;
 inline constexpr int kMaxIndexTopk = 1 << 16;
+// Per-head dims (released: nope 128/192, v 128/256): qk_head_dim() adds nope and rope in int,
+// so an unbounded nope of 2^31-1 overflowed there.
+inline constexpr int kMaxHeadDim = 4096;
 // The routing and kernel code keeps per-token scratch on the stack, sized by these; validation
 // refuses any config beyond them (released models: 256 experts in 8 groups, 8 per token,
 // 128x128 weight blocks, kv_lora_rank 512).

@@ -66,7 +66,9 @@ const ojson& field(const ojson& m, const char* key) {
 bool truthy(const ojson& v) {
   if (v.is_null()) return false;
   if (v.is_boolean()) return v.get<bool>();
-  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
+  // nlohmann's empty() is false for every string (a primitive), so "" needs its own test.
+  if (v.is_string()) return !v.get_ref<const std::string&>().empty();
+  if (v.is_array() || v.is_object()) return !v.empty();
   if (v.is_number_float()) return v.get<double>() != 0;
   if (v.is_number()) return v.get<int64_t>() != 0;
   return true;
@@ -80,9 +82,9 @@ std::string text_of(const ojson& content) {
     std::string out;
     for (const auto& part : content) {
       if (part.is_string()) out += part.get<std::string>();
-      else if (part.is_object() && part.value("type", "") == "text" && part.contains("text"))
+      else if (part.is_object() && part.contains("type") && part["type"] == "text" && part.contains("text") && part["text"].is_string())
         out += part["text"].get<std::string>();
-      else throw Error("unsupported content part: " + part.dump());
+      else throw Error("unsupported content part (expected a string or {\"type\": \"text\", \"text\": <string>}): " + part.dump());
     }
     return out;
   }
@@ -102,6 +104,17 @@ int last_user_index(const ojson& msgs) {
     if (r == "user" || r == "developer") idx = static_cast<int>(i);
   }
   return idx;
+}
+
+// tool_calls of an assistant message: a falsy value (absent, null, [], {}, "") means none, as
+// in the reference's `if tool_calls:`; anything else but a list is an error (its entries are
+// indexed and counted against the tool results).
+const ojson& tool_calls_of(const ojson& msg, size_t index) {
+  static const ojson none = ojson::array();
+  const ojson& calls = field(msg, "tool_calls");
+  if (!truthy(calls)) return none;
+  if (!calls.is_array()) throw Error("message " + std::to_string(index) + ": tool_calls must be a list, got " + calls.dump());
+  return calls;
 }
 
 std::string response_format_block(const ojson& rf) {
@@ -170,9 +183,9 @@ std::string render_message(size_t index, const ojson& msgs, int last_user, Think
     while (prev >= 0 && role_of(msgs[static_cast<size_t>(prev)]) == "tool") --prev;
     if (prev < 0 || role_of(msgs[static_cast<size_t>(prev)]) != "assistant")
       throw Error("tool message " + std::to_string(i) + " does not follow an assistant message");
-    const ojson& calls = field(msgs[static_cast<size_t>(prev)], "tool_calls");
+    const ojson& calls = tool_calls_of(msgs[static_cast<size_t>(prev)], static_cast<size_t>(prev));
     const int order = i - prev;
-    if (!truthy(calls) || static_cast<int>(calls.size()) < order)
+    if (static_cast<int>(calls.size()) < order)
       throw Error("tool message " + std::to_string(i) + " has no matching tool call");
     if (order == 1) p += "\n\n<function_results>";
     p += "\n<result>" + text_of(field(msg, "content")) + "</result>";
@@ -181,10 +194,10 @@ std::string render_message(size_t index, const ojson& msgs, int last_user, Think
       p += (i >= last_user && thinking) ? kThinkStart : kThinkEnd;
     }
   } else if (role == "assistant") {
-    const ojson& calls = field(msg, "tool_calls");
+    const ojson& calls = tool_calls_of(msg, index);
     const ojson& reasoning = field(msg, "reasoning_content");
     std::string tool_part;
-    if (truthy(calls)) {
+    if (!calls.empty()) {
       tool_part = "\n\n<｜DSML｜function_calls>\n";
       for (size_t k = 0; k < calls.size(); ++k) {
         if (k) tool_part += '\n';
@@ -211,6 +224,7 @@ std::string render_message(size_t index, const ojson& msgs, int last_user, Think
 }  // namespace
 
 std::string render_tools(const ojson& tools) {
+  if (!tools.is_array()) throw Error("tools must be a list of tools, got " + tools.dump());
   std::string schemas;
   for (size_t k = 0; k < tools.size(); ++k) {
     if (k) schemas += '\n';

@@ -218,10 +218,17 @@ void StreamingParser::emit_text(bool reasoning, size_t len, std::vector<StreamEv
 
 void StreamingParser::step(bool final, std::vector<StreamEvent>& ev, bool& progressed) {
   progressed = false;
-  // Held-back text ends before a possible marker start, and never inside a UTF-8 character.
+  // Held-back text ends before a possible marker start, and never inside a UTF-8 character:
+  // neither one the hold position falls into nor one split across deltas (its first bytes
+  // wait at the end of the buffer until the rest arrives).
   auto safe = [&](const Hit& h) {
     size_t n = std::min(h.hold, buf_.size());
     while (n > 0 && n < buf_.size() && (static_cast<unsigned char>(buf_[n]) & 0xC0) == 0x80) --n;
+    if (n == buf_.size()) {
+      size_t lead = n;
+      while (lead > 0 && n - lead < 3 && (static_cast<unsigned char>(buf_[lead - 1]) & 0xC0) == 0x80) --lead;
+      if (lead > 0 && utf8::scan(buf_, lead - 1).status == utf8::Seq::Truncated) n = lead - 1;
+    }
     return n;
   };
   switch (state_) {

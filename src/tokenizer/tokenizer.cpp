@@ -154,6 +154,7 @@ struct Segment {
 
 // Vocabularies are ~130K; anything near this bound is a corrupt file, not a tokenizer.
 constexpr int64_t kMaxTokenId = int64_t(1) << 24;
+constexpr size_t kMaxUnusedIds = size_t(1) << 16;
 
 nlohmann::json read_json_file(const std::string& path) {
   const std::string text = read_text_file(path, "tokenizer file");
@@ -430,6 +431,12 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
     std::vector<const std::string*> vocab_str;
     if (j.contains("added_tokens"))
       for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, token_id(a.at("id"), "added_tokens"));
+    // The tables below are sized by the highest id: one id of 9118250 in a 2 KB file asked
+    // for 290 MB. Gaps are allowed, up to kMaxUnusedIds unused ids in all.
+    const size_t entries = vocab.size() + (j.contains("added_tokens") ? j["added_tokens"].size() : 0);
+    if (size_t(max_id) + 1 > entries + kMaxUnusedIds)
+      throw Error("id " + std::to_string(max_id) + " is far beyond the " + std::to_string(entries) +
+                  " entries of model.vocab and added_tokens (at most " + std::to_string(kMaxUnusedIds) + " unused ids)");
     const auto n = static_cast<size_t>(max_id + 1);
     m.token_bytes.assign(n, std::string());
     m.valid.assign(n, 0);

@@ -367,3 +367,101 @@ TEST(Config, IndexerScheduleAndRopeVariants) {
 }
 
 }  // namespace
+
+// Regression tests for inputs found by the fuzz targets (fuzz/), each reproduced literally.
+namespace {
+
+// A .safetensors image: 8-byte little-endian header length, the header, `data` zero bytes.
+std::vector<uint8_t> safetensors_image(const std::string& header, size_t data) {
+  std::vector<uint8_t> img(8 + header.size() + data, 0);
+  const uint64_t n = header.size();
+  std::memcpy(img.data(), &n, 8);
+  std::memcpy(img.data() + 8, header.data(), header.size());
+  return img;
+}
+
+void expect_header_error(const std::string& header, size_t data, std::initializer_list<std::string> needles) {
+  const auto img = safetensors_image(header, data);
+  try {
+    parse_safetensors(img.data(), img.size(), "x.safetensors");
+    FAIL() << "header should have been refused: " << header;
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "message: " << e.what() << "\nmissing: " << n;
+  }
+}
+
+// Shape entries and offsets that are not non-negative integers were converted with
+// get<int64_t>() / get<uint64_t>(): 1e300 or -1.5 is undefined behaviour (UBSan), and a zero
+// dimension hid an int64 overflow of [2^62, 2] from the byte count (numel() overflowed).
+TEST(Loader, SafetensorsNumbersThatAreNotSizes) {
+  expect_header_error(R"({"a": {"dtype": "F32", "shape": [1e300], "data_offsets": [0, 0]}})", 0, {"'a'", "shape", "1e+300"});
+  expect_header_error(R"({"a": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}})", 8, {"'a'", "shape"});
+  expect_header_error(R"({"a": {"dtype": "F32", "shape": 4, "data_offsets": [0, 16]}})", 16, {"'a'", "shape must be a list"});
+  expect_header_error(R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [-1.5, 1]}})", 1, {"'a'", "data_offsets"});
+  expect_header_error(R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [-1, 0]}})", 1, {"'a'", "data_offsets"});
+  expect_header_error(R"({"a": {"dtype": "U8", "shape": [4611686018427387904, 2, 0], "data_offsets": [0, 0]}})", 0, {"'a'", "too large"});
+  expect_header_error(R"({"a": {"dtype": 7, "shape": [1], "data_offsets": [0, 1]}})", 1, {"'a'", "dtype must be a string"});
+  // Still accepted: an empty tensor and a scalar.
+  const auto ok = safetensors_image(R"({"e": {"dtype": "F32", "shape": [0, 5], "data_offsets": [0, 0]}, "s": {"dtype": "I64", "shape": [], "data_offsets": [0, 8]}})", 8);
+  const auto ts = parse_safetensors(ok.data(), ok.size(), "ok.safetensors");
+  ASSERT_EQ(ts.size(), 2u);
+  EXPECT_EQ(ts[0].numel(), 0);
+  EXPECT_EQ(ts[1].nbytes, 8u);
+}
+
+// An index that names, for a tensor, a shard other than the one holding it was accepted
+// because some other listed shard had the name (fuzz_safetensors_index).
+TEST(Loader, IndexMustNameTheShardHoldingEachTensor) {
+  const std::string dir = tmpdir("index_shard");
+  const float v[2] = {1, 2};
+  write_safetensors(dir + "/shard2.safetensors", {make_blob_f32("c", {2}, v)});
+  write_safetensors(dir + "/shard3.safetensors", {make_blob_f32("a", {2}, v)});
+  std::ofstream(dir + "/model.safetensors.index.json") << R"({"weight_map":{"a":"shard2.safetensors","c":"shard3.safetensors"}})";
+  try {
+    SafeTensors::open(dir);
+    FAIL() << "index naming the wrong shards should have been refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'a'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("missing from shard 'shard2.safetensors' (it is in 'shard3.safetensors')"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir + "/model.safetensors.index.json") << R"({"weight_map":{"a":"shard3.safetensors","c":"shard2.safetensors"}})";
+  EXPECT_EQ(SafeTensors::open(dir).num_files(), 2u);
+}
+
+// Shard names are opened beside the index: "", ".", ".." and names with a NUL (which open()
+// would cut short) are refused like names with a '/'.
+TEST(Loader, ShardNamesMustBePlainFileNames) {
+  for (const std::string name : {R"("")", R"(".")", R"("..")", R"("a\u0000b.safetensors")", R"("../x.safetensors")"}) {
+    try {
+      parse_safetensors_index(R"({"weight_map":{"t":)" + name + "}}", "model.safetensors.index.json");
+      FAIL() << "shard name " << name << " should have been refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("must be a plain file name"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_safetensors_index("[1]", "i.json"), Error);
+  EXPECT_THROW(parse_safetensors_index(R"({"weight_map":{"t":3}})", "i.json"), Error);
+  EXPECT_EQ(parse_safetensors_index(R"({"weight_map":{"t":"m.safetensors"}})", "i.json").at("t"), "m.safetensors");
+}
+
+}  // namespace
+
+namespace {
+
+// fuzz_config: qk_nope_head_dim 2^31-1 passed validation, and qk_head_dim() (nope + rope, in
+// int) overflowed in softmax_scale(). Head dims are now bounded like the other sizes.
+TEST(Config, HeadDimsThatWouldOverflowAreRefused) {
+  for (const char* field : {"qk_nope_head_dim", "v_head_dim"}) {
+    auto j = nlohmann::json::parse(make_model_config("tiny", "fp8"));
+    j[field] = 2147483647;
+    try {
+      ModelConfig::from_json_text(j.dump());
+      FAIL() << field << " = 2^31-1 should have been refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("at most 4096"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace

@@ -93,3 +93,41 @@ TEST(ChatDsv32, EmptyArgumentsAndRawStrings) {
 }
 
 }  // namespace
+
+namespace {
+
+// Regression tests for requests found by fuzz/fuzz_dsv32_encoding, reproduced literally:
+// fields of the wrong JSON type escaped as nlohmann::json::type_error (operator[] with an
+// index on an object or a number, get<std::string>() on a number) instead of a dsa::Error.
+TEST(ChatDsv32, FieldsOfTheWrongTypeAreErrors) {
+  using J = nlohmann::ordered_json;
+  auto expect_error = [](const char* messages, const char* needle) {
+    try {
+      dsv32::encode_messages(J::parse(messages), {});
+      ADD_FAILURE() << "should have been refused: " << messages;
+    } catch (const dsa::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(R"([{"role":"system","content":"s","tools":2147483647}])", "tools must be a list");
+  expect_error(R"([{"role":"system","content":"s","tools":{"type":"function"}}])", "tools must be a list");
+  expect_error(R"([{"role":"developer","content":"d","tools":"x"}])", "tools must be a list");
+  expect_error(R"([{"role":"user","content":"u"},{"role":"assistant","content":"","tool_calls":{"type":"function"}}])",
+               "tool_calls must be a list");
+  expect_error(R"([{"role":"user","content":"u"},{"role":"assistant","content":"","tool_calls":"x"},{"role":"tool","content":"r"}])",
+               "tool_calls must be a list");
+  expect_error(R"([{"role":"user","content":[{"type":"text","text":5}]}])", "unsupported content part");
+  expect_error(R"([{"role":"user","content":[{"type":7,"text":"t"}]}])", "unsupported content part");
+  EXPECT_THROW(dsv32::render_tools(J::parse(R"({"name":"f"})")), dsa::Error);
+  // An empty string is falsy, as in Python: reasoning_content "" does not satisfy the
+  // thinking-mode requirement (nlohmann's empty() is false for every string).
+  dsv32::EncodeOptions think;
+  think.thinking_mode = ThinkingMode::Thinking;
+  EXPECT_THROW(dsv32::encode_messages(J::parse(R"([{"role":"user","content":"u"},{"role":"assistant","content":"a","reasoning_content":""}])"), think),
+               dsa::Error);
+  // Falsy values still mean "none", as in the reference's `if tool_calls:` / `if tools:`.
+  EXPECT_NO_THROW(dsv32::encode_messages(J::parse(R"([{"role":"system","content":"s","tools":{}},{"role":"user","content":"u"},
+                                                      {"role":"assistant","content":"a","tool_calls":""}])"), {}));
+}
+
+}  // namespace

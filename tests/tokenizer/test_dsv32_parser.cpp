@@ -8,6 +8,7 @@
 #include "tokenizer/dsv32_parser.h"
 #include "tokenizer/pyjson.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace {
 
@@ -176,6 +177,37 @@ TEST(Dsv32Parser, RoundTripsEveryAssistantMessageOfTheExamples) {
     }
   }
   EXPECT_GT(checked, 5);
+}
+
+}  // namespace
+
+// Regression tests for inputs found by fuzz/fuzz_dsv32_parser, reproduced literally.
+namespace {
+
+// A character split across two deltas ("×" is C3 97) was emitted half in each, though
+// deltas are promised to be cut at character boundaries only: its first byte now waits.
+TEST(Dsv32Parser, CharacterSplitAcrossDeltasIsHeldBack) {
+  dsv32::StreamingParser sp(ThinkingMode::Thinking);
+  auto ev = sp.feed("17 \xC3");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].text, "17 ");
+  ev = sp.feed("\x97 23</think>ok<｜end▁of▁sentence｜>");
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].text, "\xC3\x97 23");
+  EXPECT_EQ(ev[1].text, "ok");
+  EXPECT_TRUE(sp.finish().empty());
+  // Also in 7-byte chunks of the fuzzer's input, and for 3- and 4-byte characters.
+  const std::string text = "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51 = 391.</think>17 × 23 = **391**.<｜end▁of▁sentence｜>";
+  std::vector<std::string_view> parts;
+  for (size_t k = 0; k < text.size(); k += 7) parts.push_back(std::string_view(text).substr(k, 7));
+  dsv32::StreamingParser chunked(ThinkingMode::Thinking);
+  for (auto p : parts)
+    for (const auto& e : chunked.feed(p)) EXPECT_TRUE(dsa::utf8::valid(e.text)) << e.text;
+  EXPECT_EQ(chunked.message(), dsv32::parse_completion(text, ThinkingMode::Thinking));
+  dsv32::StreamingParser wide(ThinkingMode::Chat);
+  EXPECT_EQ(wide.feed("a\xE4\xB8").at(0).text, "a");
+  EXPECT_EQ(wide.feed("\x96\xF0\x9F").at(0).text, "\xE4\xB8\x96");
+  EXPECT_EQ(wide.feed("\x98\x80<｜end▁of▁sentence｜>").at(0).text, "\xF0\x9F\x98\x80");
 }
 
 }  // namespace

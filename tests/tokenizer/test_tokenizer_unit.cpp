@@ -160,3 +160,23 @@ TEST(PyJson, MatchesPythonJsonDumps) {
 }
 
 }  // namespace
+
+// Regression test for an input found by fuzz/fuzz_tokenizer: the id tables are sized by the
+// highest id, so one id of 9118250 in a 1.8 KB tokenizer.json allocated 290 MB. Ids far past
+// the number of entries are refused; a modest gap is still fine.
+namespace {
+
+TEST(TinyTokenizer, IdFarBeyondTheEntriesIsRefused) {
+  const J far = J::parse(R"({"model":{"type":"BPE","vocab":{"a":9118250},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})");
+  try {
+    dsa::Tokenizer::from_json(far);
+    FAIL() << "id 9118250 with one entry should have been refused";
+  } catch (const dsa::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("9118250"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unused ids"), std::string::npos) << e.what();
+  }
+  const J gap = J::parse(R"({"model":{"type":"BPE","vocab":{"a":0,"b":1000},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}})");
+  EXPECT_EQ(dsa::Tokenizer::from_json(gap).vocab_size(), 1001);
+}
+
+}  // namespace

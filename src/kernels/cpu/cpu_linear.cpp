@@ -4,6 +4,7 @@
 // (sign << 8, exponent+mantissa << 7) gives the same value scaled by 2^-8 (the exponent
 // bias is 15 instead of 7), subnormals included, and F16C converts 8 halves per
 // instruction. The 2^8 is folded into the per-block scale, applied once per 128 columns.
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -20,7 +21,10 @@
 namespace dsa::kernels::cpu {
 
 bool has_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C is read from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports rejects "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
   return ok;
 }
 

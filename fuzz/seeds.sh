@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the seed corpora of the fuzz targets at run time, from the shared fixtures and the
+# project's own presets, into BUILD/fuzz-seeds/<target>/ (never into the repository).
+#
+#   fuzz/seeds.sh BUILD [SHARED]
+#
+# BUILD is the DSA_FUZZ=ON build folder (its fuzz/dsa_fuzz_seeds does the JSON work).
+# SHARED defaults to $DSA_SHARED_DIR, else ../shared beside the checkout; it needs
+# golden/ (checkpoints) and tokenizer/ (jsonl fixtures). A missing fixture only means fewer
+# seeds: every target also gets hand-made ones.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+build="${1:?usage: fuzz/seeds.sh BUILD [SHARED]}"
+shared="${2:-${DSA_SHARED_DIR:-$here/../../shared}}"
+tool="$build/fuzz/dsa_fuzz_seeds"
+[ -x "$tool" ] || { echo "seeds.sh: $tool not built (cmake --build $build --target fuzz)" >&2; exit 1; }
+out="$build/fuzz-seeds"
+rm -rf "$out"
+for t in safetensors safetensors_index config tokenizer tokenizer_deepseek dsv32_parser dsv32_encoding glm5_template; do
+  mkdir -p "$out/fuzz_$t"
+done
+[ -d "$shared" ] || echo "seeds.sh: no shared fixtures at $shared (set DSA_SHARED_DIR); hand-made seeds only" >&2
+
+# safetensors: every golden file (checkpoints, expected outputs, the ops fixture) cut to
+# its header and shrunk to a small valid image; their tensor names make index seeds.
+n=0
+if [ -d "$shared/golden" ]; then
+  while IFS= read -r f; do
+    "$tool" safetensors "$f" "golden$n" "$out/fuzz_safetensors" "$out/fuzz_safetensors_index" >/dev/null
+    n=$((n + 1))
+  done < <(find "$shared/golden" -name '*.safetensors' | sort)
+fi
+# A minimal valid file and an empty header, written by hand.
+hdr='{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}}'
+printf "$(printf '\\x%02x' ${#hdr})\0\0\0\0\0\0\0%s\1\2\3\4\5\6\7\10" "$hdr" > "$out/fuzz_safetensors/hand-f32"
+printf '\2\0\0\0\0\0\0\0{}' > "$out/fuzz_safetensors/hand-empty"
+
+# Index seeds naming the fuzz target's own scratch shards (shard1: a, b; shard2: c; shard3: a).
+idx="$out/fuzz_safetensors_index"
+printf '%s' '{"metadata":{"total_size":24},"weight_map":{"a":"shard1.safetensors","b":"shard1.safetensors","c":"shard2.safetensors"}}' > "$idx/hand-ok"
+printf '%s' '{"weight_map":{"a":"shard3.safetensors"}}' > "$idx/hand-ok2"
+printf '%s' '{"weight_map":{"a":"shard1.safetensors","c":"shard3.safetensors"}}' > "$idx/hand-dup"
+printf '%s' '{"weight_map":{"x":"shard2.safetensors"}}' > "$idx/hand-missing"
+
+# config.json: the golden checkpoints' and every make-model preset's.
+if [ -d "$shared/golden" ]; then
+  n=0
+  while IFS= read -r f; do cp "$f" "$out/fuzz_config/golden$n.json"; n=$((n + 1)); done \
+    < <(find "$shared/golden" -name config.json | sort)
+fi
+"$tool" configs "$out/fuzz_config" >/dev/null
+
+# tokenizer.json: small hand-made files (every pre-tokenizer kind, added-token flags).
+"$tool" tokenizers "$out/fuzz_tokenizer" >/dev/null
+
+tok="$shared/tokenizer"
+if [ -d "$tok" ]; then
+  # Texts for the real tokenizer: the golden cases and the rendered chat prompts.
+  [ -f "$tok/golden.jsonl" ] && "$tool" jsonl-field "$tok/golden.jsonl" text "$out/fuzz_tokenizer_deepseek" >/dev/null
+  [ -f "$tok/chat_examples.jsonl" ] && "$tool" jsonl-field "$tok/chat_examples.jsonl" prompt "$out/fuzz_tokenizer_deepseek" >/dev/null
+  [ -f "$tok/glm5_chat_examples.jsonl" ] && "$tool" jsonl-field "$tok/glm5_chat_examples.jsonl" prompt "$out/fuzz_tokenizer_deepseek" >/dev/null
+  # Requests for the chat renderers, cut down to what the targets read.
+  if [ -f "$tok/chat_examples.jsonl" ]; then
+    "$tool" jsonl-keys "$tok/chat_examples.jsonl" messages,encode_args "$out/fuzz_dsv32_encoding" >/dev/null
+    "$tool" completions "$tok/chat_examples.jsonl" "$out/fuzz_dsv32_parser" >/dev/null
+  fi
+  [ -f "$tok/glm5_chat_examples.jsonl" ] && "$tool" jsonl-keys "$tok/glm5_chat_examples.jsonl" \
+    messages,tools,add_generation_prompt,enable_thinking,template_kwargs "$out/fuzz_glm5_template" >/dev/null
+fi
+printf '%s' 'hello world, 12345 世界 <｜end▁of▁sentence｜>' > "$out/fuzz_tokenizer_deepseek/hand-0"
+
+# Completions by hand: fuzz_dsv32_parser's layout is flags (bit 0: thinking), the count of
+# chunk sizes, the sizes, then the text.
+p="$out/fuzz_dsv32_parser"
+printf '\1\0%s' 'why</think>The answer.<｜end▁of▁sentence｜>' > "$p/hand-think"
+printf '\0\1\3%s' $'Calling.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="x" string="true">1</｜DSML｜parameter>\n<｜DSML｜parameter name="y" string="false">[2]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>' > "$p/hand-tools"
+printf '\0\2\1\5%s' 'no eos here' > "$p/hand-noeos"
+
+# Chat requests by hand.
+printf '%s' '{"messages":[{"role":"system","content":"s","tools":[{"type":"function","function":{"name":"f","parameters":{}}}]},{"role":"user","content":"hi"},{"role":"assistant","content":"","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}]},{"role":"tool","content":"r"}],"encode_args":{"thinking_mode":"thinking"}}' > "$out/fuzz_dsv32_encoding/hand-0"
+printf '%s' '{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":"<think>r</think>a","tool_calls":[{"function":{"name":"f","arguments":{"k":[1]}}}]},{"role":"tool","content":[{"output":"o"}]}],"tools":[{"name":"f"}],"template_kwargs":{"clear_thinking":false}}' > "$out/fuzz_glm5_template/hand-0"
+
+for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done
