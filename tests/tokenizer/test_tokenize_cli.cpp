@@ -65,14 +65,14 @@ TEST(TokenizeCli, EncodesAndDecodesTheGoldenLines) {
   const auto got = lines_of(enc.out);
   ASSERT_EQ(got.size(), golden.size());
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_EQ(nlohmann::json::parse(got[i]), golden[i]["ids"]) << golden[i]["name"];
+    EXPECT_EQ(nlohmann::ordered_json::parse(got[i]), golden[i]["ids"]) << golden[i]["name"];
 
   const Result dec = run_dsa(std::string("tokenize --decode --model ").append(model.string()), idss);
   ASSERT_EQ(dec.status, 0) << dec.err;
   const auto back = lines_of(dec.out);
   ASSERT_EQ(back.size(), golden.size());
   for (size_t i = 0; i < back.size(); ++i)
-    EXPECT_EQ(nlohmann::json::parse(back[i]), golden[i]["text"]) << golden[i]["name"];
+    EXPECT_EQ(nlohmann::ordered_json::parse(back[i]), golden[i]["text"]) << golden[i]["name"];
 
   // Ids whose bytes are not UTF-8 on their own still give valid JSON strings.
   std::string arbitrary;
