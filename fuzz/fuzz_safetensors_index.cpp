@@ -68,17 +68,6 @@ void check(const std::string& text) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string_view input = dsa::fuzz::as_view(data, size);
-  try {
-    check(std::string(input));
-  } catch (const dsa::Error&) {
-  }
-  nlohmann::ordered_json doc;
-  try {
-    doc = dsa::parse_json_bounded<nlohmann::ordered_json>(input);
-  } catch (const nlohmann::json::exception&) {
-    return 0;
-  }
-  dsa::fuzz::run_with_variants(doc, input, 16, [](const nlohmann::ordered_json& d) { check(d.dump()); });
+  dsa::fuzz::run_json_text(dsa::fuzz::as_view(data, size), 16, check);
   return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
+#include "tokenizer_checks.h"
 #include "io/json.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -29,13 +30,7 @@ void check(const nlohmann::json& j, std::string_view text) {
   FUZZ_CHECK(dsa::utf8::valid(text), "encode accepted invalid UTF-8");
   for (int32_t id : ids) FUZZ_CHECK(tok.is_valid_id(id), "encode returned unknown id " + std::to_string(id));
   FUZZ_CHECK(tok.encode(text) == ids, "encoding the same text twice differs");
-  const std::string decoded = tok.decode(ids);
-  FUZZ_CHECK(dsa::utf8::valid(decoded), "decode gave invalid UTF-8");
-  dsa::StreamDecoder sd(tok);
-  std::string streamed;
-  for (int32_t id : ids) streamed += sd.push(id);
-  streamed += sd.flush();
-  FUZZ_CHECK(streamed == decoded, "stream decoder disagrees with decode");
+  dsa::fuzz::check_decode(tok, ids);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
+#include "tokenizer_checks.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -52,12 +53,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int32_t id = int32_t((uint32_t(data[i]) << 16 | uint32_t(data[i + 1]) << 8 | data[i + 2]) % uint32_t(tok.vocab_size()));
     if (tok.is_valid_id(id)) ids.push_back(id);
   }
-  const std::string decoded = tok.decode(ids);
-  FUZZ_CHECK(dsa::utf8::valid(decoded), "decode gave invalid UTF-8");
-  dsa::StreamDecoder sd(tok);
-  std::string streamed;
-  for (int32_t id : ids) streamed += sd.push(id);
-  streamed += sd.flush();
-  FUZZ_CHECK(streamed == decoded, "stream decoder disagrees with decode");
+  dsa::fuzz::check_decode(tok, ids);
   return 0;
 }

@@ -114,6 +114,25 @@ void run_with_variants(const Json& doc, std::string_view input, size_t max_varia
   failure_context().clear();
 }
 
+// A target whose input is one JSON document that `check` parses itself from text: the text
+// exactly as given (duplicate keys, odd spacing), then up to max_variants type-swapped
+// variants of the parsed document (run_with_variants). Text that is not JSON stops after the
+// first run; dsa::Error is the accepted way to refuse any of them.
+template <class Check>
+void run_json_text(std::string_view input, size_t max_variants, Check&& check) {
+  try {
+    check(std::string(input));
+  } catch (const dsa::Error&) {
+  }
+  nlohmann::ordered_json doc;
+  try {
+    doc = dsa::parse_json_bounded<nlohmann::ordered_json>(input);
+  } catch (const nlohmann::json::exception&) {
+    return;
+  }
+  run_with_variants(doc, input, max_variants, [&](const nlohmann::ordered_json& d) { check(d.dump()); });
+}
+
 }  // namespace dsa::fuzz
 
 #define FUZZ_CHECK(cond, msg)                                                              \

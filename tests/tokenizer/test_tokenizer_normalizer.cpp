@@ -3,6 +3,7 @@
 // normalized text. Expected strings were worked out from the Unicode data, not from this code.
 #include <gtest/gtest.h>
 
+#include "byte_level.h"
 #include "core/error.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer.h"
@@ -13,20 +14,7 @@ namespace {
 using J = nlohmann::json;
 using dsa::tok::Normalizer;
 
-// GPT-2 bytes_to_unicode, written independently of the library for the test.
-std::string byte_char(int b) {
-  int extra = 0;
-  for (int x = 0; x < 256; ++x) {
-    const bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
-    if (x == b) {
-      std::string s;
-      dsa::utf8::append_cp(s, printable ? static_cast<uint32_t>(x) : static_cast<uint32_t>(256 + extra));
-      return s;
-    }
-    if (!printable) ++extra;
-  }
-  return {};
-}
+using dsa::test::byte_char;
 
 J added(int id, const std::string& content, bool normalized) {
   return J{{"id", id}, {"content", content}, {"special", true}, {"normalized", normalized},

@@ -3,6 +3,7 @@
 // characters, UTF-8 repair and Python-style JSON.
 #include <gtest/gtest.h>
 
+#include "byte_level.h"
 #include "core/error.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/pyjson.h"
@@ -13,20 +14,7 @@ namespace {
 
 using J = nlohmann::json;
 
-// GPT-2 bytes_to_unicode, written independently of the library for the test.
-std::string byte_char(int b) {
-  int extra = 0;
-  for (int x = 0; x < 256; ++x) {
-    const bool printable = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
-    if (x == b) {
-      std::string s;
-      dsa::utf8::append_cp(s, printable ? static_cast<uint32_t>(x) : static_cast<uint32_t>(256 + extra));
-      return s;
-    }
-    if (!printable) ++extra;
-  }
-  return {};
-}
+using dsa::test::byte_char;
 
 // Vocabulary: byte b has id b; merges (in rank order) add ids 256, 257, ...
 J tiny_tokenizer(const J& pre_tokenizer, bool array_merges) {
