@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "runtime/engine.h"
 
 namespace dsa::cli {
 
@@ -104,5 +105,50 @@ inline CacheType parse_cache_type(const std::string& s) {
   if (s == "fp8-656") return CacheType::FP8_656;
   throw Error("--kv-cache: expected f32, bf16, fp8 or fp8-656, got '" + s + "'");
 }
+
+// "512M", "8G", "1073741824": bytes, with an optional K/M/G/T suffix (powers of 1024).
+inline int64_t parse_bytes(const std::string& s, const std::string& flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  double mul = 1;
+  if (used > 0 && used + 1 == s.size()) {
+    switch (s.back()) {
+      case 'K': case 'k': mul = 1024.0; break;
+      case 'M': case 'm': mul = 1024.0 * 1024; break;
+      case 'G': case 'g': mul = 1024.0 * 1024 * 1024; break;
+      case 'T': case 't': mul = 1024.0 * 1024 * 1024 * 1024; break;
+      default: used = 0;
+    }
+    if (used > 0) ++used;
+  }
+  if (used == 0 || used != s.size() || !(v > 0) || v * mul > 1e18)
+    throw Error(flag + ": expected a size in bytes with an optional K, M, G or T suffix (e.g. 8G), got '" + s + "'");
+  return int64_t(v * mul);
+}
+
+// --cache-mem / --cache-tokens / --block-size: the engine's cache pool.
+struct CacheFlags {
+  std::string mem;
+  int64_t tokens = 0;
+  int block_size = 64;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--block-size", block_size, "Tokens per cache block; prefix-cache hits are whole blocks")
+        ->capture_default_str()
+        ->check(int_in(1, 1 << 16));
+    cmd->add_option("--cache-mem", mem, "KV cache pool size in bytes (K/M/G suffixes; default: what the machine's free memory allows)");
+    cmd->add_option("--cache-tokens", tokens, "KV cache pool size in tokens (instead of --cache-mem)")->check(int_in(1, int64_t(1) << 34));
+  }
+  void apply(EngineOptions& o) const {
+    if (!mem.empty() && tokens > 0) throw Error("give one of --cache-mem and --cache-tokens");
+    o.block_size = block_size;
+    if (!mem.empty()) o.cache_bytes = parse_bytes(mem, "--cache-mem");
+    if (tokens > 0) o.cache_tokens = tokens;
+  }
+};
 
 }  // namespace dsa::cli

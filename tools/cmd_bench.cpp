@@ -15,6 +15,7 @@
 #include "core/numa.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
+#include "runtime/engine.h"
 #include "sim/cost.h"
 #include "sim/probe.h"
 
@@ -22,7 +23,7 @@ namespace {
 
 struct Args {
   std::string model, kv_cache = "fp8";
-  int prompt = 512, gen = 128, depth = 0, threads = 0, repeat = 3;
+  int prompt = 512, gen = 128, depth = 0, threads = 0, repeat = 3, batch = 1;
   bool json = false;
   uint64_t seed = 1;
 };
@@ -32,6 +33,90 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The step's bytes and FLOPs from the operator table (one CPU, fp8 weights and caches).
+struct StepCost {
+  double bytes = 0, flops = 0;
+};
+StepCost plan_step(const dsa::sim::SimModel& sm, dsa::sim::Phase phase, int64_t seqs, int64_t tokens, int64_t context) {
+  const auto ops = dsa::sim::op_plan(sm, dsa::sim::Step{phase, seqs, tokens, context}, dsa::sim::Layout{1, 1, 1, 1, 1}, dsa::sim::Options{});
+  return {dsa::sim::plan_total_bytes(ops), dsa::sim::plan_total_flops(ops)};
+}
+
+// `--batch B`: B sequences at --depth decode -n tokens together (one step per token for all
+// of them), then a mixed step: a -p prefill chunk of a new sequence joins the B decoding.
+void run_batch(const Args& a, const dsa::Model& m, dsa::Engine& e, const std::vector<int32_t>& ids, int threads) {
+  using namespace dsa;
+  const int B = a.batch;
+  if (!a.json) std::fprintf(stderr, "filling %d sequences to depth %d ...\n", B, a.depth);
+  std::vector<SeqId> seqs(static_cast<size_t>(B));
+  for (int i = 0; i < B; ++i) {
+    seqs[size_t(i)] = e.add();
+    e.fill_synthetic(seqs[size_t(i)], a.depth, a.seed + uint64_t(i));
+  }
+  std::vector<StepItem> items(static_cast<size_t>(B) + 1);
+  auto decode_items = [&](int t) {
+    for (int i = 0; i < B; ++i) items[size_t(i)] = StepItem{seqs[size_t(i)], &ids[size_t((t + 7 * i) % a.gen)], 1, true, 1, 0};
+  };
+  auto rewind = [&] {
+    for (SeqId s : seqs) e.truncate(s, a.depth);
+  };
+  decode_items(0);
+  e.step(std::span<const StepItem>(items.data(), size_t(B)));  // warm-up
+  std::vector<double> tg, mixed;
+  for (int r = 0; r < a.repeat; ++r) {
+    rewind();
+    const double s = now();
+    for (int t = 0; t < a.gen; ++t) {
+      decode_items(t);
+      e.step(std::span<const StepItem>(items.data(), size_t(B)));
+    }
+    tg.push_back(double(a.gen) / (now() - s));
+    if (!a.json) std::fprintf(stderr, "  decode %d x %d @ depth %d: %.1f tok/s aggregate\n", B, a.gen, a.depth, tg.back() * B);
+    if (a.prompt > 0) {
+      const SeqId p = e.add();
+      decode_items(0);
+      items[size_t(B)] = StepItem{p, ids.data(), a.prompt, false, 1, 0};
+      const double s2 = now();
+      e.step(std::span<const StepItem>(items.data(), size_t(B) + 1));
+      mixed.push_back(now() - s2);
+      e.release(p);
+    }
+  }
+  const double bw = sim::measure_read_bandwidth_gbps(threads), peak = sim::measure_peak_gflops(threads);
+  const sim::SimModel sm = sim::model_from_config(m.config, a.model);
+  const int64_t mid = a.depth + a.gen / 2;
+  const StepCost dc = plan_step(sm, sim::Phase::Decode, B, 1, mid);
+  const double step_s = 1.0 / median(tg);
+  const double roof_s = std::max(dc.bytes / (bw * 1e9), dc.flops / (peak * 1e9));
+  // The mixed step as its two plans: the decode step and the chunk's prefill.
+  const StepCost pc = a.prompt > 0 ? plan_step(sm, sim::Phase::Prefill, 1, a.prompt, 0) : StepCost{};
+  const StepCost d0 = plan_step(sm, sim::Phase::Decode, B, 1, a.depth);
+  const double mixed_s = median(mixed);
+  const double mixed_roof = std::max((d0.bytes + pc.bytes) / (bw * 1e9), (d0.flops + pc.flops) / (peak * 1e9));
+  nlohmann::json j = {{"model", a.model}, {"threads", threads}, {"batch", B}, {"depth", a.depth}, {"gen_tokens", a.gen},
+                      {"repeat", a.repeat}, {"kv_cache", a.kv_cache},
+                      {"decode_aggregate_tokens_per_s", median(tg) * B}, {"decode_per_seq_tokens_per_s", median(tg)},
+                      {"decode_step_ms", step_s * 1e3}, {"decode_step_bytes", dc.bytes}, {"decode_step_flops", dc.flops},
+                      {"read_bandwidth_gbps", bw}, {"peak_gflops", peak}, {"decode_step_roofline_ms", roof_s * 1e3},
+                      {"decode_roofline_fraction", roof_s / step_s},
+                      {"decode_bound", dc.bytes / (bw * 1e9) >= dc.flops / (peak * 1e9) ? "bandwidth" : "compute"}};
+  if (a.prompt > 0)
+    j.update({{"mixed_prompt_tokens", a.prompt}, {"mixed_step_ms", mixed_s * 1e3}, {"mixed_step_roofline_ms", mixed_roof * 1e3},
+              {"mixed_roofline_fraction", mixed_roof / mixed_s}});
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("model %s, %d threads, batch %d, depth %d, kv cache %s\n", a.model.c_str(), threads, B, a.depth, a.kv_cache.c_str());
+  std::printf("decode  %d x %d tokens: %8.1f tok/s aggregate, %.1f tok/s per sequence, %.1f ms/step\n", B, a.gen, median(tg) * B,
+              median(tg), step_s * 1e3);
+  std::printf("        step: %.1f MB, %.1f GFLOP; roofline %.1f ms (%s-bound: %.1f GB/s read, %.0f GFLOP/s FMA peak) = %.2f of it\n",
+              dc.bytes / 1e6, dc.flops / 1e9, roof_s * 1e3, j["decode_bound"].get<std::string>().c_str(), bw, peak, roof_s / step_s);
+  if (a.prompt > 0)
+    std::printf("mixed   %d decoding + one %d-token prefill chunk: %.1f ms/step; roofline %.1f ms = %.2f of it\n", B, a.prompt,
+                mixed_s * 1e3, mixed_roof * 1e3, mixed_roof / mixed_s);
 }
 
 void run(const Args& a) {
@@ -44,22 +129,37 @@ void run(const Args& a) {
   const double load_s = now() - t0;
   const ModelConfig& c = m->config;
 
-  StateOptions so;
-  so.max_ctx = a.depth + std::max(a.prompt, 1) + a.gen + 1;
-  if (so.max_ctx - 1 > c.max_position_embeddings)
-    throw Error("bench: --depth + -p + -n = " + std::to_string(so.max_ctx - 1) + " tokens exceeds the model's max_position_embeddings (" +
+  const int max_ctx = a.depth + std::max(a.prompt, 1) + a.gen + 1;
+  if (max_ctx - 1 > c.max_position_embeddings)
+    throw Error("bench: --depth + -p + -n = " + std::to_string(max_ctx - 1) + " tokens exceeds the model's max_position_embeddings (" +
                 std::to_string(c.max_position_embeddings) + ")");
-  so.max_tokens = std::max(a.prompt, 1);
-  so.cache = cli::parse_cache_type(a.kv_cache);
-  State st(c, so);
+  EngineOptions eo;
+  eo.cache = cli::parse_cache_type(a.kv_cache);
+  eo.max_ctx = max_ctx;
+  eo.max_seqs = a.batch + 1;  // and the mixed step's prefill
+  eo.max_step_tokens = std::max(a.prompt, 1) + a.batch;
+  eo.max_logit_rows = a.batch + 1;
+  eo.cache_tokens = int64_t(eo.max_seqs) * ((max_ctx + eo.block_size - 1) / eo.block_size) * eo.block_size;
+  eo.prefix_cache = false;
+  Engine e(*m, eo);
+  if (!a.json) std::fprintf(stderr, "%s\n", e.capacity().describe().c_str());
   std::vector<int32_t> ids(size_t(std::max(a.prompt, a.gen)) + 1);
   uint64_t x = a.seed;
   for (auto& id : ids) {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
     id = int32_t((x >> 33) % uint64_t(c.vocab_size));
   }
+  if (a.batch > 1) {
+    run_batch(a, *m, e, ids, threads);
+    return;
+  }
   if (!a.json) std::fprintf(stderr, "filling %d cached tokens ...\n", a.depth);
-  fill_cache_synthetic(c, st, a.depth, a.seed);
+  const SeqId sq = e.add();
+  e.fill_synthetic(sq, a.depth, a.seed);
+  auto step = [&](const int32_t* t, int n, bool decode) {
+    const StepItem it{sq, t, n, decode, 1, 0};
+    e.step(std::span<const StepItem>(&it, 1));
+  };
 
   // Kernel timings over the timed runs: the GEMM part's own FLOP rate, and a breakdown.
   using kernels::KernelId;
@@ -85,30 +185,30 @@ void run(const Args& a) {
     kernels::profile_reset();
   };
   if (a.prompt > 0) {  // untimed warm-up: first touch of the mapped weights, thread start
-    st.n_past = a.depth;
-    forward(*m, st, ids.data(), a.prompt, {});
+    step(ids.data(), a.prompt, false);
+    e.truncate(sq, a.depth);
   }
   std::vector<double> pp, tg;
   for (int r = 0; r < a.repeat; ++r) {
     if (a.prompt > 0) {
-      st.n_past = a.depth;
+      e.truncate(sq, a.depth);
       kernels::profile_reset();
       kernels::profile_enable(true);
       const double s = now();
-      forward(*m, st, ids.data(), a.prompt, {});
+      step(ids.data(), a.prompt, false);
       pp.push_back(a.prompt / (now() - s));
       kernels::profile_enable(false);
       collect(pstat);
       if (!a.json) std::fprintf(stderr, "  prefill %d @ depth %d: %.1f tok/s\n", a.prompt, a.depth, pp.back());
     }
     if (a.gen > 0) {
-      st.n_past = a.depth;
-      forward(*m, st, ids.data(), 1, {});  // warm the step (caches, thread pool)
-      st.n_past = a.depth;
+      e.truncate(sq, a.depth);
+      step(ids.data(), 1, true);  // warm the step (caches, thread pool)
+      e.truncate(sq, a.depth);
       kernels::profile_reset();
       kernels::profile_enable(true);
       const double s = now();
-      for (int i = 0; i < a.gen; ++i) forward(*m, st, &ids[size_t(i)], 1, {});
+      for (int i = 0; i < a.gen; ++i) step(&ids[size_t(i)], 1, true);
       tg.push_back(a.gen / (now() - s));
       kernels::profile_enable(false);
       collect_weights();
@@ -121,7 +221,7 @@ void run(const Args& a) {
   const sim::SimModel sm = sim::model_from_config(c, a.model);
   const int64_t mid = a.depth + a.gen / 2;  // the decode run's average context
   const double bytes = sim::decode_bytes_per_token(sm, mid);
-  const double engine_bytes = decode_bytes_read(*m, st, mid);
+  const double engine_bytes = decode_bytes_read(*m, eo.cache, mid);
   const double flops = a.prompt > 0 ? sim::prefill_flops_per_token(sm, a.prompt) : 0;
   const double pps = median(pp), tgs = median(tg);
   const auto& gl = pstat[size_t(KernelId::Linear)];
@@ -224,6 +324,11 @@ void setup_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", a->threads, "Threads (default: OpenMP's, the cores)")->check(dsa::cli::thread_count());
   cmd->add_option("--repeat", a->repeat, "Repeats; medians are reported")->capture_default_str()->check(dsa::cli::int_in(1, 1000));
   cmd->add_option("--kv-cache", a->kv_cache, "f32 | bf16 | fp8 | fp8-656")->capture_default_str();
+  cmd->add_option("--batch", a->batch,
+                  "Sequences decoding together (aggregate and per-sequence tok/s, the step against its roofline, and a step with one "
+                  "-p prefill chunk joining them)")
+      ->capture_default_str()
+      ->check(dsa::cli::int_in(1, 1024));
   cmd->add_option("--seed", a->seed, "Seed for the random prompt and cache")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([a, cmd] {

@@ -21,6 +21,7 @@ struct Args {
   int n = 512, ctx = 4096, batch = 512;
   bool thinking = false, mtp = false;
   dsa::cli::SamplingFlags sampling;
+  dsa::cli::CacheFlags cache;
 };
 
 void run(Args& a) {
@@ -32,20 +33,31 @@ void run(Args& a) {
   const Tokenizer tok = Tokenizer::from_dir(a.model);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  EngineOptions eo;
+  eo.cache = cli::parse_cache_type(a.kv_cache);
+  eo.max_ctx = a.ctx;
+  if (model->config.max_position_embeddings > 0) eo.max_ctx = std::min(eo.max_ctx, model->config.max_position_embeddings);
+  eo.max_seqs = 1;
+  eo.max_step_tokens = std::max(2, std::min(a.batch, eo.max_ctx));  // a speculative step verifies two
+  eo.mtp = a.mtp;
+  // The conversation so far, and room for the next turn's prompt while the previous one's
+  // blocks are still cached: twice the context unless told otherwise.
+  eo.cache_tokens = 2 * int64_t(eo.max_ctx);
+  a.cache.apply(eo);
+  if (eo.cache_bytes > 0) eo.cache_tokens = 0;
+  Engine engine(*model, eo);
+  std::fprintf(stderr, "%s\n", engine.capacity().describe().c_str());
   GeneratorOptions go;
-  go.max_ctx = a.ctx;
-  if (model->config.max_position_embeddings > 0) go.max_ctx = std::min(go.max_ctx, model->config.max_position_embeddings);
   go.prefill_chunk = a.batch;
-  go.cache = cli::parse_cache_type(a.kv_cache);
   go.mtp = a.mtp;
-  Generator gen(*model, &tok, go);
+  Generator gen(engine, &tok, go);
   ChatSession chat(gen, tok, a.thinking, a.system);
   GenerateOptions g;
   g.max_new_tokens = a.n;
   g.sampling = sp;
 
   const bool tty_in = ::isatty(0), tty_out = ::isatty(1);
-  std::fprintf(stderr, "load: %.2f s | context %d tokens | /reset clears the conversation, /exit quits\n", load_s, go.max_ctx);
+  std::fprintf(stderr, "load: %.2f s | context %d tokens | /reset clears the conversation, /exit quits\n", load_s, eo.max_ctx);
   std::string line;
   for (;;) {
     if (tty_in) {
@@ -96,7 +108,8 @@ void setup_chat(CLI::App& app) {
   cmd->add_flag("--mtp", a->mtp, dsa::cli::kMtpHelp);
   cmd->add_option("-n,--n-predict", a->n, "Maximum tokens per reply")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--ctx", a->ctx, "KV cache size in tokens (the whole conversation)")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
-  cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward call")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
+  a->cache.add(cmd);
+  cmd->add_option("--batch", a->batch, "Prefill chunk: tokens per forward step")->capture_default_str()->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
   cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();
   a->sampling.add(cmd);
   cmd->callback([a] { run(*a); });

@@ -7,13 +7,14 @@
 #include "cli_util.h"
 #include "command.h"
 #include "io/safetensors.h"
-#include "model/teacher_forcing.h"
+#include "runtime/teacher_forcing.h"
 
 namespace {
 
 struct Args {
   std::string model, ids, out, kv_cache = "fp8";
-  int prompt_len = -1;
+  int prompt_len = -1, batch_with = 0;
+  uint64_t batch_seed = 1;
   bool mtp = false, dump = false;
 };
 
@@ -42,8 +43,17 @@ void run(const Args& a) {
   for (int32_t id : ids)
     if (id >= c.vocab_size) throw Error("--ids: token id " + std::to_string(id) + " out of range [0, " + std::to_string(c.vocab_size) + ")");
 
-  std::fprintf(stderr, "prefill %d tokens, then %d decode steps\n", a.prompt_len, T - a.prompt_len);
-  const TeacherForcedResult r = run_teacher_forced(*model, ids, a.prompt_len, cache, a.mtp, a.dump);
+  if (a.dump && a.batch_with > 0) throw Error("--dump-internals records one sequence alone: it does not combine with --batch-with");
+  std::fprintf(stderr, "prefill %d tokens, then %d decode steps", a.prompt_len, T - a.prompt_len);
+  if (a.batch_with > 0) std::fprintf(stderr, ", stepping with %d other sequences (seed %llu)", a.batch_with, static_cast<unsigned long long>(a.batch_seed));
+  std::fprintf(stderr, "\n");
+  TeacherForcingOptions o;
+  o.cache = cache;
+  o.mtp = a.mtp;
+  o.internals = a.dump;
+  o.batch_with = a.batch_with;
+  o.batch_seed = a.batch_seed;
+  const TeacherForcedResult r = run_teacher_forced(*model, ids, a.prompt_len, o);
 
   std::vector<TensorBlob> out;
   out.push_back(make_blob_f32("logits", {T, r.vocab}, r.logits.data()));
@@ -65,6 +75,11 @@ void setup_logits(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--mtp", a->mtp, "Also compute the MTP layer's logits (mtp.logits [T-1, vocab])");
   cmd->add_flag("--dump-internals", a->dump, "Also write hidden.{i}, indexer.scores.{i}, indexer.topk.{i}, moe.experts.{i}");
+  cmd->add_option("--batch-with", a->batch_with,
+                  "Step together with N other sequences (random ids and lengths, prefilling and decoding); the file is the same as alone")
+      ->capture_default_str()
+      ->check(dsa::cli::int_in(0, 1024));
+  cmd->add_option("--batch-seed", a->batch_seed, "Seed of the --batch-with sequences")->capture_default_str();
   cmd->add_option("--out", a->out, "Output .safetensors file (written only on success)")->required();
   cmd->callback([a] { run(*a); });
 }

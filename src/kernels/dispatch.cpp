@@ -23,12 +23,12 @@ Backend g_backend = initial_backend();
 void set_backend(Backend b) { g_backend = b; }
 Backend backend() { return g_backend; }
 
-void reserve_scratch(int max_cols, int n_heads, int latent_dim) {
+void reserve_scratch(int max_cols, int n_heads, int latent_dim, int kv_lora, int max_selected) {
   // Every thread of the team the kernels' own parallel regions use (same size, same pool).
 #pragma omp parallel
   {
     cpu::reserve_gemv_scratch(max_cols);
-    cpu::reserve_decode_scratch(n_heads, latent_dim);
+    cpu::reserve_decode_scratch(n_heads, latent_dim, kv_lora, max_selected);
   }
 }
 
@@ -124,6 +124,11 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   Timed t(KernelId::Linear, 2.0 * n * r * w.cols, double(w.bytes()) * r / w.rows, &w);
   DSA_DISPATCH(linear, w, x, n, y, row0, nrows);
 }
+void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  const double r = nrows < 0 ? w.rows - row0 : nrows;
+  Timed t(KernelId::Linear, 2.0 * n * r * w.cols, double(w.bytes()) * r / w.rows, &w);
+  DSA_DISPATCH(linear_decode, w, x, n, y, row0, nrows);
+}
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows, &w);
   DSA_DISPATCH(linear_t, w, x, n, y, row0, nrows);
@@ -174,10 +179,9 @@ void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes,
   Timed t(KernelId::Other, 2.0 * n, 5.0 * n);
   ref::act_quant_fp8(x, n, block, ue8m0, codes, scales);
 }
-void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
-                    int n_keys, float* out) {
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out) {
   Timed t(KernelId::IndexerScores, 2.0 * n_heads * 128.0 * n_keys, 132.0 * n_keys);
-  DSA_DISPATCH(indexer_scores, q8, w, n_heads, k8, k_scale, n_keys, out);
+  DSA_DISPATCH(indexer_scores, q8, w, n_heads, keys, n_keys, out);
 }
 void topk(const float* scores, int n, int k, int32_t* out) {
   Timed t(KernelId::Topk, 0, 4.0 * n);

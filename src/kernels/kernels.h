@@ -41,12 +41,18 @@ struct Vec {
 // (FlashMLA "FP8 with scale", 656 bytes): the same latent, the rope key in bf16.
 enum class CacheType { F32, BF16, FP8, FP8_656 };
 
+// Paged: token t of the sequence lives in slot blocks[t / block_size] * block_size +
+// t % block_size of `data` (a block table into one pool); without a table, slot t.
 struct MlaCacheView {
   CacheType type = CacheType::F32;
   uint8_t* data = nullptr;
   int kv_lora = 0, rope = 0;
   bool ue8m0 = false;  // fp8: power-of-two scales (checkpoint scale_fmt)
+  const int32_t* blocks = nullptr;
+  int block_size = 0;
   size_t token_bytes() const;
+  int64_t slot(int64_t t) const { return blocks ? int64_t(blocks[t / block_size]) * block_size + t % block_size : t; }
+  uint8_t* token(int64_t t) const { return data + size_t(slot(t)) * token_bytes(); }
 };
 
 enum class Backend { Ref, Cpu };
@@ -57,10 +63,10 @@ void set_backend(Backend b);
 Backend backend();
 
 // Sizes every worker thread's kernel scratch (GEMV input buffers up to max_cols columns, the
-// sparse decode's tile for n_heads heads of latent_dim values) in one parallel region, so
-// that a decode step allocates nothing whichever thread picks up which piece of work. The
-// caller's State does this once when it is built.
-void reserve_scratch(int max_cols, int n_heads, int latent_dim);
+// sparse decode's tile for n_heads heads of latent_dim = kv_lora + rope values and its
+// partials for up to max_selected keys) in one parallel region, so that a step allocates
+// nothing whichever thread picks up which piece of work. The Workspace does this once.
+void reserve_scratch(int max_cols, int n_heads, int latent_dim, int kv_lora, int max_selected);
 
 // Per-kernel wall time and work, accumulated while profiling is on (off by default; one
 // branch per call when off). `dsa bench` uses it for its per-kernel breakdown and for the
@@ -100,16 +106,24 @@ struct WeightStat {
 std::vector<WeightStat> profile_weights();
 
 // ---- dense algebra -------------------------------------------------------------
+// Batch invariance: every product below computes each output of a token from that token's
+// inputs alone, in an order that depends neither on how many tokens share the call, nor on
+// where the token sits among them, nor on the thread count. The two row kernels differ in
+// order from each other, so the caller picks one per token role and keeps it:
+//   linear:        the packed GEMM (prefill chunks): per output, Σ over k in order.
+//   linear_decode: the streaming GEMV (decode and verify tokens): per output the order of
+//                  the one-token GEMV, for any number of tokens (weights are read once per
+//                  group of rows and reused from cache by every token).
 // y[n, nrows] = x[n, cols] · W[row0 : row0 + nrows]ᵀ   (nrows < 0: all rows)
 void linear(const Linear& w, const float* x, int n, float* y, int row0 = 0, int nrows = -1);
+void linear_decode(const Linear& w, const float* x, int n, float* y, int row0 = 0, int nrows = -1);
 // y[n, cols] = x[n, nrows] · W[row0 : row0 + nrows]  (the transposed direction, used to
 // absorb kv_b's k part into the query in MLA decode)
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
-// Several products in one call (one parallel region): y_j = x_j · W_jᵀ for n_j tokens
-// (at most kGemvMaxTokens; the weights are streamed once for all of them). Decode uses it
-// for the projections that share an input and for the routed experts, a speculative
-// verify step for the experts its few tokens picked.
-constexpr int kGemvMaxTokens = 3;
+// Several decode-role products in one call (one parallel region): y_j = x_j · W_jᵀ for n_j
+// tokens, each output exactly as linear_decode computes it. Decode uses it for the
+// projections that share an input and for the routed experts its tokens picked.
+constexpr int kMaxLinearJobs = 64;
 struct LinearJob {
   const Linear* w;
   const float* x;  // [n, w->cols]
@@ -140,10 +154,19 @@ void hadamard128(float* x, int n_vec);
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
 
 // ---- lightning indexer ---------------------------------------------------------
+// A sequence's cached indexer keys: key t in slot slot(t) of k8 [slots, 128] (e4m3 codes)
+// and k_scale [slots], paged like MlaCacheView.
+struct IndexKeyView {
+  const uint8_t* k8 = nullptr;
+  const float* k_scale = nullptr;
+  const int32_t* blocks = nullptr;
+  int block_size = 0;
+  int64_t slot(int64_t t) const { return blocks ? int64_t(blocks[t / block_size]) * block_size + t % block_size : t; }
+};
 // out[t] = k_scale[t] * Σ_h w[h] * relu(q8[h] · k8[t])  for t in [0, n_keys)
-// q8 [n_heads, 128] e4m3 codes; k8 [n_keys, 128] e4m3 codes; w already holds q_scale.
-void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
-                    int n_keys, float* out);
+// q8 [n_heads, 128] e4m3 codes; w already holds q_scale. Each score depends on its key
+// and the query only.
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out);
 // The positions of the k largest of scores[0..n) (k <= n), ties toward the lower
 // position, listed in ascending position order: the sparse attention then walks the
 // cache forward, and no sort of the winners is needed. Compare as sets with references
@@ -159,6 +182,10 @@ void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_ro
 //   o_lat[h] = Σ_j softmax(score)_j latent[idx_j]
 // q_lat [n_heads, kv_lora], q_rope [n_heads, rope], o_lat [n_heads, kv_lora].
 // Only the n_idx selected tokens are read: cost grows with index_topk, not the context.
+// The selection is split into fixed pieces of kDecodePart tokens whose softmax partials are
+// merged in piece order, whether the pieces run on several threads or on one: the result
+// depends on the query and its selection only.
+constexpr int kDecodePart = 256;
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat);
 

@@ -1,94 +1,225 @@
 #include "model/forward.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "model/blocks.h"
 
 namespace dsa {
 
-void mlp_block(const MlpWeights& w, State& s, int n, const float* in, float* out) {
-  const int inter = w.gate_proj.rows;
-  kernels::linear(w.gate_proj, in, n, s.g.data());
-  kernels::linear(w.up_proj, in, n, s.u.data());
-  kernels::silu_mul(s.g.data(), s.u.data(), size_t(n) * size_t(inter), s.g.data());
-  kernels::linear(w.down_proj, s.g.data(), n, out);
+void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y) {
+  if (nd > 0) kernels::linear_decode(w, x, nd, y);
+  if (n > nd) kernels::linear(w, x + size_t(nd) * size_t(w.cols), n - nd, y + size_t(nd) * size_t(w.rows));
 }
 
-void decoder_layer(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
-                   const Tap* tap) {
-  const ModelConfig& c = m.config;
-  const int H = c.hidden_size;
+void mlp_block(const MlpWeights& w, Workspace& ws, int t0, int n, bool decode, const float* in, float* out) {
+  (void)t0;
+  const int inter = w.gate_proj.rows;
+  if (decode) {
+    const kernels::LinearJob gu[] = {{&w.gate_proj, in, ws.g.data(), n}, {&w.up_proj, in, ws.u.data(), n}};
+    kernels::linear_multi(gu, 2);
+  } else {
+    kernels::linear(w.gate_proj, in, n, ws.g.data());
+    kernels::linear(w.up_proj, in, n, ws.u.data());
+  }
+  kernels::silu_mul(ws.g.data(), ws.u.data(), size_t(n) * size_t(inter), ws.g.data());
+  if (decode) kernels::linear_decode(w.down_proj, ws.g.data(), n, out);
+  else kernels::linear(w.down_proj, ws.g.data(), n, out);
+}
+
+void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_layer) {
+  const ModelConfig& c = st.m.config;
+  Workspace& ws = st.ws;
+  const int H = c.hidden_size, n = st.n, nd = st.nd;
   const float eps = float(c.rms_norm_eps);
   const size_t nH = size_t(n) * size_t(H);
 
-  kernels::rmsnorm(s.x.data(), w.input_layernorm, n, H, eps, s.xn.data());
-  attention_block(m, w, s, layer, cache_layer, pos0, n, tap);
-  for (size_t i = 0; i < nH; ++i) s.x[i] += s.proj[i];
+  kernels::rmsnorm(ws.x.data(), w.input_layernorm, n, H, eps, ws.xn.data());
+  attention_block(st, w, layer, cache_layer);
+  for (size_t i = 0; i < nH; ++i) ws.x[i] += ws.proj[i];
 
-  kernels::rmsnorm(s.x.data(), w.post_attention_layernorm, n, H, eps, s.xn.data());
-  if (w.is_moe) moe_block(m, w.moe, s, layer, pos0, n, tap);
-  else mlp_block(w.mlp, s, n, s.xn.data(), s.moe_out.data());
-  for (size_t i = 0; i < nH; ++i) s.x[i] += s.moe_out[i];
+  kernels::rmsnorm(ws.x.data(), w.post_attention_layernorm, n, H, eps, ws.xn.data());
+  // The two roles run apart (each expert's weights are read once per role): a decode
+  // token's experts go through the GEMV order whatever prefill shares the step.
+  const size_t dH = size_t(nd) * size_t(H);
+  if (w.is_moe) {
+    if (nd > 0) moe_block(st, w.moe, layer, 0, nd, true);
+    if (n > nd) moe_block(st, w.moe, layer, nd, n - nd, false);
+  } else {
+    if (nd > 0) mlp_block(w.mlp, ws, 0, nd, true, ws.xn.data(), ws.moe_out.data());
+    if (n > nd) mlp_block(w.mlp, ws, nd, n - nd, false, ws.xn.data() + dH, ws.moe_out.data() + dH);
+  }
+  for (size_t i = 0; i < nH; ++i) ws.x[i] += ws.moe_out[i];
 
+  const Tap* tap = st.b.tap;
   if (tap && tap->floats && layer < c.num_hidden_layers)
-    for (int i = 0; i < n; ++i) tap->floats("hidden." + std::to_string(layer), pos0 + i, &s.x[size_t(i) * size_t(H)], H);
+    for (int i = 0; i < n; ++i) tap->floats("hidden." + std::to_string(layer), ws.pos[size_t(i)], &ws.x[size_t(i) * size_t(H)], H);
 }
 
-static void check_call(const Model& m, const State& s, const int32_t* ids, int n, int pos0) {
-  if (n <= 0) throw Error("forward: no tokens given");
-  if (n > s.opt.max_tokens)
-    throw Error("forward: " + std::to_string(n) + " tokens in one call, the state holds at most " + std::to_string(s.opt.max_tokens));
-  if (pos0 + n > s.opt.max_ctx)
-    throw Error("forward: context of " + std::to_string(pos0 + n) + " tokens exceeds the cache capacity " + std::to_string(s.opt.max_ctx));
+namespace {
+
+// Checks the step against the workspace and the cache, lays out its tokens (positions, each
+// sequence's first token) and returns the number of logit rows it asks for.
+int prepare_step(const Model& m, const KvCache& kv, Workspace& ws, const Batch& b, const int32_t* ids, int* n_tok, int* n_dec) {
+  const ModelConfig& c = m.config;
+  if (b.n_seqs <= 0) throw Error("forward: a step without sequences");
+  if (b.n_seqs > ws.opt.max_seqs)
+    throw Error("forward: " + std::to_string(b.n_seqs) + " sequences in one step, the workspace holds " + std::to_string(ws.opt.max_seqs));
+  int n = 0, nd = 0, rows = 0;
+  bool prefill_seen = false;
+  for (int s = 0; s < b.n_seqs; ++s) {
+    const SeqStep& q = b.seqs[s];
+    if (q.n <= 0) throw Error("forward: a sequence with no tokens in the step");
+    if (q.pos0 < 0 || q.pos0 + q.n > ws.opt.max_ctx)
+      throw Error("forward: context of " + std::to_string(q.pos0 + q.n) + " tokens exceeds the workspace's " + std::to_string(ws.opt.max_ctx));
+    if (!q.blocks) throw Error("forward: a sequence without a block table");
+    if (q.logits != 0 && q.logits != 1 && q.logits != q.n) throw Error("forward: logits rows must be 0, 1 or the sequence's token count");
+    if (q.decode && prefill_seen) throw Error("forward: decode sequences must come before prefill chunks in a step");
+    prefill_seen |= !q.decode;
+    if (n + q.n > ws.opt.max_tokens)
+      throw Error("forward: more than " + std::to_string(ws.opt.max_tokens) + " tokens in one step");
+    ws.seq_first[size_t(s)] = n;
+    for (int i = 0; i < q.n; ++i) {
+      const int64_t blk = (int64_t(q.pos0) + i) / kv.block_size();
+      if (q.blocks[blk] < 0 || q.blocks[blk] >= kv.n_blocks()) throw Error("forward: block table entry out of the pool");
+      ws.pos[size_t(n + i)] = q.pos0 + i;
+      ws.tok_seq[size_t(n + i)] = s;
+    }
+    n += q.n;
+    if (q.decode) nd += q.n;
+    rows += q.logits;
+  }
+  ws.seq_first[size_t(b.n_seqs)] = n;
+  if (rows > ws.opt.max_logit_rows)
+    throw Error("forward: " + std::to_string(rows) + " logit rows requested, the workspace holds " + std::to_string(ws.opt.max_logit_rows));
   for (int i = 0; i < n; ++i)
-    if (ids[i] < 0 || ids[i] >= m.config.vocab_size)
-      throw Error("token id " + std::to_string(ids[i]) + " out of range [0, " + std::to_string(m.config.vocab_size) + ")");
+    if (ids[i] < 0 || ids[i] >= c.vocab_size)
+      throw Error("token id " + std::to_string(ids[i]) + " out of range [0, " + std::to_string(c.vocab_size) + ")");
+  *n_tok = n;
+  *n_dec = nd;
+  return rows;
 }
 
-const float* forward(const Model& m, State& s, const int32_t* ids, int n, const ForwardOptions& opt) {
+// The requested rows of `h` ([n, hidden]) through `head` into ws.logits, in sequence
+// order (decode sequences first): theirs by the GEMV order, prefill chunks' by the GEMM.
+// ws.logit_first says where each sequence's rows are.
+const float* head_logits(const Step& st, const Linear& head, const float* h) {
+  Workspace& ws = st.ws;
+  const size_t H = size_t(st.m.config.hidden_size);
+  int rows = 0, decode_rows = 0;
+  for (int s = 0; s < st.b.n_seqs; ++s) {
+    const SeqStep& q = st.b.seqs[s];
+    const int from = st.first(s) + (q.logits == 1 ? q.n - 1 : 0);
+    std::copy_n(h + size_t(from) * H, size_t(q.logits) * H, &ws.h_rows[size_t(rows) * H]);
+    ws.logit_first[size_t(s)] = rows;
+    rows += q.logits;
+    if (q.decode) decode_rows = rows;
+  }
+  linear_by_role(head, ws.h_rows.data(), rows, decode_rows, ws.logits.data());
+  return ws.logits.data();
+}
+
+}  // namespace
+
+const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b) {
   const ModelConfig& c = m.config;
   const ModelWeights& w = m.weights;
-  const int pos0 = s.n_past, H = c.hidden_size;
-  check_call(m, s, ids, n, pos0);
-  if (opt.all_logits && n > s.opt.max_logit_rows)
-    throw Error("forward: " + std::to_string(n) + " logit rows requested, the state holds " + std::to_string(s.opt.max_logit_rows));
-
-  kernels::embed(w.embed_tokens, ids, n, s.x.data());
-  for (int l = 0; l < c.num_hidden_layers; ++l) decoder_layer(m, w.layers[size_t(l)], s, l, l, pos0, n, opt.tap);
-  kernels::rmsnorm(s.x.data(), w.norm, n, H, float(c.rms_norm_eps), s.h_final.data());
-  if (opt.all_logits) kernels::linear(w.lm_head, s.h_final.data(), n, s.logits.data());
-  else kernels::linear(w.lm_head, s.h_final.data() + size_t(n - 1) * size_t(H), 1, s.logits.data());
-  s.n_past += n;
-  return s.logits.data();
+  int n = 0, nd = 0;
+  prepare_step(m, kv, ws, b, b.ids, &n, &nd);
+  const Step st{m, kv, ws, b, n, nd};
+  kernels::embed(w.embed_tokens, b.ids, n, ws.x.data());
+  for (int l = 0; l < c.num_hidden_layers; ++l) decoder_layer(st, w.layers[size_t(l)], l, l);
+  kernels::rmsnorm(ws.x.data(), w.norm, n, c.hidden_size, float(c.rms_norm_eps), ws.h_final.data());
+  return head_logits(st, w.lm_head, ws.h_final.data());
 }
 
-const float* forward_mtp(const Model& m, State& s, const float* h_final, const int32_t* next_ids, int n,
-                         const ForwardOptions& opt) {
+const float* forward_mtp(const Model& m, KvCache& kv, Workspace& ws, const Batch& b, const float* h) {
   const ModelConfig& c = m.config;
-  if (!m.weights.mtp || !s.opt.mtp) throw Error("forward_mtp: the model or state has no MTP layer loaded");
+  if (!m.weights.mtp || !ws.opt.mtp || kv.n_layers() <= c.num_hidden_layers)
+    throw Error("forward_mtp: the model, workspace or cache has no MTP layer");
   const MtpWeights& w = *m.weights.mtp;
-  const int pos0 = s.mtp_n_past, H = c.hidden_size, L = c.num_hidden_layers;
+  const int H = c.hidden_size, L = c.num_hidden_layers;
   const float eps = float(c.rms_norm_eps);
-  check_call(m, s, next_ids, n, pos0);
-  if (opt.all_logits && n > s.opt.max_logit_rows) throw Error("forward_mtp: too many logit rows requested");
+  int n = 0, nd = 0;
+  prepare_step(m, kv, ws, b, b.ids, &n, &nd);
+  const Step st{m, kv, ws, b, n, nd};
 
   // x = eh_proj([enorm(embed(next)) ; hnorm(h)]), the embedding zeroed at position 0 as
   // vLLM does (SGLang keeps it; llama.cpp feeds the pre-norm hidden state instead).
-  kernels::embed(w.embed_tokens, next_ids, n, s.xn.data());
+  kernels::embed(w.embed_tokens, b.ids, n, ws.xn.data());
   for (int i = 0; i < n; ++i) {
-    float* cat = &s.mtp_cat[size_t(i) * 2 * size_t(H)];
-    if (pos0 + i == 0) std::fill(cat, cat + H, 0.0f);
-    else kernels::rmsnorm(&s.xn[size_t(i) * size_t(H)], w.enorm, 1, H, eps, cat);
-    kernels::rmsnorm(h_final + size_t(i) * size_t(H), w.hnorm, 1, H, eps, cat + H);
+    float* cat = &ws.mtp_cat[size_t(i) * 2 * size_t(H)];
+    if (ws.pos[size_t(i)] == 0) std::fill(cat, cat + H, 0.0f);
+    else kernels::rmsnorm(&ws.xn[size_t(i) * size_t(H)], w.enorm, 1, H, eps, cat);
+    kernels::rmsnorm(h + size_t(i) * size_t(H), w.hnorm, 1, H, eps, cat + H);
   }
-  kernels::linear(w.eh_proj, s.mtp_cat.data(), n, s.x.data());
-  decoder_layer(m, w.block, s, L, L, pos0, n, opt.tap);
-  kernels::rmsnorm(s.x.data(), w.shared_head_norm, n, H, eps, s.xn.data());
-  if (opt.all_logits) kernels::linear(w.shared_head_head, s.xn.data(), n, s.logits.data());
-  else kernels::linear(w.shared_head_head, s.xn.data() + size_t(n - 1) * size_t(H), 1, s.logits.data());
-  s.mtp_n_past += n;
-  return s.logits.data();
+  linear_by_role(w.eh_proj, ws.mtp_cat.data(), n, nd, ws.x.data());
+  decoder_layer(st, w.block, L, L);
+  kernels::rmsnorm(ws.x.data(), w.shared_head_norm, n, H, eps, ws.xn.data());
+  return head_logits(st, w.shared_head_head, ws.xn.data());
+}
+
+void fill_cache_synthetic(const ModelConfig& cfg, KvCache& kv, const int32_t* blocks, int depth, uint64_t seed) {
+  const int L = cfg.kv_lora_rank, R = cfg.qk_rope_head_dim;
+  // Layers in parallel, each with its own generator seeded from (seed, layer): the filler
+  // is the same whatever the thread count.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int l = 0; l < kv.n_layers(); ++l) {
+    uint64_t x = (seed * 0x9e3779b97f4a7c15ull + 1) ^ (uint64_t(l + 1) * 0xbf58476d1ce4e5b9ull);
+    auto next = [&x] {  // xorshift64*: cheap and plenty for filler values
+      x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+      return float(double((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53 * 3.4 - 1.7);
+    };
+    std::vector<float> lat(static_cast<size_t>(L)), kr(static_cast<size_t>(R)), ik(128);
+    const MlaCacheView view = kv.mla(l, blocks);
+    for (int t = 0; t < depth; ++t) {
+      for (float& v : lat) v = next();
+      for (float& v : kr) v = next();
+      kernels::mla_cache_write(view, t, lat.data(), kr.data());
+      if (kv.has_index(l)) {
+        for (float& v : ik) v = next();
+        const int64_t s = view.slot(t);
+        kernels::act_quant_fp8(ik.data(), 128, 128, true, kv.index_k(l) + size_t(s) * 128, kv.index_scale(l) + s);
+      }
+    }
+  }
+}
+
+double decode_bytes_read(const Model& m, CacheType cache, int64_t context) {
+  const ModelConfig& c = m.config;
+  const ModelWeights& w = m.weights;
+  MlaCacheView fmt;
+  fmt.type = cache;
+  fmt.kv_lora = c.kv_lora_rank;
+  fmt.rope = c.qk_rope_head_dim;
+  auto vec_bytes = [](const Vec& v) { return double(v.n) * double(dtype_size(v.dtype)); };
+  auto mlp_bytes = [](const MlpWeights& p) { return double(p.gate_proj.bytes() + p.up_proj.bytes() + p.down_proj.bytes()); };
+  double b = double(w.embed_tokens.cols) * double(dtype_size(w.embed_tokens.dtype)) + vec_bytes(w.norm) + double(w.lm_head.bytes());
+  const double keys = double(std::min<int64_t>(context, c.index_topk));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    const MlaWeights& a = L.self_attn;
+    b += vec_bytes(L.input_layernorm) + vec_bytes(L.post_attention_layernorm) + vec_bytes(a.q_a_layernorm) + vec_bytes(a.kv_a_layernorm);
+    b += double(a.q_a_proj.bytes() + a.q_b_proj.bytes() + a.kv_a_proj_with_mqa.bytes() + a.kv_b_proj.bytes() + a.o_proj.bytes());
+    if (L.has_indexer) {
+      const IndexerWeights& x = L.indexer;
+      b += double(x.wq_b.bytes() + x.wk.bytes() + x.weights_proj.bytes()) + vec_bytes(x.k_norm_weight) + vec_bytes(x.k_norm_bias);
+      b += double(context) * 132.0;  // every cached indexer key: 128 fp8 + one f32 scale
+    }
+    b += keys * double(fmt.token_bytes());
+    if (L.is_moe) {
+      b += double(L.moe.gate.bytes()) + vec_bytes(L.moe.e_score_correction_bias);
+      b += double(c.num_experts_per_tok) * mlp_bytes(L.moe.experts[0]);
+      if (L.moe.has_shared) b += mlp_bytes(L.moe.shared_experts);
+    } else {
+      b += mlp_bytes(L.mlp);
+    }
+  }
+  return b;
 }
 
 }  // namespace dsa

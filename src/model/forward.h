@@ -1,49 +1,74 @@
 #pragma once
 // Forward: embed -> decoder layers (MLA + lightning indexer + MoE/MLP) -> norm -> lm_head,
-// over `n` new tokens appended at position state.n_past. One call with n > 1 is a
-// prefill chunk; n == 1 is a decode step. Both read attention keys from the cache.
+// over one step: the new tokens of several sequences at once. Projections, experts and the
+// lm_head run over every token of the step together (each weight is read once per step);
+// attention, the indexer scan and top-k run per sequence through its block table.
+//
+// Token roles and batch invariance: a sequence's part of a step is either a prefill chunk
+// or decode tokens (one, or the few a speculative verify step checks). Decode tokens go
+// through the decode-role kernels (kernels.h: the GEMV order), prefill chunks through the
+// GEMM, and every reduction splits in fixed pieces; so a decode token's logits are bitwise
+// the same whichever sequences share the step, wherever it sits in it, at any thread count.
+// A prefill chunk's results depend on how the prompt was chunked, within the golden
+// tolerance, and not on its neighbours either.
 #include <cstdint>
 #include <functional>
 #include <string>
 
-#include "model/state.h"
+#include "model/kv_cache.h"
 #include "model/weights.h"
+#include "model/workspace.h"
 
 namespace dsa {
 
 // Optional observer of internals, named as in the golden files: "hidden.{i}" (residual
 // after layer i), "indexer.scores.{i}" (row of scores for keys 0..pos),
-// "indexer.topk.{i}", "moe.experts.{i}". `pos` is the query's position.
+// "indexer.topk.{i}", "moe.experts.{i}". `pos` is the query's position. Steps with a tap
+// run their per-query loops in order on one thread.
 struct Tap {
   std::function<void(const std::string& name, int pos, const float* v, int n)> floats;
   std::function<void(const std::string& name, int pos, const int32_t* v, int n)> ints;
 };
 
-struct ForwardOptions {
-  bool all_logits = false;  // logits for every token (teacher forcing) or only the last
+// One sequence's part of a step: tokens at positions pos0 .. pos0 + n - 1, whose keys go to
+// (and are read from) the cache through `blocks` (covering pos0 + n tokens).
+struct SeqStep {
+  int pos0 = 0, n = 0;
+  const int32_t* blocks = nullptr;
+  bool decode = false;  // role: decode / verify tokens, else a prefill chunk
+  int logits = 1;       // rows of logits returned: 0, 1 (its last token) or n
+};
+
+// A step: the sequences' tokens concatenated in `seqs` order, decode sequences first.
+struct Batch {
+  const int32_t* ids = nullptr;
+  const SeqStep* seqs = nullptr;
+  int n_seqs = 0;
   const Tap* tap = nullptr;
 };
 
-// Returns the logits buffer: [n or 1, vocab] rows in state.logits.
-const float* forward(const Model& m, State& s, const int32_t* ids, int n, const ForwardOptions& opt = {});
+// Returns the logits: the rows the sequences asked for, in order ([rows, vocab] in
+// ws.logits). ws.h_final holds every token's final-normed hidden state, in step order.
+const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b);
 
-// The MTP layer (num_nextn_predict_layers = 1) over n positions starting at
-// state.mtp_n_past: h_final [n, hidden] are the main model's final-normed hidden states
-// at those positions and next_ids [n] the tokens that follow them. Returns [n or 1, vocab].
-const float* forward_mtp(const Model& m, State& s, const float* h_final, const int32_t* next_ids, int n,
-                         const ForwardOptions& opt = {});
+// The MTP layer (num_nextn_predict_layers = 1) over a step of its own: a sequence's tokens
+// are the ids that FOLLOW its positions pos0 .. pos0 + n - 1, and h [T, hidden] the main
+// model's final-normed hidden states at those positions (step order). Its keys go to the
+// cache's MTP layer. Returns the logits as forward does.
+const float* forward_mtp(const Model& m, KvCache& kv, Workspace& ws, const Batch& b, const float* h);
 
-// Blocks, shared by the main layers and the MTP layer (model/*.cpp). `cache_layer`
-// indexes state.layers; `pos0` is the first token's position.
-void attention_block(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
-                     const Tap* tap);
-// `projected`: s.iq (wq_b), s.ik (wk) and s.iw (weights_proj) already hold this call's
-// projections (decode computes them together with the attention projections).
-void indexer_block(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
-                   const Tap* tap, bool projected = false);
-void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos0, int n, const Tap* tap);
-void mlp_block(const MlpWeights& w, State& s, int n, const float* in, float* out);
-void decoder_layer(const Model& m, const LayerWeights& w, State& s, int layer, int cache_layer, int pos0, int n,
-                   const Tap* tap);
+// Fills cache positions [0, depth) of a sequence (its block table) in every layer with
+// random latents (unit RMS, like kv_a_layernorm output), rope keys and fp8 indexer keys.
+// Used by `dsa bench` to measure decode and prefill at depth without a long prefill first:
+// the cost of a step does not depend on the cached values (every indexer key is scanned
+// and exactly min(index_topk, context) latents are read).
+void fill_cache_synthetic(const ModelConfig& cfg, KvCache& kv, const int32_t* blocks, int depth, uint64_t seed);
+
+// Bytes a decode step of one sequence reads at `context` cached tokens, counted from the
+// bound weights of this model (actual dtypes and scales): attention and indexer
+// projections, the router, the shared and num_experts_per_tok routed experts, dense MLPs,
+// lm_head, one embedding row, and the cache (all indexer keys, min(index_topk, context)
+// latents per layer).
+double decode_bytes_read(const Model& m, CacheType cache, int64_t context);
 
 }  // namespace dsa

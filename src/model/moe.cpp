@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
-#include "model/forward.h"
+#include "model/blocks.h"
 
 namespace dsa {
 namespace {
@@ -61,124 +61,151 @@ void route(const ModelConfig& c, const float* sig, const Vec& bias, int32_t* ids
 
 }  // namespace
 
-// Copies the tokens that picked expert e (grouped by expert_offset / expert_rows) into their
-// rows of s.xg and returns those rows.
-static const float* gather_tokens(State& s, int e, int k, int H) {
-  const int cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
-  float* xg = &s.xg[size_t(off) * size_t(H)];
+// Copies the tokens (rows of xn) that picked expert e (grouped by expert_offset /
+// expert_rows) into their rows of ws.xg and returns those rows.
+static const float* gather_tokens(Workspace& ws, const float* xn, int e, int k, int H) {
+  const int cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
+  float* xg = &ws.xg[size_t(off) * size_t(H)];
   for (int j = 0; j < cnt; ++j)
-    std::copy_n(&s.xn[size_t(s.expert_rows[size_t(off + j)] / k) * size_t(H)], H, xg + size_t(j) * size_t(H));
+    std::copy_n(&xn[size_t(ws.expert_rows[size_t(off + j)] / k) * size_t(H)], H, xg + size_t(j) * size_t(H));
   return xg;
 }
 
-// moe_out row t = the routing-weighted sum of token t's k expert outputs, slots in order
+// out row t = the routing-weighted sum of token t's k expert outputs, slots in order
 // (the reference's summation order).
-static void combine_token(State& s, int t, int k, int H) {
-  float* out = &s.moe_out[size_t(t) * size_t(H)];
+static void combine_token(Workspace& ws, float* out, int t, int k, int H) {
+  out += size_t(t) * size_t(H);
   std::fill(out, out + H, 0.0f);
   for (int j = 0; j < k; ++j) {
     const int r = t * k + j;
-    const float wt = s.expert_w[size_t(r)];
-    const float* dj = &s.d[size_t(s.expert_pos[size_t(r)]) * size_t(H)];
+    const float wt = ws.expert_w[size_t(r)];
+    const float* dj = &ws.d[size_t(ws.expert_pos[size_t(r)]) * size_t(H)];
     for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
   }
 }
 
-void moe_block(const Model& m, const MoeWeights& w, State& s, int layer, int pos0, int n, const Tap* tap) {
-  const ModelConfig& c = m.config;
-  const int E = c.n_routed_experts, k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
-
-  // Router in f32 (GLM's moe_router_dtype, and what vLLM forces for both families).
-  kernels::linear(w.gate, s.xn.data(), n, s.router.data());
-  for (size_t i = 0; i < size_t(n) * size_t(E); ++i) s.router[i] = 1.0f / (1.0f + std::exp(-s.router[i]));
+// Routes tokens xn [n, hidden] and groups the (token, slot) pairs by expert, so that each
+// expert's weights are read once per call; returns the number of active experts.
+static int route_and_group(const Step& st, const MoeWeights& w, const float* xn, int layer, int t0, int n) {
+  const ModelConfig& c = st.m.config;
+  Workspace& ws = st.ws;
+  const int E = c.n_routed_experts, k = c.num_experts_per_tok;
+  const Tap* tap = st.b.tap;
+  // Router in f32 (GLM's moe_router_dtype, and what vLLM forces for both families), in
+  // the order of the tokens' role like every other product.
+  if (t0 < st.nd) kernels::linear_decode(w.gate, xn, n, ws.router.data());
+  else kernels::linear(w.gate, xn, n, ws.router.data());
+  for (size_t i = 0; i < size_t(n) * size_t(E); ++i) ws.router[i] = 1.0f / (1.0f + std::exp(-ws.router[i]));
   for (int i = 0; i < n; ++i) {
-    route(c, &s.router[size_t(i) * size_t(E)], w.e_score_correction_bias, &s.expert_ids[size_t(i) * size_t(k)],
-          &s.expert_w[size_t(i) * size_t(k)]);
-    if (tap && tap->ints) tap->ints("moe.experts." + std::to_string(layer), pos0 + i, &s.expert_ids[size_t(i) * size_t(k)], k);
+    route(c, &ws.router[size_t(i) * size_t(E)], w.e_score_correction_bias, &ws.expert_ids[size_t(i) * size_t(k)],
+          &ws.expert_w[size_t(i) * size_t(k)]);
+    if (tap && tap->ints)
+      tap->ints("moe.experts." + std::to_string(layer), ws.pos[size_t(t0 + i)], &ws.expert_ids[size_t(i) * size_t(k)], k);
   }
-
-  // Group the (token, slot) pairs by expert so each expert's weights are read once per call.
-  std::fill(s.expert_count.begin(), s.expert_count.begin() + E, 0);
-  for (int r = 0; r < n * k; ++r) ++s.expert_count[size_t(s.expert_ids[size_t(r)])];
-  s.expert_offset[0] = 0;
-  for (int e = 0; e < E; ++e) s.expert_offset[size_t(e) + 1] = s.expert_offset[size_t(e)] + s.expert_count[size_t(e)];
-  std::fill(s.expert_count.begin(), s.expert_count.begin() + E, 0);
+  std::fill(ws.expert_count.begin(), ws.expert_count.begin() + E, 0);
+  for (int r = 0; r < n * k; ++r) ++ws.expert_count[size_t(ws.expert_ids[size_t(r)])];
+  ws.expert_offset[0] = 0;
+  for (int e = 0; e < E; ++e) ws.expert_offset[size_t(e) + 1] = ws.expert_offset[size_t(e)] + ws.expert_count[size_t(e)];
+  std::fill(ws.expert_count.begin(), ws.expert_count.begin() + E, 0);
   for (int r = 0; r < n * k; ++r) {
-    const int e = s.expert_ids[size_t(r)];
-    s.expert_rows[size_t(s.expert_offset[size_t(e)] + s.expert_count[size_t(e)]++)] = r;
+    const int e = ws.expert_ids[size_t(r)];
+    ws.expert_rows[size_t(ws.expert_offset[size_t(e)] + ws.expert_count[size_t(e)]++)] = r;
   }
-
   for (int e = 0; e < E; ++e)
-    for (int j = 0; j < s.expert_count[size_t(e)]; ++j)
-      s.expert_pos[size_t(s.expert_rows[size_t(s.expert_offset[size_t(e)] + j)])] = s.expert_offset[size_t(e)] + j;
-
-  // Experts in parallel, one per thread at a time (dynamic: their token counts differ),
-  // each running its three GEMMs on its own thread: one parallel region per layer instead
-  // of three per expert, and every expert's rows stay disjoint in xg, g, u and d.
+    for (int j = 0; j < ws.expert_count[size_t(e)]; ++j)
+      ws.expert_pos[size_t(ws.expert_rows[size_t(ws.expert_offset[size_t(e)] + j)])] = ws.expert_offset[size_t(e)] + j;
   int n_active = 0;
   for (int e = 0; e < E; ++e)
-    if (s.expert_count[size_t(e)] > 0) s.expert_active[size_t(n_active++)] = e;
-  if (n <= kernels::kGemvMaxTokens && 2 * n_active + 2 <= 64) {
-    // Decode, and a speculative step's few tokens: every active expert (with the tokens
-    // that picked it) and the shared expert in two calls, gate+up then down, each one
-    // parallel region over all their rows, so each expert's weights stream once.
-    const int S = w.has_shared ? w.shared_experts.gate_proj.rows : 0;
-    const size_t routed = size_t(n) * size_t(k);  // grouped rows; the shared expert's follow
-    kernels::LinearJob jobs[64];
-    int nj = 0;
-    for (int a = 0; a < n_active; ++a) {
-      const int e = s.expert_active[size_t(a)], cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
-      const float* xg = gather_tokens(s, e, k, H);
-      const MlpWeights& ex = w.experts[size_t(e)];
-      jobs[nj++] = {&ex.gate_proj, xg, &s.g[size_t(off) * size_t(I)], cnt};
-      jobs[nj++] = {&ex.up_proj, xg, &s.u[size_t(off) * size_t(I)], cnt};
-    }
-    if (w.has_shared) {
-      jobs[nj++] = {&w.shared_experts.gate_proj, s.xn.data(), &s.g[routed * size_t(I)], n};
-      jobs[nj++] = {&w.shared_experts.up_proj, s.xn.data(), &s.u[routed * size_t(I)], n};
-    }
-    kernels::linear_multi(jobs, nj);
-    kernels::silu_mul(s.g.data(), s.u.data(), routed * size_t(I) + size_t(n) * size_t(S), s.g.data());
-    nj = 0;
-    for (int a = 0; a < n_active; ++a) {
-      const int e = s.expert_active[size_t(a)], cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
-      jobs[nj++] = {&w.experts[size_t(e)].down_proj, &s.g[size_t(off) * size_t(I)], &s.d[size_t(off) * size_t(H)], cnt};
-    }
-    if (w.has_shared) jobs[nj++] = {&w.shared_experts.down_proj, &s.g[routed * size_t(I)], &s.d[routed * size_t(H)], n};
-    kernels::linear_multi(jobs, nj);
-    // Weighted combine per token, then the shared expert.
-    for (int t = 0; t < n; ++t) {
-      combine_token(s, t, k, H);
-      if (w.has_shared) {
-        float* out = &s.moe_out[size_t(t) * size_t(H)];
-        const float* ds = &s.d[(routed + size_t(t)) * size_t(H)];
-        for (int h = 0; h < H; ++h) out[h] += ds[h];
-      }
-    }
-    return;
-  }
+    if (ws.expert_count[size_t(e)] > 0) ws.expert_active[size_t(n_active++)] = e;
+  return n_active;
+}
 
-  auto run_expert = [&](int e) {
-    const int cnt = s.expert_count[size_t(e)], off = s.expert_offset[size_t(e)];
-    const float* xg = gather_tokens(s, e, k, H);
+// Runs jobs through linear_multi, at most kMaxLinearJobs per call (each output the same
+// whichever call computes it).
+static void run_jobs(const kernels::LinearJob* jobs, int nj) {
+  for (int j = 0; j < nj; j += kernels::kMaxLinearJobs) kernels::linear_multi(jobs + j, std::min(kernels::kMaxLinearJobs, nj - j));
+}
+
+// Decode tokens: every active expert (with the tokens that picked it) and the shared expert
+// in two rounds, gate+up then down, each in as few parallel regions as the job limit
+// allows, so each expert's weights stream once per step.
+static void experts_decode(const Step& st, const MoeWeights& w, const float* xn, float* out, int n, int n_active) {
+  const ModelConfig& c = st.m.config;
+  Workspace& ws = st.ws;
+  const int k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
+  const int S = w.has_shared ? w.shared_experts.gate_proj.rows : 0;
+  const size_t routed = size_t(n) * size_t(k);  // grouped rows; the shared expert's follow
+  kernels::LinearJob jobs[2 * kMaxRoutedExperts + 2];
+  int nj = 0;
+  for (int a = 0; a < n_active; ++a) {
+    const int e = ws.expert_active[size_t(a)], cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
+    const float* xg = gather_tokens(ws, xn, e, k, H);
     const MlpWeights& ex = w.experts[size_t(e)];
-    float* g = &s.g[size_t(off) * size_t(I)];
-    float* u = &s.u[size_t(off) * size_t(I)];
+    jobs[nj++] = {&ex.gate_proj, xg, &ws.g[size_t(off) * size_t(I)], cnt};
+    jobs[nj++] = {&ex.up_proj, xg, &ws.u[size_t(off) * size_t(I)], cnt};
+  }
+  if (w.has_shared) {
+    jobs[nj++] = {&w.shared_experts.gate_proj, xn, &ws.g[routed * size_t(I)], n};
+    jobs[nj++] = {&w.shared_experts.up_proj, xn, &ws.u[routed * size_t(I)], n};
+  }
+  run_jobs(jobs, nj);
+  kernels::silu_mul(ws.g.data(), ws.u.data(), routed * size_t(I) + size_t(n) * size_t(S), ws.g.data());
+  nj = 0;
+  for (int a = 0; a < n_active; ++a) {
+    const int e = ws.expert_active[size_t(a)], cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
+    jobs[nj++] = {&w.experts[size_t(e)].down_proj, &ws.g[size_t(off) * size_t(I)], &ws.d[size_t(off) * size_t(H)], cnt};
+  }
+  if (w.has_shared) jobs[nj++] = {&w.shared_experts.down_proj, &ws.g[routed * size_t(I)], &ws.d[routed * size_t(H)], n};
+  run_jobs(jobs, nj);
+  // Weighted combine per token, then the shared expert.
+  for (int t = 0; t < n; ++t) {
+    combine_token(ws, out, t, k, H);
+    if (w.has_shared) {
+      float* o = out + size_t(t) * size_t(H);
+      const float* ds = &ws.d[(routed + size_t(t)) * size_t(H)];
+      for (int h = 0; h < H; ++h) o[h] += ds[h];
+    }
+  }
+}
+
+// A prefill chunk: experts in parallel, one per thread at a time (dynamic: their token
+// counts differ), each running its three GEMMs on its own thread: one parallel region per
+// layer instead of three per expert, and every expert's rows stay disjoint in xg, g, u, d.
+static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn, float* out, int t0, int n, int n_active) {
+  const ModelConfig& c = st.m.config;
+  Workspace& ws = st.ws;
+  const int k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
+  auto run_expert = [&](int e) {
+    const int cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
+    const float* xg = gather_tokens(ws, xn, e, k, H);
+    const MlpWeights& ex = w.experts[size_t(e)];
+    float* g = &ws.g[size_t(off) * size_t(I)];
+    float* u = &ws.u[size_t(off) * size_t(I)];
     kernels::linear(ex.gate_proj, xg, cnt, g);
     kernels::linear(ex.up_proj, xg, cnt, u);
     kernels::silu_mul(g, u, size_t(cnt) * size_t(I), g);
-    kernels::linear(ex.down_proj, g, cnt, &s.d[size_t(off) * size_t(H)]);
+    kernels::linear(ex.down_proj, g, cnt, &ws.d[size_t(off) * size_t(H)]);
   };
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int a = 0; a < n_active; ++a) run_expert(s.expert_active[size_t(a)]);
+  for (int a = 0; a < n_active; ++a) run_expert(ws.expert_active[size_t(a)]);
 
   // Weighted combine per token (each output row written by one thread).
 #pragma omp parallel for schedule(static)
-  for (int t = 0; t < n; ++t) combine_token(s, t, k, H);
+  for (int t = 0; t < n; ++t) combine_token(ws, out, t, k, H);
   if (w.has_shared) {
-    mlp_block(w.shared_experts, s, n, s.xn.data(), s.d.data());
-    for (size_t i = 0; i < size_t(n) * size_t(H); ++i) s.moe_out[i] += s.d[i];
+    mlp_block(w.shared_experts, ws, t0, n, false, xn, ws.d.data());
+    for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
   }
+}
+
+void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode) {
+  Workspace& ws = st.ws;
+  const size_t H = size_t(st.m.config.hidden_size);
+  const float* xn = ws.xn.data() + size_t(t0) * H;
+  float* out = ws.moe_out.data() + size_t(t0) * H;
+  const int n_active = route_and_group(st, w, xn, layer, t0, n);
+  if (decode) experts_decode(st, w, xn, out, n, n_active);
+  else experts_prefill(st, w, xn, out, t0, n, n_active);
 }
 
 }  // namespace dsa

@@ -1,8 +1,8 @@
 #pragma once
 // Chat on top of the Generator: the conversation as OpenAI-shaped messages, rendered
 // whole each turn with the model family's own encoding (DeepSeek-V3.2 encoder or GLM-5
-// template), so the KV cache prefix of the previous turn is reused by the Generator and
-// only the new suffix is prefilled.
+// template), so the previous turn's cache blocks are reused through the engine's prefix
+// cache and only the rest (from the last full block it shares) is prefilled.
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>

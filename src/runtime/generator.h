@@ -1,11 +1,11 @@
 #pragma once
-// Generator: one sequence on top of the engine. It keeps the tokens that are in the KV
-// cache, so a new prompt that extends them (the next chat turn) only prefills the new
-// suffix; prefills in chunks of StateOptions::max_tokens; then decodes token by token,
-// sampling, streaming text through the tokenizer's StreamDecoder and a StopMatcher.
-// After setup the decode loop reuses its buffers: it does not allocate per token (the
-// tokenizer's StreamDecoder returns short std::strings, which stay in the small-string
-// buffer for one token's bytes).
+// Generation on top of the engine. Completion is one sequence's sampling state (sampler,
+// stop strings, streamed text, result); Generator runs one completion at a time on an
+// engine: prefill in chunks (a prompt that starts with cached blocks, the previous chat
+// turn's included, prefills only the rest), then decode token by token or speculatively
+// with the MTP layer. After setup the decode loop reuses its buffers: it does not allocate
+// per token (the tokenizer's StreamDecoder returns short std::strings, which stay in the
+// small-string buffer for one token's bytes).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/forward.h"
+#include "runtime/engine.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "tokenizer/tokenizer.h"
@@ -23,12 +23,10 @@
 namespace dsa {
 
 struct GeneratorOptions {
-  int max_ctx = 4096;      // cache capacity: prompt + generated tokens
-  int prefill_chunk = 512; // tokens per prefill forward call
-  CacheType cache = CacheType::FP8;
-  // Speculative decoding with the checkpoint's MTP layer (the model must be loaded with
-  // it): each step the MTP layer drafts one token and the main model verifies it together
-  // with the token before it, so an accepted draft yields two tokens per main-model pass.
+  int prefill_chunk = 512;  // tokens per prefill step
+  // Speculative decoding with the checkpoint's MTP layer (the engine must hold its caches):
+  // each step the MTP layer drafts one token and the main model verifies it together with
+  // the token before it, so an accepted draft yields two tokens per main-model pass.
   // Output is distributed exactly as without it (greedy: the same tokens).
   bool mtp = false;
 };
@@ -55,7 +53,7 @@ struct GenerateResult {
   int prompt_tokens = 0;        // tokens of the prompt
   int reused_tokens = 0;        // of which were already in the cache
   double prefill_s = 0, decode_s = 0;
-  int decode_steps = 0;         // main-model forward calls after the prefill
+  int decode_steps = 0;         // main-model steps after the prefill
   int drafted = 0, accepted = 0;  // speculative decoding: proposals verified, and kept
   double prefill_tok_s() const { return prefill_s > 0 ? (prompt_tokens - reused_tokens) / prefill_s : 0; }
   // Tokens the decode loop produced (all but the first, which the prefill's logits give).
@@ -63,48 +61,82 @@ struct GenerateResult {
   double acceptance() const { return drafted > 0 ? double(accepted) / drafted : 0; }
 };
 
+using TextFn = std::function<void(std::string_view)>;
+using TokenFn = std::function<bool(int32_t)>;
+
+// One sequence's sampling and output: every sampled token goes through emit(), which keeps
+// the history, streams text, and says when generation stops.
+class Completion {
+public:
+  // `tok` may be null (ids only); `banned`: ids the tokenizer cannot decode.
+  Completion(const Model& m, const Tokenizer* tok, std::span<const int32_t> prompt, const GenerateOptions& g,
+             std::span<const int32_t> banned, TextFn on_text = {}, TokenFn on_token = {});
+  Sampler& sampler() { return sampler_; }
+  // Records a sampled token; true when generation stops (result().reason says why).
+  // `context_full`: the sequence has no room for another token.
+  bool emit(int32_t id, bool context_full);
+  void finish();  // flushes the streamed text (unless a stop string ended it)
+  GenerateResult& result() { return r_; }
+
+private:
+  GenerateOptions g_;
+  Sampler sampler_;
+  std::vector<uint8_t> is_eos_;
+  StopMatcher stop_;
+  std::optional<StreamDecoder> dec_;
+  std::string piece_;
+  TextFn on_text_;
+  TokenFn on_token_;
+  GenerateResult r_;
+  void text(const std::string& s);
+};
+
+// The ids a tokenizer cannot decode (never sampled); empty without a tokenizer.
+std::vector<int32_t> undecodable_ids(const Model& m, const Tokenizer* tok);
+
 class Generator {
 public:
   // `tok` may be null (ids in, ids out: no text, no stop strings).
-  Generator(const Model& m, const Tokenizer* tok, const GeneratorOptions& opt);
+  Generator(Engine& engine, const Tokenizer* tok, const GeneratorOptions& opt);
+  ~Generator();
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
 
-  // Text callback: called with each piece of text that is final. Token callback: called
-  // with each sampled id; returning false stops generation (StopReason::Callback).
-  using TextFn = std::function<void(std::string_view)>;
-  using TokenFn = std::function<bool(int32_t)>;
   GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& g, const TextFn& on_text = {},
                           const TokenFn& on_token = {});
 
-  // Brings the cache to hold exactly `prompt`, reusing the longest common prefix with what
-  // it holds; returns the logits after the last prompt token. *reused: tokens kept.
-  // With MTP, the MTP layer's cache follows (every prompt position but the last, whose
-  // next token is not known yet).
+  // Starts a new sequence holding `prompt` (its cached prefix blocks reused) and returns the
+  // logits after its last token. *reused: tokens taken from the prefix cache. With MTP, the
+  // MTP layer's cache follows (every prompt position but the last, whose next token is not
+  // known yet).
   const float* prefill(std::span<const int32_t> prompt, int* reused = nullptr);
-  void reset() {
-    cached_.clear();
-    state_.n_past = state_.mtp_n_past = 0;
-    h_rows_n_ = 0;
-  }
+  void reset();  // releases the sequence (its full blocks stay in the prefix cache)
 
-  const std::vector<int32_t>& cached_tokens() const { return cached_; }
-  const Model& model() const { return m_; }
+  const Engine& engine() const { return engine_; }
+  const Model& model() const { return engine_.model(); }
+  // The ids in the sequence's cache (empty before the first prompt).
+  std::vector<int32_t> cached_tokens() const {
+    if (seq_ < 0) return {};
+    const auto t = engine_.tokens(seq_);
+    return {t.begin(), t.end()};
+  }
   const GeneratorOptions& options() const { return opt_; }
 
 private:
-  const Model& m_;
+  Engine& engine_;
   const Tokenizer* tok_;
   GeneratorOptions opt_;
-  State state_;
-  // The MTP layer's draft for the token after `next` (the token about to be verified):
-  // first it catches up over the positions whose next token is now known.
-  int32_t mtp_draft(Sampler& sampler);
-
-  std::vector<int32_t> cached_;  // ids whose keys are in the cache, reserved to max_ctx
-  std::vector<int32_t> banned_;  // ids the tokenizer cannot decode
-  // MTP: final-normed hidden states of the main positions [state_.mtp_n_past, n_past), which
-  // the MTP layer has not seen yet (their next token was not known), and the last prefill
-  // logits (the MTP pass overwrites the state's logits).
+  SeqId seq_ = -1;
+  std::vector<int32_t> banned_;
+  // The MTP layer's draft for the token after `next` (about to be verified): first it
+  // catches up over the positions whose next token is now known.
+  int32_t mtp_draft(Sampler& sampler, std::span<const int32_t> history);
+  const float* step(const int32_t* ids, int n, bool decode, int logits, int unverified = 0);
+  // MTP: final-normed hidden states of the main positions [mtp_length, length), which the
+  // MTP layer has not seen yet (their next token was not known), and the last prefill
+  // logits (the MTP pass overwrites the engine's logits).
   std::vector<float> h_rows_, last_logits_;
+  std::vector<int32_t> history_;  // prompt + generated: the ids the draft proposers see
   int h_rows_n_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/engine.h"
 
 namespace dsa {
 
@@ -20,14 +21,16 @@ PerplexityResult perplexity(const Model& m, std::span<const int32_t> ids, const 
     throw Error("perplexity: " + std::to_string(ids.size()) + " tokens are fewer than one window of " + std::to_string(N));
   const int first = opt.score_all ? 0 : N / 2;
 
-  StateOptions so;
-  so.max_ctx = N;
-  so.max_tokens = std::clamp(opt.max_tokens, 1, N);
-  so.max_logit_rows = so.max_tokens;
-  so.cache = opt.cache;
-  State st(m.config, so);
-  ForwardOptions fo;
-  fo.all_logits = true;
+  EngineOptions eo;
+  eo.cache = opt.cache;
+  eo.max_ctx = N;
+  eo.max_seqs = 1;
+  eo.max_step_tokens = std::clamp(opt.max_tokens, 1, N);
+  eo.max_logit_rows = eo.max_step_tokens;
+  eo.cache_tokens = N;
+  eo.prefix_cache = false;  // windows never share a prefix (the first token may be BOS)
+  Engine e(m, eo);
+  const int chunk = eo.max_step_tokens;
 
   std::vector<int32_t> win(static_cast<size_t>(N));
   double sum = 0, sum2 = 0;
@@ -36,10 +39,12 @@ PerplexityResult perplexity(const Model& m, std::span<const int32_t> ids, const 
   for (int w = 0; w < windows; ++w) {
     std::copy_n(&ids[size_t(w) * size_t(N)], N, win.begin());
     if (opt.bos_id >= 0) win[0] = opt.bos_id;
-    st.n_past = 0;
-    for (int c0 = 0; c0 < N; c0 += so.max_tokens) {
-      const int n = std::min(so.max_tokens, N - c0);
-      const float* logits = forward(m, st, &win[size_t(c0)], n, fo);
+    const SeqId s = e.add();
+    for (int c0 = 0; c0 < N; c0 += chunk) {
+      const int n = std::min(chunk, N - c0);
+      const StepItem it{s, &win[size_t(c0)], n, false, n, 0};
+      e.step(std::span<const StepItem>(&it, 1));
+      const float* logits = e.logits(0);
       // Row j (absolute position c0 + j) predicts win[c0 + j + 1].
       for (int j = 0; j < n; ++j) {
         const int pos = c0 + j;
@@ -54,6 +59,7 @@ PerplexityResult perplexity(const Model& m, std::span<const int32_t> ids, const 
         ++count;
       }
     }
+    e.release(s);
     if (progress) progress(w + 1, windows, std::exp(sum / double(count)));
   }
   r.n_windows = windows;

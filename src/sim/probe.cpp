@@ -316,7 +316,10 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   size_t ix_call = 0;
   probes.push_back({[&] {
                       const uint8_t* k8 = wbuf.data() + (ix_call++ % ix_slices) * ix_slice;
-                      indexer_scores(k8 + ix_slice - 4096, ix_w.data(), ix_heads, k8, ix_ks.data(), ix_keys, ix_out.data());
+                      kernels::IndexKeyView keys;
+                      keys.k8 = k8;
+                      keys.k_scale = ix_ks.data();
+                      indexer_scores(k8 + ix_slice - 4096, ix_w.data(), ix_heads, keys, ix_keys, ix_out.data());
                     },
                     6, {}});
   const size_t p_indexer = probes.size() - 1;

@@ -170,8 +170,11 @@ TEST(KernelTwins, IndexerScores) {
       for (auto& v : k8) { v = uint8_t(rng()); if ((v & 0x7f) == 0x7f) v = 0; }
       const auto w = randv(size_t(heads), 11), ks = randv(size_t(keys), 12);
       std::vector<float> a(static_cast<size_t>(keys)), b(static_cast<size_t>(keys));
-      kernels::cpu::indexer_scores(q8.data(), w.data(), heads, k8.data(), ks.data(), keys, a.data());
-      kernels::ref::indexer_scores(q8.data(), w.data(), heads, k8.data(), ks.data(), keys, b.data());
+      kernels::IndexKeyView view;
+      view.k8 = k8.data();
+      view.k_scale = ks.data();
+      kernels::cpu::indexer_scores(q8.data(), w.data(), heads, view, keys, a.data());
+      kernels::ref::indexer_scores(q8.data(), w.data(), heads, view, keys, b.data());
       EXPECT_LE(max_rel(a, b), 1e-5) << heads << " heads, " << keys << " keys";
     }
 }

@@ -15,7 +15,7 @@
 #include "fixtures.h"
 #include "io/safetensors.h"
 #include "model/make_model.h"
-#include "model/teacher_forcing.h"
+#include "runtime/teacher_forcing.h"
 
 namespace fs = std::filesystem;
 using namespace dsa;

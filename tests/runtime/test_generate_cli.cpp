@@ -11,7 +11,7 @@
 
 #include "cli_util.h"
 #include "fixtures.h"
-#include "model/teacher_forcing.h"
+#include "runtime/teacher_forcing.h"
 #include "tiny_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -164,7 +164,7 @@ TEST(RunCli, TextInTextOut) {
 TEST(ChatCli, TwoTurnsThroughAPipe) {
   const std::string dir = test::tiny_model_dir();
   const auto r = sh("printf 'Hello there\\nHow are you?\\n' | " + test::dsa_binary() + " chat --model " + dir +
-                    " -n 8 --seed 3 --thinking --system 'Be brief.'");
+                    " -n 8 --seed 3 --thinking --system 'Be brief.' --block-size 4");
   ASSERT_EQ(r.code, 0) << r.err;
   const std::regex turn(R"(\[prompt: (\d+) tokens \((\d+) reused\))");
   std::vector<std::pair<int, int>> turns;

@@ -8,14 +8,14 @@ namespace dsa::kernels::cpu {
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_multi(const LinearJob* jobs, int n_jobs);
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y);
 void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride);
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void hadamard128(float* x, int n_vec);
-void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
-                    int n_keys, float* out);
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out);
 void topk(const float* scores, int n, int k, int32_t* out);
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat);
@@ -26,7 +26,7 @@ void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0,
 
 // Size the calling thread's GEMV input buffers and sparse-decode tile (see reserve_scratch).
 void reserve_gemv_scratch(int max_cols);
-void reserve_decode_scratch(int n_heads, int latent_dim);
+void reserve_decode_scratch(int n_heads, int latent_dim, int kv_lora, int max_selected);
 
 int num_threads();
 bool has_avx2_fma();

@@ -135,12 +135,11 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
 
 }  // namespace
 
-void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
-                    int n_keys, float* out) {
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out) {
   bool fast = has_avx2_fma() && n_heads <= 64;
   for (int h = 0; h < n_heads && fast; ++h) fast = std::fabs(w[h]) < 0x1p60f;  // w * 2^56 stays finite
   if (!fast) {
-    ref::indexer_scores(q8, w, n_heads, k8, k_scale, n_keys, out);
+    ref::indexer_scores(q8, w, n_heads, keys, n_keys, out);
     return;
   }
   const int hp = (n_heads + 7) / 8 * 8;
@@ -150,16 +149,26 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_
     wp[h] = h < n_heads ? w[h] * 0x1p56f : 0.0f;  // undoes 2^64 * 2^-120 (positive: commutes with ReLU)
     for (int d = 0; d < 128; ++d) qT[d * hp + h] = h < n_heads ? fp8_e4m3_to_f32(q8[h * 128 + d]) * 0x1p64f : 0.0f;
   }
-  // The scan over every cached key (132 bytes each) splits the keys across threads.
-  const int chunk = 256;
-  const int n_chunks = (n_keys + chunk - 1) / chunk;
-  if (n_chunks == 1 || omp_get_level() > 0) {  // one chunk, or one query per thread in a prefill
-    indexer_scores_lanes(qT, wp, hp, k8, k_scale, 0, n_keys, out);
+  // The scan over every cached key (132 bytes each) goes in chunks of up to 256 keys that
+  // are contiguous in the pool (never across a block), split across threads.
+  constexpr int kChunk = 256;
+  const int span = keys.blocks ? keys.block_size : std::max(n_keys, 1);  // keys per contiguous run
+  const int per_run = (span + kChunk - 1) / kChunk;
+  const int runs = (n_keys + span - 1) / span;
+  auto chunk = [&](int c) {
+    const int run = c / per_run, t0 = run * span + (c % per_run) * kChunk;
+    const int t1 = std::min({n_keys, t0 + kChunk, (run + 1) * span});
+    if (t0 >= t1) return;
+    const int64_t slot = keys.slot(t0);
+    indexer_scores_lanes(qT, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
+  };
+  const int n_chunks = runs * per_run;
+  if (n_chunks == 1 || omp_get_level() > 0) {  // one chunk, or one query per thread in a step
+    for (int c = 0; c < n_chunks; ++c) chunk(c);
     return;
   }
 #pragma omp parallel for schedule(static)
-  for (int c = 0; c < n_chunks; ++c)
-    indexer_scores_lanes(qT, wp, hp, k8, k_scale, c * chunk, std::min(n_keys, (c + 1) * chunk), out);
+  for (int c = 0; c < n_chunks; ++c) chunk(c);
 }
 
 namespace {
@@ -247,7 +256,7 @@ namespace {
 // One cached token as f32 [latent | rope]: a view for the f32 cache, else dequantized
 // into buf with the same bit tricks as the weight kernels.
 __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheView& c, int32_t t, float* buf) {
-  const uint8_t* p = c.data + size_t(t) * c.token_bytes();
+  const uint8_t* p = c.token(t);
   const int L = c.kv_lora, R = c.rope;
   switch (c.type) {
     case CacheType::F32: return reinterpret_cast<const float*>(p);
@@ -432,6 +441,17 @@ __attribute__((target("avx2,fma"))) inline void accumulate_lanes(const float* p,
 
 struct DecodeScratch {
   std::vector<float> scores, tile;
+  // The calling thread's query and softmax partials: [D][hp]; [parts][L][hp]; [parts][hp] x 2;
+  // [parts + 1][hp].
+  std::vector<float> qT, part_o, part_m, part_l, part_w;
+  void size_parts(int hp, int D, int L, int parts) {
+    auto grow = [](std::vector<float>& v, size_t n) { if (v.size() < n) v.resize(n); };
+    grow(qT, size_t(D) * size_t(hp) + 8);
+    grow(part_o, size_t(parts) * size_t(L) * size_t(hp));
+    grow(part_m, size_t(parts) * size_t(hp));
+    grow(part_l, size_t(parts) * size_t(hp));
+    grow(part_w, size_t(parts + 1) * size_t(hp));
+  }
   float* sc(int hp) {  // [kTile + 8][hp] (a padded last group of 8), 32-byte aligned for the lane loads
     if (scores.size() < size_t(kTile + 8) * size_t(hp) + 8) scores.resize(size_t(kTile + 8) * size_t(hp) + 8);
     return align32(scores);
@@ -464,7 +484,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
   }
   constexpr int kAhead = 8;  // tokens: the gather is random, so prefetch by index
   auto prefetch = [&](int j) {
-    const char* p = reinterpret_cast<const char*>(c.data + size_t(idx[j]) * tb);
+    const char* p = reinterpret_cast<const char*>(c.token(idx[j]));
     for (size_t off = 0; off < tb; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
   };
   for (int j = 0; j < std::min(nj, kAhead); ++j) prefetch(j);
@@ -537,28 +557,26 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
   // query per thread in a prefill chunk) it runs on its own thread.
   const int hp = (H + 7) / 8 * 8;  // heads padded to whole lane groups (pad q = 0, unused)
   const int D = L + R;
-  const int nt = omp_get_level() > 0 ? 1 : std::max(1, std::min(omp_get_max_threads(), n_idx / 32));
-  // Alone, the tokens go out in up to four parts per thread, taken dynamically: the cores of
-  // a shared machine do not run at the same speed, and a static half each waits for the
-  // slower one.
-  const int parts = nt == 1 ? 1 : std::min(4 * nt, std::max(nt, n_idx / 128));
-  static thread_local std::vector<float> qT, part_o, part_m, part_l, part_w;  // [D][hp]; [parts][L][hp]; [parts][hp]; [parts + 1][hp]
-  if (qT.size() < size_t(D) * size_t(hp) + 8) qT.resize(size_t(D) * size_t(hp) + 8);
-  if (part_o.size() < size_t(parts) * size_t(L) * size_t(hp)) part_o.resize(size_t(parts) * size_t(L) * size_t(hp));
-  if (part_m.size() < size_t(parts) * size_t(hp)) { part_m.resize(size_t(parts) * size_t(hp)); part_l.resize(size_t(parts) * size_t(hp)); }
-  float* qt = align32(qT);  // 32-byte aligned rows
+  // Pieces of kDecodePart selected tokens, a function of n_idx alone (the merge order with
+  // them), taken dynamically by the threads when the call runs alone: the cores of a shared
+  // machine do not run at the same speed.
+  const int parts = (n_idx + kDecodePart - 1) / kDecodePart;
+  const int nt = omp_get_level() > 0 ? 1 : std::min(omp_get_max_threads(), parts);
+  DecodeScratch& ds = t_decode_scratch;
+  ds.size_parts(hp, D, L, parts);
+  float* qt = align32(ds.qT);  // 32-byte aligned rows
   for (int d = 0; d < D; ++d)
     for (int h = 0; h < hp; ++h)
       qt[size_t(d) * size_t(hp) + size_t(h)] = h < H ? scale * (d < L ? q_lat[size_t(h) * size_t(L) + size_t(d)] : q_rope[size_t(h) * size_t(R) + size_t(d - L)]) : 0.0f;
   // Plain pointers: inside the parallel region a thread_local name would mean the worker's own.
-  float *po = part_o.data(), *pm = part_m.data(), *pl = part_l.data();
+  float *po = ds.part_o.data(), *pm = ds.part_m.data(), *pl = ds.part_l.data();
   auto run = [&](int t, int T) {
-    const int j0 = int(int64_t(n_idx) * t / T), j1 = int(int64_t(n_idx) * (t + 1) / T);
+    const int j0 = t * kDecodePart, j1 = t == T - 1 ? n_idx : j0 + kDecodePart;
     sparse_decode_part(c, qt, hp, idx + j0, j1 - j0, po + size_t(t) * size_t(L) * size_t(hp), pm + size_t(t) * size_t(hp),
                        pl + size_t(t) * size_t(hp));
   };
-  if (parts == 1) {
-    run(0, 1);
+  if (nt == 1) {
+    for (int p = 0; p < parts; ++p) run(p, parts);
   } else {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int p = 0; p < parts; ++p) run(p, parts);
@@ -567,8 +585,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
   // first; then every 8-column block of a lane group is combined over the parts, normalized
   // and transposed into o_lat's head rows, the column blocks across the threads when the
   // partials are large (128 heads x 8 parts x 512 for DeepSeek-V3.2: about 0.2 ms alone).
-  if (part_w.size() < size_t(parts + 1) * size_t(hp)) part_w.resize(size_t(parts + 1) * size_t(hp));
-  float* pw = part_w.data();  // [parts][hp] weights, then [hp] 1 / denominator
+  float* pw = ds.part_w.data();  // [parts][hp] weights, then [hp] 1 / denominator
   for (int h = 0; h < hp; ++h) {
     float M = -INFINITY;
     for (int t = 0; t < parts; ++t) M = std::max(M, pm[size_t(t) * size_t(hp) + size_t(h)]);
@@ -784,9 +801,11 @@ void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0,
                       v_dim, scale, out + size_t(b0) * out_stride, out_stride);
 }
 
-void reserve_decode_scratch(int n_heads, int latent_dim) {
-  t_decode_scratch.sc((n_heads + 7) / 8 * 8);
+void reserve_decode_scratch(int n_heads, int latent_dim, int kv_lora, int max_selected) {
+  const int hp = (n_heads + 7) / 8 * 8;
+  t_decode_scratch.sc(hp);
   t_decode_scratch.tl(latent_dim);
+  t_decode_scratch.size_parts(hp, latent_dim, kv_lora, std::max(1, (max_selected + kDecodePart - 1) / kDecodePart));
 }
 
 }  // namespace dsa::kernels::cpu

@@ -117,6 +117,12 @@ constexpr float kFp8BitsUndo = 0x1p120f * 0x1p-64f;  // 2^56, applied with the b
 // Rows are absolute (the scale lookup needs them); y[r - base] receives row r. xs is x
 // times kFp8XScale, permuted per 32 columns to the order of Fp8x32 (b3, b2, b1, b0);
 // x itself serves the scalar tail.
+template <int NT>
+__attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
+                                                             int base, int r0, int r1);
+template <int NT>
+__attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1);
+
 __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const float* x, const float* xs, float* y, int base, int r0,
                                                       int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols();
@@ -158,12 +164,9 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const fl
       y[r + j - base] = acc;
     }
   }
-  for (; r < r1; ++r) {
-    float acc = 0;
-    for (int c = 0; c < K; ++c)
-      acc += fp8_e4m3_to_f32(w.data[size_t(r) * size_t(K) + size_t(c)]) * w.scale[size_t(r / w.block_rows) * size_t(sc) + size_t(c / bc)] * x[c];
-    y[r - base] = acc;
-  }
+  // Leftover rows in the same per-row order (one row at a time): a row's sum never depends
+  // on which rows share its call.
+  if (r < r1) gemv_fp8_tokens_avx2<1>(w, x, xs, y, 0, base, r, r1);
 }
 
 // x * kFp8XScale into a per-thread buffer (grown once, then reused), each full group of
@@ -222,9 +225,9 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
   const size_t ahead = size_t(8 * K) * size_t((8192 + 8 * K - 1) / (8 * K));  // bytes: groups of four 2-byte rows
   const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xFFFF0000u));
   int r = r0;
-  auto row_tail = [&](const uint16_t* p, int from) {
-    float acc = 0;
-    for (int c = from; c < K; ++c) acc += bf16_to_f32(p[c]) * x[c];
+  // The sum as the tokens kernel finishes it: the lanes, then the tail columns in order.
+  auto finish = [&](float acc, const uint16_t* p) {
+    for (int c = k16; c < K; ++c) acc += bf16_to_f32(p[c]) * x[c];
     return acc;
   };
   for (; r + 4 <= r1; r += 4) {
@@ -243,12 +246,9 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
         a[j][1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi_mask)), xo, a[j][1]);
       }
     }
-    for (int j = 0; j < 4; ++j) y[r + j - base] = hsum8(_mm256_add_ps(a[j][0], a[j][1])) + row_tail(wr[j], k16);
+    for (int j = 0; j < 4; ++j) y[r + j - base] = finish(hsum8(_mm256_add_ps(a[j][0], a[j][1])), wr[j]);
   }
-  for (; r < r1; ++r) {
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
-    y[r - base] = row_tail(p, 0);
-  }
+  if (r < r1) gemv_bf16_tokens_avx2<1>(w, x, xd, y, 0, base, r, r1);  // leftover rows, the same per-row order
 }
 
 // One token through rows [r0, r1) of an fp8 or bf16 weight, x prepared per thread in the
@@ -362,26 +362,53 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
   }
 }
 
-// Rows [r0, r1) for n <= kGemvMaxTokens tokens: x [n, cols], y [n, ldy] (row r at y[r - base]).
+// Rows [r0, r1) for n <= 3 tokens, x already prepared (xb, [n, cols]) in the kernels' lane
+// order: x [n, cols] (tails), y [n, ldy] (row r at y[r - base]).
+__attribute__((target("avx2,fma"))) void gemv_prepared_avx2(const Linear& w, const float* x, const float* xb, int n, float* y,
+                                                           size_t ldy, int base, int r0, int r1) {
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  if (n == 1) {
+    if (fp8) gemv_fp8_avx2(w, x, xb, y, base, r0, r1);
+    else gemv_bf16_avx2(w, x, xb, y, base, r0, r1);
+  } else if (n == 2) {
+    if (fp8) gemv_fp8_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
+    else gemv_bf16_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
+  } else {
+    if (fp8) gemv_fp8_tokens_avx2<3>(w, x, xb, y, ldy, base, r0, r1);
+    else gemv_bf16_tokens_avx2<3>(w, x, xb, y, ldy, base, r0, r1);
+  }
+}
+
+// Rows [r0, r1) for any number of tokens: x [n, cols], y [n, ldy] (row r at y[r - base]).
+// Tokens go in groups of three (the registers hold three tokens' accumulators); with more
+// than one group the rows go in blocks of kRowBlock, each block's weights read from memory
+// once and from cache by the later groups. Every kernel sums a row the same way (the
+// one-token order), so the grouping changes no output bit.
+constexpr int kTokGroup = 3, kRowBlock = 64;
 __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const float* x, int n, float* y, size_t ldy, int base,
                                                          int r0, int r1) {
-  if (n == 1) {
-    gemv_avx2(w, x, y, base, r0, r1);
-    return;
-  }
   const bool fp8 = w.dtype == DType::F8_E4M3;
   const size_t cols = size_t(w.cols);
-  float* xb = x_buffer(fp8 ? t_xscaled : t_xdeint, size_t(n) * cols);
-  for (int i = 0; i < n; ++i) {
-    if (fp8) prescale_x_into(x + size_t(i) * cols, w.cols, xb + size_t(i) * cols);
-    else deinterleave_x_into(x + size_t(i) * cols, w.cols, xb + size_t(i) * cols);
+  float* xb = x_buffer(fp8 ? t_xscaled : t_xdeint, size_t(kTokGroup) * cols);
+  auto prepare = [&](int g, int cnt) {
+    for (int i = 0; i < cnt; ++i) {
+      const float* xi = x + size_t(g + i) * cols;
+      if (fp8) prescale_x_into(xi, w.cols, xb + size_t(i) * cols);
+      else deinterleave_x_into(xi, w.cols, xb + size_t(i) * cols);
+    }
+  };
+  if (n <= kTokGroup) {
+    prepare(0, n);
+    gemv_prepared_avx2(w, x, xb, n, y, ldy, base, r0, r1);
+    return;
   }
-  if (fp8) {
-    if (n == 2) gemv_fp8_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
-    else gemv_fp8_tokens_avx2<3>(w, x, xb, y, ldy, base, r0, r1);
-  } else {
-    if (n == 2) gemv_bf16_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
-    else gemv_bf16_tokens_avx2<3>(w, x, xb, y, ldy, base, r0, r1);
+  for (int rb = r0; rb < r1; rb += kRowBlock) {
+    const int re = std::min(r1, rb + kRowBlock);
+    for (int g = 0; g < n; g += kTokGroup) {
+      const int cnt = std::min(kTokGroup, n - g);
+      prepare(g, cnt);
+      gemv_prepared_avx2(w, x + size_t(g) * cols, xb, cnt, y + size_t(g) * ldy, ldy, base, rb, re);
+    }
   }
 }
 
@@ -589,24 +616,6 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   // Inside a caller's parallel loop (one MoE expert per thread in prefill) the call runs on
   // its own thread: no nested region, per-thread scratch only.
   const bool nested = omp_get_level() > 0;  // any enclosing region, active or not
-  if (n <= kGemvMaxTokens && avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16)) {
-    // Memory-bound GEMV: each thread streams a contiguous range of rows (a multiple of
-    // four), enough rows per thread that the fork is worth it.
-    auto rows = [&](int t, int T) {
-      const int rb = (nrows / 4 * t / T) * 4, re = t == T - 1 ? nrows : (nrows / 4 * (t + 1) / T) * 4;
-      gemv_tokens_avx2(w, x, n, y, size_t(nrows), row0, row0 + rb, row0 + re);
-    };
-    const int nt = nested ? 1 : std::min(omp_get_max_threads(), std::max(1, nrows / 64));
-    if (nt == 1) {
-      rows(0, 1);
-    } else {
-      // Four contiguous pieces per thread, taken dynamically (as in linear_multi).
-      const int pieces = std::min(4 * nt, std::max(nt, nrows / 256));
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-      for (int p = 0; p < pieces; ++p) rows(p, pieces);
-    }
-    return;
-  }
   // GEMM: K in chunks of kKc; per chunk the tokens are packed once (shared by the threads),
   // then 16-row weight panels are dequantized and multiplied across threads.
   static thread_local std::vector<float> xpack;  // grows to the largest prefill chunk, then stays
@@ -638,6 +647,32 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   }
 }
 
+void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  if (nrows < 0) nrows = w.rows - row0;
+  if (n <= 0 || nrows <= 0) return;
+  // f32 / f16 weights (and machines without AVX2) have no GEMV: the GEMM's order is
+  // batch-invariant too.
+  if (!has_avx2_fma() || (w.dtype != DType::F8_E4M3 && w.dtype != DType::BF16)) {
+    linear(w, x, n, y, row0, nrows);
+    return;
+  }
+  // Memory-bound GEMV: each thread streams contiguous ranges of rows (multiples of four),
+  // enough rows per thread that the fork is worth it.
+  auto rows = [&](int t, int T) {
+    const int rb = (nrows / 4 * t / T) * 4, re = t == T - 1 ? nrows : (nrows / 4 * (t + 1) / T) * 4;
+    gemv_tokens_avx2(w, x, n, y, size_t(nrows), row0, row0 + rb, row0 + re);
+  };
+  const int nt = omp_get_level() > 0 ? 1 : std::min(omp_get_max_threads(), std::max(1, nrows / 64));
+  if (nt == 1) {
+    rows(0, 1);
+    return;
+  }
+  // Four contiguous pieces per thread, taken dynamically (as in linear_multi).
+  const int pieces = std::min(4 * nt, std::max(nt, nrows / 256));
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int p = 0; p < pieces; ++p) rows(p, pieces);
+}
+
 // Panel for the transposed direction: output columns [c0, c0 + nc) of W over rows
 // [row0 + k0, row0 + k0 + kc), i.e. pk[k][j] = W[row0 + k0 + k][c0 + j] (contiguous in W).
 void pack_panel_t(const Linear& w, int row0, int k0, int kc, int c0, int nc, float* pk, bool avx) {
@@ -653,8 +688,9 @@ void pack_panel_t(const Linear& w, int row0, int k0, int kc, int c0, int nc, flo
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   // y[i, :] = Σ_r x[i, r] W[row0 + r, :].
   const bool avx = has_avx2_fma();
-  if (n >= 4 && w.cols % kNr == 0 && (w.dtype != DType::F8_E4M3 || w.block_cols % kNr == 0)) {
-    // Many tokens (the absorbed path of a prefill chunk): the packed GEMM with K = nrows.
+  // The form depends on the weight's shape only, never on n (batch invariance, kernels.h).
+  if (w.cols % kNr == 0 && (w.dtype != DType::F8_E4M3 || w.block_cols % kNr == 0)) {
+    // The packed GEMM with K = nrows (the absorbed path of a prefill chunk).
     static std::vector<float> xpack;
     if (xpack.size() < size_t(n) * size_t(std::min(kKc, nrows))) xpack.resize(size_t(n) * size_t(std::min(kKc, nrows)));
     const int n_panels = w.cols / kNr;
@@ -674,7 +710,7 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
     }
     return;
   }
-  // Few tokens: threads split the output columns by scale block so each owns disjoint
+  // Other shapes: threads split the output columns by scale block so each owns disjoint
   // outputs; each weight element is dequantized once.
   const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : 128;
   const int nblk = (w.cols + bc - 1) / bc;
@@ -776,8 +812,9 @@ void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, 
 }  // namespace
 
 void linear_multi(const LinearJob* jobs, int n_jobs) {
-  bool fast = has_avx2_fma() && n_jobs <= 64;
-  for (int j = 0; j < n_jobs; ++j) DSA_CHECK(jobs[j].n >= 1 && jobs[j].n <= kGemvMaxTokens, "linear_multi: 1..3 tokens per job");
+  DSA_CHECK(n_jobs <= kMaxLinearJobs, "linear_multi: more than 64 jobs");
+  bool fast = has_avx2_fma();
+  for (int j = 0; j < n_jobs; ++j) DSA_CHECK(jobs[j].n >= 1, "linear_multi: a job without tokens");
   int64_t total = 0;
   int64_t start[65];
   for (int j = 0; j < n_jobs && fast; ++j) {
@@ -787,7 +824,7 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
     total += (jobs[j].w->rows + 3) / 4;  // in groups of four rows
   }
   if (!fast) {
-    for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, 0, jobs[j].w->rows);
+    for (int j = 0; j < n_jobs; ++j) linear_decode(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, 0, jobs[j].w->rows);
     return;
   }
   start[n_jobs] = total;
@@ -812,17 +849,23 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
   const bool avx = has_avx2_fma();
   DSA_CHECK(w.dtype != DType::F8_E4M3 || w.block_cols <= 512, "weight block wider than 512 columns");
-  // One parallel region for all heads instead of one per head.
-#pragma omp parallel for schedule(static)
-  for (int h = 0; h < n_heads; ++h)
+  // One parallel region for all heads instead of one per head; inside a caller's parallel
+  // loop (one query per thread) the heads run on its thread.
+  auto head = [&](int h) {
     linear_t_one(w, x + size_t(h) * size_t(x_stride), h * head_stride + row0, nrows, y + size_t(h) * size_t(w.cols), avx);
+  };
+  if (omp_get_level() > 0) {
+    for (int h = 0; h < n_heads; ++h) head(h);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < n_heads; ++h) head(h);
 }
 
 void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
   const bool avx = has_avx2_fma();
   const bool fast = avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16);
-#pragma omp parallel for schedule(static)
-  for (int h = 0; h < n_heads; ++h) {
+  auto head = [&](int h) {
     const int r0 = h * head_stride + row0;
     float* yh = y + size_t(h) * size_t(y_stride);
     const float* xh = x + size_t(h) * size_t(w.cols);
@@ -833,12 +876,18 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
         for (int c = 0; c < w.cols; ++c) acc += ref::weight_at(w, r0 + r, c) * xh[c];
         yh[r] = acc;
       }
+  };
+  if (omp_get_level() > 0) {  // as in linear_t_heads
+    for (int h = 0; h < n_heads; ++h) head(h);
+    return;
   }
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < n_heads; ++h) head(h);
 }
 
 void reserve_gemv_scratch(int max_cols) {
-  x_buffer(t_xscaled, size_t(kGemvMaxTokens) * size_t(std::max(max_cols, 1)));
-  x_buffer(t_xdeint, size_t(kGemvMaxTokens) * size_t(std::max(max_cols, 1)));
+  x_buffer(t_xscaled, size_t(kTokGroup) * size_t(std::max(max_cols, 1)));
+  x_buffer(t_xdeint, size_t(kTokGroup) * size_t(std::max(max_cols, 1)));
 }
 
 }  // namespace dsa::kernels::cpu

@@ -7,6 +7,7 @@ namespace dsa::kernels::ref {
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_multi(const LinearJob* jobs, int n_jobs);
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y);
 void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride);
@@ -17,8 +18,7 @@ void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved);
 void hadamard128(float* x, int n_vec);
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
-void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
-                    int n_keys, float* out);
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out);
 void topk(const float* scores, int n, int k, int32_t* out);
 void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope);
 void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope);

@@ -9,17 +9,17 @@
 
 namespace dsa::kernels::ref {
 
-void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const uint8_t* k8, const float* k_scale,
-                    int n_keys, float* out) {
+void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out) {
   for (int t = 0; t < n_keys; ++t) {
+    const int64_t slot = keys.slot(t);
+    const uint8_t* k8 = keys.k8 + size_t(slot) * 128;
     double s = 0;
     for (int h = 0; h < n_heads; ++h) {
       double dot = 0;
-      for (int d = 0; d < 128; ++d)
-        dot += double(fp8_e4m3_to_f32(q8[h * 128 + d])) * fp8_e4m3_to_f32(k8[size_t(t) * 128 + size_t(d)]);
+      for (int d = 0; d < 128; ++d) dot += double(fp8_e4m3_to_f32(q8[h * 128 + d])) * fp8_e4m3_to_f32(k8[d]);
       s += double(w[h]) * std::max(dot, 0.0);
     }
-    out[t] = float(s * k_scale[t]);
+    out[t] = float(s * keys.k_scale[slot]);
   }
 }
 
@@ -32,7 +32,7 @@ void topk(const float* scores, int n, int k, int32_t* out) {
 }
 
 void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
-  uint8_t* p = c.data + size_t(t) * c.token_bytes();
+  uint8_t* p = c.token(t);
   switch (c.type) {
     case CacheType::F32:
       std::memcpy(p, latent, size_t(c.kv_lora) * 4);
@@ -61,7 +61,7 @@ void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, cons
 }
 
 void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) {
-  const uint8_t* p = c.data + size_t(t) * c.token_bytes();
+  const uint8_t* p = c.token(t);
   switch (c.type) {
     case CacheType::F32:
       std::memcpy(latent, p, size_t(c.kv_lora) * 4);

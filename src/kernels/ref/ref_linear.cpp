@@ -41,6 +41,9 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
   }
 }
 
+// The naive product is batch-invariant in any role: one f64 sum per output.
+void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows) { linear(w, x, n, y, row0, nrows); }
+
 void linear_multi(const LinearJob* jobs, int n_jobs) {
   for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, 0, jobs[j].w->rows);
 }

@@ -1,45 +1,37 @@
 #pragma once
-// State: one sequence's caches plus every activation buffer a forward call needs,
-// sized once from the config and the limits below. Forward calls never allocate.
+// Workspace: every activation buffer one forward step needs, sized once for the largest
+// step (tokens, sequences, logit rows, context) so that steps never allocate. It holds no
+// sequence's state: the caches live in KvCache, positions and block tables come with each
+// step's Batch.
 #include <cstdint>
 #include <vector>
 
-#include "kernels/kernels.h"
 #include "model/config.h"
 
 namespace dsa {
 
-struct Model;
-
-struct StateOptions {
-  int max_ctx = 4096;        // cache capacity in tokens
-  int max_tokens = 512;      // tokens per forward call (prefill chunk)
-  int max_logit_rows = 1;    // rows of logits a call may return (max_tokens for teacher forcing)
-  CacheType cache = CacheType::FP8;
-  bool mtp = false;          // also hold the MTP layer's caches and buffers
+struct WorkspaceOptions {
+  int max_tokens = 512;     // tokens per step, over all its sequences
+  int max_seqs = 1;         // sequences per step
+  int max_logit_rows = 1;   // rows of logits a step may return
+  int max_ctx = 4096;       // longest sequence (RoPE tables, indexer scores, one layer's f32 latents)
+  bool mtp = false;         // also size the MTP layer's buffers
+  bool chunk_latents = true;  // room to dequantize one layer's cache for a chunk after a prefix
 };
 
-// Per-layer caches: the MLA latent (+ rope key) in the chosen format and, for layers that
-// run their own indexer, the fp8 indexer keys with one f32 scale per token (132 bytes).
-struct LayerCache {
-  std::vector<uint8_t> mla;       // [max_ctx, token_bytes]
-  std::vector<uint8_t> index_k;   // [max_ctx, 128] e4m3 codes
-  std::vector<float> index_scale; // [max_ctx]
-  MlaCacheView view;
-};
+struct Workspace {
+  Workspace(const ModelConfig& cfg, const WorkspaceOptions& opt);
 
-struct State {
-  State(const ModelConfig& cfg, const StateOptions& opt);
-
-  StateOptions opt;
-  int n_past = 0;      // tokens already in the main caches
-  int mtp_n_past = 0;  // tokens already in the MTP layer's caches
-  std::vector<LayerCache> layers;  // num_hidden_layers (+1 for MTP)
+  WorkspaceOptions opt;
 
   // RoPE tables [max_ctx, rope/2], computed in f64 (YaRN frequencies) then stored f32.
   std::vector<float> rope_cos, rope_sin;
 
-  // Activations for up to max_tokens tokens.
+  // Per token of the step
+  std::vector<int32_t> pos;                  // [T] position in its sequence
+  std::vector<int32_t> tok_seq;              // [T] its sequence's index in the step
+  std::vector<int32_t> ids;                  // [T] the step's token ids, decode sequences first
+  std::vector<int32_t> seq_first;            // [max_seqs + 1] each sequence's first token in the step
   std::vector<float> x, xn, h_final;         // [T, hidden]: residual, normed input, final-normed
   std::vector<float> qa, qr;                 // [T, q_lora]
   std::vector<float> q;                      // [T, heads * qk_head]
@@ -71,20 +63,9 @@ struct State {
   // MTP
   std::vector<float> mtp_cat;                // [T, 2 * hidden]
   // Output
+  std::vector<float> h_rows;                 // [max_logit_rows, hidden] the rows whose logits are returned
   std::vector<float> logits;                 // [max_logit_rows, vocab]
+  std::vector<int32_t> logit_first;          // [max_seqs] each sequence's first row in logits
 };
-
-// Fills cache positions [0, depth) of every layer with random latents (unit RMS, like
-// kv_a_layernorm output), rope keys and fp8 indexer keys, and sets n_past = depth. Used by
-// `dsa bench` to measure decode and prefill at depth without a long prefill first: the
-// cost of a step does not depend on the cached values (every indexer key is scanned and
-// exactly min(index_topk, context) latents are read).
-void fill_cache_synthetic(const ModelConfig& cfg, State& s, int depth, uint64_t seed);
-
-// Bytes a decode step reads at `context` cached tokens, counted from the bound weights of
-// this model (actual dtypes and scales): attention and indexer projections, the router,
-// the shared and num_experts_per_tok routed experts, dense MLPs, lm_head, one embedding
-// row, and the cache (all indexer keys, min(index_topk, context) latents per layer).
-double decode_bytes_read(const Model& m, const State& s, int64_t context);
 
 }  // namespace dsa

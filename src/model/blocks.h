@@ -1,0 +1,29 @@
+#pragma once
+// The decoder's blocks over one step (model/*.cpp), internal to the model library.
+#include "model/forward.h"
+
+namespace dsa {
+
+// The step as the blocks see it: tokens [0, n) in ws (decode-role tokens first, [0, nd)),
+// sequence i's tokens from ws.seq_first[i], every token's position in ws.pos.
+struct Step {
+  const Model& m;
+  KvCache& kv;
+  Workspace& ws;
+  const Batch& b;
+  int n = 0, nd = 0;
+  int first(int s) const { return ws.seq_first[size_t(s)]; }
+};
+
+// y = x · Wᵀ over the step's tokens (x [n, cols], y [n, rows]): the decode-role rows
+// [0, nd) through the GEMV order, the rest through the GEMM (kernels.h).
+void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y);
+
+void attention_block(const Step& st, const LayerWeights& w, int layer, int cache_layer);
+void indexer_block(const Step& st, const LayerWeights& w, int layer, int cache_layer);
+// Tokens [t0, t0 + n) of the step, all of one role.
+void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode);
+void mlp_block(const MlpWeights& w, Workspace& ws, int t0, int n, bool decode, const float* in, float* out);
+void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_layer);
+
+}  // namespace dsa

@@ -1,0 +1,55 @@
+#pragma once
+// KvCache: the storage of every sequence's caches, one pool of fixed-size blocks for the
+// engine's lifetime. A block holds block_size consecutive tokens of one sequence in every
+// layer: the MLA latent (+ rope key) in the chosen format and, for layers that run their own
+// indexer, the fp8 indexer keys with one f32 scale per token (132 bytes). The MTP layer's
+// caches are one more layer. Which block belongs to whom is the block manager's business;
+// this type only stores and addresses.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "model/config.h"
+
+namespace dsa {
+
+struct KvCacheOptions {
+  int block_size = 64;  // tokens per block
+  int n_blocks = 0;
+  CacheType type = CacheType::FP8;
+  bool mtp = false;     // also hold the MTP layer's caches
+};
+
+class KvCache {
+public:
+  KvCache(const ModelConfig& cfg, const KvCacheOptions& opt);
+
+  // Bytes one token takes in every layer's caches (what a block costs, per token).
+  static size_t bytes_per_token(const ModelConfig& cfg, CacheType type, bool mtp);
+
+  const KvCacheOptions& options() const { return opt_; }
+  int block_size() const { return opt_.block_size; }
+  int n_blocks() const { return opt_.n_blocks; }
+  int n_layers() const { return int(layers_.size()); }
+  size_t bytes() const;
+
+  // Layer `layer`'s latent cache seen through a sequence's block table.
+  MlaCacheView mla(int layer, const int32_t* blocks) const;
+  bool has_index(int layer) const { return layers_[size_t(layer)].index_k != nullptr; }
+  uint8_t* index_k(int layer) const { return layers_[size_t(layer)].index_k.get(); }      // [slots, 128] e4m3
+  float* index_scale(int layer) const { return layers_[size_t(layer)].index_scale.get(); }  // [slots]
+
+private:
+  struct Free { void operator()(void* p) const; };
+  struct Layer {
+    std::unique_ptr<uint8_t[], Free> mla;
+    std::unique_ptr<uint8_t[], Free> index_k;
+    std::unique_ptr<float[], Free> index_scale;
+  };
+  KvCacheOptions opt_;
+  MlaCacheView proto_;  // format of every layer's latent cache
+  std::vector<Layer> layers_;
+};
+
+}  // namespace dsa

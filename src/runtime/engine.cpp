@@ -1,0 +1,375 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/threads.h"
+
+namespace dsa {
+
+namespace {
+
+int64_t blocks_for(int64_t tokens, int bs) { return (tokens + bs - 1) / bs; }
+
+// MemAvailable from /proc/meminfo (bytes), or 0 when unknown.
+double available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  while (in >> key) {
+    if (key == "MemAvailable:") {
+      in >> kb;
+      return kb * 1024.0;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+WorkspaceOptions workspace_options(const EngineOptions& o) {
+  WorkspaceOptions w;
+  w.max_tokens = o.max_step_tokens;
+  w.max_seqs = o.max_seqs;
+  w.max_logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : 2 * o.max_seqs;
+  w.max_ctx = o.max_ctx;
+  w.mtp = o.mtp;
+  w.chunk_latents = o.cache != CacheType::F32;
+  return w;
+}
+
+EngineOptions checked(const Model& m, EngineOptions o) {
+  if (o.block_size < 1 || o.block_size > (1 << 20)) throw Error("engine: block size must be in 1..1048576, got " + std::to_string(o.block_size));
+  if (o.max_ctx < 1) throw Error("engine: max_ctx must be positive");
+  if (o.max_seqs < 1) throw Error("engine: max_seqs must be positive");
+  if (o.max_step_tokens < 1) throw Error("engine: max_step_tokens must be positive");
+  if (o.cache_tokens < 0 || o.cache_bytes < 0) throw Error("engine: cache size must not be negative");
+  if (o.mtp && !m.weights.mtp)
+    throw Error(m.config.num_nextn_predict_layers == 0
+                    ? "MTP speculative decoding: the checkpoint has no MTP layer (num_nextn_predict_layers = 0)"
+                    : "MTP speculative decoding: the model was loaded without its MTP layer");
+  o.max_step_tokens = std::min(o.max_step_tokens, o.max_seqs * o.max_ctx);
+  return o;
+}
+
+int pool_blocks(const Model& m, const EngineOptions& o) {
+  int64_t tokens = o.cache_tokens;
+  if (tokens == 0 && o.cache_bytes > 0) tokens = o.cache_bytes / int64_t(KvCache::bytes_per_token(m.config, o.cache, o.mtp));
+  if (tokens == 0) tokens = default_cache_tokens(m, o);
+  const int64_t blocks = blocks_for(tokens, o.block_size);
+  if (blocks < 1) throw Error("engine: the cache holds less than one block of " + std::to_string(o.block_size) + " tokens");
+  if (blocks > (int64_t(1) << 30)) throw Error("engine: a cache of " + std::to_string(blocks) + " blocks is beyond what the engine addresses");
+  return int(blocks);
+}
+
+}  // namespace
+
+int64_t default_cache_tokens(const Model& m, const EngineOptions& o) {
+  const int64_t need = blocks_for(o.max_ctx, o.block_size) * o.block_size * o.max_seqs;
+  const double per_token = double(KvCache::bytes_per_token(m.config, o.cache, o.mtp));
+  double avail = available_memory_bytes();
+  if (avail <= 0) avail = physical_memory_bytes();
+  const double budget = avail - double(m.files.total_bytes()) - std::max(0.1 * avail, double(1 << 30));
+  const int64_t fit = budget > 0 ? int64_t(budget / per_token) : 0;
+  return std::max<int64_t>(std::min(need, fit), o.max_ctx);
+}
+
+std::string EngineCapacity::describe() const {
+  char b[160];
+  std::snprintf(b, sizeof b, "cache: %d blocks x %d tokens = %lld tokens, %.1f KB/token, %.1f MB", blocks, block_size,
+                static_cast<long long>(tokens), double(bytes_per_token) / 1024.0, double(bytes) / 1e6);
+  return b;
+}
+
+Engine::Engine(const Model& m, const EngineOptions& opt)
+    : m_(m),
+      opt_(checked(m, opt)),
+      kv_(m.config, KvCacheOptions{opt_.block_size, pool_blocks(m, opt_), opt_.cache, opt_.mtp}),
+      pool_(kv_.n_blocks(), opt_.block_size),
+      ws_(m.config, workspace_options(opt_)) {
+  batch_.resize(size_t(opt_.max_seqs));
+  order_.resize(size_t(opt_.max_seqs));
+  role_.resize(size_t(opt_.max_seqs));
+  item_seq_.resize(size_t(opt_.max_seqs));
+  grabbed_.reserve(size_t(opt_.max_step_tokens / opt_.block_size + 2 * opt_.max_seqs));
+  if (opt_.mtp) mtp_h_.resize(size_t(opt_.max_step_tokens) * size_t(m.config.hidden_size));
+}
+
+EngineCapacity Engine::capacity() const {
+  EngineCapacity c;
+  c.blocks = kv_.n_blocks();
+  c.block_size = kv_.block_size();
+  c.tokens = int64_t(c.blocks) * c.block_size;
+  c.bytes_per_token = KvCache::bytes_per_token(m_.config, opt_.cache, opt_.mtp);
+  c.bytes = kv_.bytes();
+  return c;
+}
+
+Engine::Seq& Engine::seq(SeqId s) {
+  if (s < 0 || size_t(s) >= seqs_.size() || !seqs_[size_t(s)].live) throw Error("engine: no live sequence " + std::to_string(s));
+  return seqs_[size_t(s)];
+}
+const Engine::Seq& Engine::seq(SeqId s) const { return const_cast<Engine*>(this)->seq(s); }
+
+int Engine::live_sequences() const {
+  int n = 0;
+  for (const Seq& q : seqs_) n += q.live;
+  return n;
+}
+
+uint64_t Engine::block_hash(const Seq& q, int b, const int32_t* tokens) const {
+  // An MTP block's MTP cache at its last position was made with the token after the block:
+  // that token is part of what the block holds.
+  const uint64_t parent = b > 0 ? q.hashes[size_t(b - 1)] : 0;
+  const int bs = opt_.block_size;
+  return BlockPool::chain(parent, tokens + size_t(b) * size_t(bs), q.mtp ? bs + 1 : bs, hash_seed(q.mtp));
+}
+
+SeqId Engine::add(std::span<const int32_t> prompt, bool mtp) {
+  if (mtp && !opt_.mtp) throw Error("engine: an MTP sequence in an engine built without the MTP layer's caches");
+  if (int64_t(prompt.size()) > opt_.max_ctx)
+    throw Error("engine: prompt of " + std::to_string(prompt.size()) + " tokens exceeds the context size " + std::to_string(opt_.max_ctx));
+  SeqId id = 0;
+  while (size_t(id) < seqs_.size() && seqs_[size_t(id)].live) ++id;
+  if (size_t(id) == seqs_.size()) seqs_.emplace_back();
+  Seq& q = seqs_[size_t(id)];
+  q = Seq{};
+  q.live = true;
+  q.mtp = mtp;
+  // Sized once: steps append without allocating.
+  q.blocks.reserve(size_t(blocks_for(opt_.max_ctx, opt_.block_size)));
+  q.hashes.reserve(q.blocks.capacity());
+  q.tokens.reserve(size_t(opt_.max_ctx));
+  if (!opt_.prefix_cache) return id;
+  const int bs = opt_.block_size;
+  // Full blocks within all but the last prompt token (and for MTP, whose next token is known).
+  const int full = prompt.empty() ? 0 : int((prompt.size() - 1) / size_t(bs));
+  for (int b = 0; b < full; ++b) {
+    const uint64_t h = block_hash(q, b, prompt.data());
+    const int32_t blk = pool_.lookup(h, b > 0 ? q.hashes[size_t(b - 1)] : 0, prompt.data() + size_t(b) * size_t(bs));
+    if (blk == BlockPool::kNone) break;
+    q.blocks.push_back(blk);
+    q.hashes.push_back(h);
+  }
+  q.published = int(q.blocks.size());
+  q.len = q.mtp_len = q.reused = q.published * bs;
+  q.tokens.assign(prompt.begin(), prompt.begin() + q.len);
+  return id;
+}
+
+void Engine::publish_ready(Seq& q) {
+  if (!opt_.prefix_cache || q.synthetic) return;
+  const int bs = opt_.block_size;
+  int final_len = q.len - q.unverified;
+  if (q.mtp) final_len = std::min({final_len, q.mtp_len, q.len - 1});  // and the token after the block is known
+  for (int b = q.published; (b + 1) * bs <= final_len; ++b) {
+    const uint64_t h = block_hash(q, b, q.tokens.data());
+    pool_.publish(q.blocks[size_t(b)], h, b > 0 ? q.hashes[size_t(b - 1)] : 0, q.tokens.data() + size_t(b) * size_t(bs));
+    q.hashes.push_back(h);
+    q.published = b + 1;
+  }
+}
+
+void Engine::release(SeqId s) {
+  Seq& q = seq(s);
+  publish_ready(q);  // what is final; unverified drafts are not
+  for (int32_t b : q.blocks) pool_.unref(b);
+  q = Seq{};
+}
+
+void Engine::truncate(SeqId s, int n) {
+  Seq& q = seq(s);
+  if (n < 0 || n > q.len) throw Error("engine: truncate to " + std::to_string(n) + " tokens, the sequence holds " + std::to_string(q.len));
+  if (n < q.published * opt_.block_size)
+    throw Error("engine: truncate into a published (shared) block; release the sequence and add a new one instead");
+  const size_t keep = size_t(blocks_for(n, opt_.block_size));
+  for (size_t b = keep; b < q.blocks.size(); ++b) pool_.unref(q.blocks[b]);
+  q.blocks.resize(keep);
+  q.len = n;
+  q.tokens.resize(size_t(n));
+  q.mtp_len = std::min(q.mtp_len, n);
+  q.unverified = 0;
+  publish_ready(q);
+}
+
+void Engine::check_items(std::span<const SeqId> ids) const {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    seq(ids[i]);
+    for (size_t j = 0; j < i; ++j)
+      if (ids[j] == ids[i]) throw Error("engine: sequence " + std::to_string(ids[i]) + " appears twice in one step");
+  }
+}
+
+void Engine::grow_tables(std::span<const StepItem> items) {
+  grabbed_.clear();
+  const int bs = opt_.block_size;
+  for (const StepItem& it : items) {
+    Seq& q = seqs_[size_t(it.seq)];
+    const int64_t need = blocks_for(int64_t(q.len) + it.n, bs) - int64_t(q.blocks.size());
+    for (int64_t k = 0; k < need; ++k) {
+      const int32_t b = pool_.allocate();
+      if (b == BlockPool::kNone) {
+        // Undo this step's allocations: every sequence stays as it was.
+        for (const StepItem& u : items) {
+          Seq& r = seqs_[size_t(u.seq)];
+          r.blocks.resize(size_t(blocks_for(r.len, bs)));
+        }
+        for (int32_t g : grabbed_) pool_.unref(g);
+        grabbed_.clear();
+        throw Error("engine: the KV cache pool is exhausted (" + std::to_string(pool_.n_blocks()) + " blocks of " + std::to_string(bs) +
+                    " tokens, all held by live sequences); release sequences or give a larger --cache-mem / --cache-tokens");
+      }
+      grabbed_.push_back(b);
+      q.blocks.push_back(b);
+    }
+  }
+}
+
+void Engine::order_by_role(int n_items) {
+  int k = 0;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int i = 0; i < n_items; ++i)
+      if ((role_[size_t(i)] != 0) == (pass == 0)) order_[size_t(i)] = k++;
+}
+
+void Engine::step(std::span<const StepItem> items) {
+  const int n_items = int(items.size());
+  if (n_items == 0) throw Error("engine: an empty step");
+  if (n_items > opt_.max_seqs)
+    throw Error("engine: " + std::to_string(n_items) + " sequences in one step, the engine steps at most " + std::to_string(opt_.max_seqs));
+  int total = 0;
+  for (int i = 0; i < n_items; ++i) {
+    const StepItem& it = items[size_t(i)];
+    item_seq_[size_t(i)] = it.seq;
+    const Seq& q = seq(it.seq);
+    if (it.n < 1 || !it.ids) throw Error("engine: a step item without tokens");
+    if (q.len + it.n > opt_.max_ctx)
+      throw Error("engine: context of " + std::to_string(q.len + it.n) + " tokens exceeds the context size " + std::to_string(opt_.max_ctx));
+    if (it.unverified < 0 || it.unverified > it.n) throw Error("engine: unverified tokens outside the item");
+    for (int j = 0; j < it.n; ++j)
+      if (it.ids[j] < 0 || it.ids[j] >= m_.config.vocab_size)
+        throw Error("token id " + std::to_string(it.ids[j]) + " out of range [0, " + std::to_string(m_.config.vocab_size) + ")");
+    total += it.n;
+    role_[size_t(i)] = it.decode;
+  }
+  if (total > opt_.max_step_tokens)
+    throw Error("engine: " + std::to_string(total) + " tokens in one step, the engine steps at most " + std::to_string(opt_.max_step_tokens));
+  check_items(std::span<const SeqId>(item_seq_.data(), size_t(n_items)));
+  // The caller went on with these sequences: their earlier drafts are confirmed.
+  for (const StepItem& it : items) {
+    Seq& q = seqs_[size_t(it.seq)];
+    q.unverified = 0;
+    publish_ready(q);
+  }
+  grow_tables(items);
+  order_by_role(n_items);
+  // Tokens in forward's order (decode items first).
+  std::vector<int32_t>& ids = ws_.ids;
+  int off = 0;
+  for (int k = 0; k < n_items; ++k)
+    for (int i = 0; i < n_items; ++i) {
+      if (order_[size_t(i)] != k) continue;
+      const StepItem& it = items[size_t(i)];
+      const Seq& q = seqs_[size_t(it.seq)];
+      std::copy_n(it.ids, it.n, ids.begin() + off);
+      batch_[size_t(k)] = SeqStep{q.len, it.n, q.blocks.data(), it.decode, it.logits};
+      off += it.n;
+    }
+  Batch b;
+  b.ids = ids.data();
+  b.seqs = batch_.data();
+  b.n_seqs = n_items;
+  b.tap = tap_;
+  try {
+    forward(m_, kv_, ws_, b);
+  } catch (...) {
+    for (const StepItem& it : items) {
+      Seq& r = seqs_[size_t(it.seq)];
+      r.blocks.resize(size_t(blocks_for(r.len, opt_.block_size)));
+    }
+    for (int32_t g : grabbed_) pool_.unref(g);
+    throw;
+  }
+  for (const StepItem& it : items) {
+    Seq& q = seqs_[size_t(it.seq)];
+    q.tokens.insert(q.tokens.end(), it.ids, it.ids + it.n);
+    q.len += it.n;
+    q.unverified = it.unverified;
+    publish_ready(q);
+  }
+}
+
+void Engine::step_mtp(std::span<const MtpItem> items) {
+  const int n_items = int(items.size());
+  if (!opt_.mtp) throw Error("engine: an MTP step in an engine built without the MTP layer's caches");
+  if (n_items == 0 || n_items > opt_.max_seqs) throw Error("engine: an MTP step needs 1.." + std::to_string(opt_.max_seqs) + " sequences");
+  int total = 0;
+  for (int i = 0; i < n_items; ++i) {
+    const MtpItem& it = items[size_t(i)];
+    item_seq_[size_t(i)] = it.seq;
+    const Seq& q = seq(it.seq);
+    if (!q.mtp) throw Error("engine: an MTP step for a sequence added without MTP");
+    if (it.n < 1 || !it.next || !it.h) throw Error("engine: an MTP step item without tokens");
+    if (q.mtp_len + it.n > q.len) throw Error("engine: the MTP layer cannot pass the main model's positions");
+    for (int j = 0; j < it.n; ++j)
+      if (it.next[j] < 0 || it.next[j] >= m_.config.vocab_size)
+        throw Error("token id " + std::to_string(it.next[j]) + " out of range [0, " + std::to_string(m_.config.vocab_size) + ")");
+    total += it.n;
+    role_[size_t(i)] = it.decode;
+  }
+  if (total > opt_.max_step_tokens) throw Error("engine: too many tokens in one MTP step");
+  check_items(std::span<const SeqId>(item_seq_.data(), size_t(n_items)));
+  order_by_role(n_items);
+  const size_t H = size_t(m_.config.hidden_size);
+  int off = 0;
+  for (int k = 0; k < n_items; ++k)
+    for (int i = 0; i < n_items; ++i) {
+      if (order_[size_t(i)] != k) continue;
+      const MtpItem& it = items[size_t(i)];
+      const Seq& q = seqs_[size_t(it.seq)];
+      std::copy_n(it.next, it.n, ws_.ids.begin() + off);
+      std::copy_n(it.h, size_t(it.n) * H, mtp_h_.begin() + std::ptrdiff_t(size_t(off) * H));
+      batch_[size_t(k)] = SeqStep{q.mtp_len, it.n, q.blocks.data(), it.decode, it.logits};
+      off += it.n;
+    }
+  Batch b;
+  b.ids = ws_.ids.data();
+  b.seqs = batch_.data();
+  b.n_seqs = n_items;
+  b.tap = tap_;
+  forward_mtp(m_, kv_, ws_, b, mtp_h_.data());
+  for (const MtpItem& it : items) {
+    Seq& q = seqs_[size_t(it.seq)];
+    q.mtp_len += it.n;
+    publish_ready(q);
+  }
+}
+
+const float* Engine::logits(int item) const {
+  DSA_CHECK(item >= 0 && item < opt_.max_seqs, "engine: item index out of range");
+  return ws_.logits.data() + size_t(ws_.logit_first[size_t(order_[size_t(item)])]) * size_t(m_.config.vocab_size);
+}
+
+const float* Engine::hidden(int item) const {
+  DSA_CHECK(item >= 0 && item < opt_.max_seqs, "engine: item index out of range");
+  return ws_.h_final.data() + size_t(ws_.seq_first[size_t(order_[size_t(item)])]) * size_t(m_.config.hidden_size);
+}
+
+void Engine::fill_synthetic(SeqId s, int depth, uint64_t seed) {
+  Seq& q = seq(s);
+  if (q.len != 0) throw Error("engine: synthetic fill of a sequence that is not empty");
+  if (depth < 0 || depth > opt_.max_ctx) throw Error("synthetic depth " + std::to_string(depth) + " exceeds the context size");
+  const int need = int(blocks_for(depth, opt_.block_size));
+  for (int k = 0; k < need; ++k) {
+    const int32_t b = pool_.allocate();
+    if (b == BlockPool::kNone) throw Error("engine: the KV cache pool is too small for a synthetic depth of " + std::to_string(depth));
+    q.blocks.push_back(b);
+  }
+  fill_cache_synthetic(m_.config, kv_, q.blocks.data(), depth, seed);
+  q.len = q.mtp_len = depth;
+  q.tokens.assign(size_t(depth), 0);
+  q.synthetic = true;  // filler, never published
+}
+
+}  // namespace dsa

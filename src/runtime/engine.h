@@ -1,0 +1,146 @@
+#pragma once
+// Engine: many sequences over one paged cache, one forward step at a time. It owns the
+// cache pool (KvCache + BlockPool, with the prefix cache) and the step workspace, and
+// keeps each sequence's block table and tokens. It has no scheduler: the caller (a
+// command, the server) decides which sequences step together and with which tokens:
+//
+//   SeqId s = engine.add(prompt);              // shares cached prefix blocks
+//   engine.step({{s, ids, n, ...}, ...});      // one forward over every item
+//   const float* l = engine.logits(0);         // item 0's rows, until the next step
+//   engine.release(s);                          // its blocks go back (full ones stay cached)
+//
+// Pool exhaustion, a full context, a bad id or a released sequence are dsa::Error from
+// the call that meets them, leaving every sequence as it was before the call.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/forward.h"
+#include "model/kv_cache.h"
+#include "model/workspace.h"
+#include "runtime/block_pool.h"
+
+namespace dsa {
+
+struct EngineOptions {
+  CacheType cache = CacheType::FP8;
+  int block_size = 64;        // tokens per cache block (prefix hits align on it)
+  int64_t cache_tokens = 0;   // pool capacity in tokens; 0: from cache_bytes, else the default
+  int64_t cache_bytes = 0;    // pool capacity in bytes; 0: the default (see default_cache_tokens)
+  int max_ctx = 4096;         // longest sequence: prompt + generated tokens
+  int max_seqs = 16;          // sequences in one step
+  int max_step_tokens = 512;  // tokens in one step, over all its sequences
+  int max_logit_rows = 0;     // logit rows one step returns; 0: two per sequence
+  bool mtp = false;           // hold the MTP layer's caches (the model must have it loaded)
+  bool prefix_cache = true;   // publish full blocks and reuse them across sequences
+};
+
+// The pool's tokens when no size is given: every sequence of a step at full context, as
+// far as the machine's available memory after the weights allows (keeping 10% and at
+// least 1 GiB free), and at least one sequence at full context.
+int64_t default_cache_tokens(const Model& m, const EngineOptions& o);
+
+struct EngineCapacity {
+  int blocks = 0, block_size = 0;
+  int64_t tokens = 0;
+  size_t bytes_per_token = 0, bytes = 0;
+  std::string describe() const;  // "cache: 512 blocks x 64 tokens = 32768 tokens, 7.2 KB/token, 236 MB"
+};
+
+using SeqId = int32_t;
+
+// One sequence's part of a step.
+struct StepItem {
+  SeqId seq = -1;
+  const int32_t* ids = nullptr;  // n new tokens, appended at the sequence's length
+  int n = 0;
+  bool decode = false;  // decode / verify tokens (batch-invariant order), else a prefill chunk
+  int logits = 1;       // rows returned: 0, 1 (the last token) or n
+  int unverified = 0;   // trailing tokens a verify step checks: never published until a later
+                        // call on the sequence (truncate, step, release) confirms them
+};
+
+// One sequence's part of an MTP step: the MTP layer over positions mtp_length .. + n - 1,
+// `next` the ids that follow them, h their main-model final-normed hidden states [n, hidden].
+struct MtpItem {
+  SeqId seq = -1;
+  const int32_t* next = nullptr;
+  const float* h = nullptr;
+  int n = 0;
+  bool decode = false;
+  int logits = 1;
+};
+
+class Engine {
+public:
+  Engine(const Model& m, const EngineOptions& opt);
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // A new, empty sequence. With `prompt`, the cached blocks its prompt starts with are
+  // taken by reference (at most all but its last token, which always runs): the sequence
+  // then holds reused_tokens() of it. `mtp`: it keeps the MTP layer's cache too.
+  SeqId add(std::span<const int32_t> prompt = {}, bool mtp = false);
+  void release(SeqId s);
+  // Drops the sequence's tokens past n (rejected drafts) and confirms those before it.
+  void truncate(SeqId s, int n);
+
+  void step(std::span<const StepItem> items);
+  void step_mtp(std::span<const MtpItem> items);
+  const float* logits(int item) const;  // the item's rows of the last step ([rows, vocab])
+  const float* hidden(int item) const;  // its tokens' final-normed hidden states ([n, hidden])
+
+  int length(SeqId s) const { return seq(s).len; }
+  int mtp_length(SeqId s) const { return seq(s).mtp_len; }
+  int reused_tokens(SeqId s) const { return seq(s).reused; }
+  std::span<const int32_t> tokens(SeqId s) const { return {seq(s).tokens.data(), size_t(seq(s).len)}; }
+  int live_sequences() const;
+
+  const Model& model() const { return m_; }
+  const EngineOptions& options() const { return opt_; }
+  EngineCapacity capacity() const;
+  const BlockPool& pool() const { return pool_; }
+  const PrefixStats& prefix_stats() const { return pool_.stats(); }
+
+  // Observes the internals of every later step (golden files; steps run their per-query
+  // loops in order); null: none.
+  void set_tap(const Tap* tap) { tap_ = tap; }
+
+  // Benchmarks: fills the sequence's cache to `depth` tokens of synthetic keys (as if
+  // prefilled) without running the model; the sequence must be empty. Never published.
+  void fill_synthetic(SeqId s, int depth, uint64_t seed);
+
+private:
+  struct Seq {
+    bool live = false, mtp = false, synthetic = false;
+    int len = 0, mtp_len = 0, unverified = 0, reused = 0, published = 0;  // published: leading blocks
+    std::vector<int32_t> blocks, tokens;
+    std::vector<uint64_t> hashes;  // chained hash of each published block
+  };
+  const Model& m_;
+  EngineOptions opt_;
+  KvCache kv_;
+  BlockPool pool_;
+  Workspace ws_;
+  std::vector<Seq> seqs_;
+  std::vector<SeqStep> batch_;    // the step in forward's order
+  std::vector<int32_t> order_;    // item i -> its place in batch_
+  std::vector<int32_t> grabbed_;  // blocks taken by the step being prepared
+  std::vector<uint8_t> role_;     // item i is decode-role
+  std::vector<SeqId> item_seq_;   // item i's sequence
+  std::vector<float> mtp_h_;      // MTP step's hidden rows in forward's order
+  const Tap* tap_ = nullptr;
+
+  Seq& seq(SeqId s);
+  const Seq& seq(SeqId s) const;
+  uint64_t hash_seed(bool mtp) const { return mtp ? 0x6d7470ull : 0x6d61696eull; }
+  uint64_t block_hash(const Seq& q, int b, const int32_t* tokens) const;
+  void publish_ready(Seq& q);
+  void grow_tables(std::span<const StepItem> items);
+  void check_items(std::span<const SeqId> ids) const;
+  void order_by_role(int n_items);  // order_ from role_: decode items first, stable
+};
+
+}  // namespace dsa

@@ -1,0 +1,27 @@
+#pragma once
+// Many prompts through one engine: up to `parallel` sequences step together, each decode
+// step carrying one token of every decoding sequence and, token budget permitting, the next
+// prefill chunk of those still prefilling (chunked prefill, as vLLM and SGLang schedule).
+// A prompt is admitted when the pool has room for all of it and its new tokens, so a
+// running sequence never meets an exhausted pool. Every prompt is chunked the same way
+// whatever runs beside it, and decode is batch-invariant: its tokens are those it gets
+// alone (given the same sampling seed), unless it shares cached prefix blocks with another.
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "runtime/generator.h"
+
+namespace dsa {
+
+struct ParallelOptions {
+  int parallel = 0;         // sequences stepping together; 0: all prompts (up to the engine's max_seqs)
+  int prefill_chunk = 512;  // tokens per prefill chunk
+};
+
+// Results are handed to on_result in input order, each as soon as it and every earlier
+// one are done.
+void generate_parallel(Engine& e, const Tokenizer* tok, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& g,
+                       const ParallelOptions& o, const std::function<void(size_t, GenerateResult&)>& on_result);
+
+}  // namespace dsa
