@@ -65,14 +65,23 @@ void run_batch(const Args& a, const dsa::Model& m, dsa::Engine& e, const std::ve
   decode_items(0);
   e.step(std::span<const StepItem>(items.data(), size_t(B)));  // warm-up
   std::vector<double> tg, mixed;
+  std::vector<kernels::WeightStat> dweights;  // the decode steps' matrix products by weight, all repeats
   for (int r = 0; r < a.repeat; ++r) {
     rewind();
+    kernels::profile_reset();
+    kernels::profile_enable(true);
     const double s = now();
     for (int t = 0; t < a.gen; ++t) {
       decode_items(t);
       e.step(std::span<const StepItem>(items.data(), size_t(B)));
     }
     tg.push_back(double(a.gen) / (now() - s));
+    kernels::profile_enable(false);
+    for (const auto& w : kernels::profile_weights()) {
+      auto it = std::find_if(dweights.begin(), dweights.end(), [&](const kernels::WeightStat& d) { return d.same_row(w); });
+      if (it == dweights.end()) dweights.push_back(w);
+      else it->add(w);
+    }
     if (!a.json) std::fprintf(stderr, "  decode %d x %d @ depth %d: %.1f tok/s aggregate\n", B, a.gen, a.depth, tg.back() * B);
     if (a.prompt > 0) {
       const SeqId p = e.add();
@@ -117,6 +126,12 @@ void run_batch(const Args& a, const dsa::Model& m, dsa::Engine& e, const std::ve
   if (a.prompt > 0)
     std::printf("mixed   %d decoding + one %d-token prefill chunk: %.1f ms/step; roofline %.1f ms = %.2f of it\n", B, a.prompt,
                 mixed_s * 1e3, mixed_roof * 1e3, mixed_roof / mixed_s);
+  std::sort(dweights.begin(), dweights.end(), [](const kernels::WeightStat& p, const kernels::WeightStat& q) { return p.seconds > q.seconds; });
+  const double steps = double(a.gen) * a.repeat;
+  std::printf("decode step matrix products by weight (first of a multi-weight call; x jobs):\n");
+  for (const auto& w : dweights)
+    std::printf("  %-10s %-8s %5dx%-5d x%-3d %5.1f calls/step %8.3f ms/step %7.1f GB/s\n", kernels::kernel_name(w.kernel), dtype_name(w.dtype),
+                w.rows, w.cols, w.jobs, double(w.calls) / steps, w.seconds * 1e3 / steps, w.seconds > 0 ? w.bytes / w.seconds / 1e9 : 0);
 }
 
 void run(const Args& a) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "cli_util.h"
 #include "fixtures.h"
@@ -234,6 +235,85 @@ TEST(PerplexityCli, ContextBeyondMaxPositionsIsRefused) {
   EXPECT_NE(lg.code, 0);
   EXPECT_NE(lg.err.find("--ids: 25 tokens exceed the model's max_position_embeddings (24)"), std::string::npos) << lg.err;
   EXPECT_FALSE(fs::exists(out));
+}
+
+// `dsa run --prompts`: one result line per prompt, in input order, whatever --parallel;
+// each the same as that prompt run alone (greedy, and sampled with a fixed seed).
+TEST(RunCli, PromptsFileGivesEachPromptsResultInOrder) {
+  const std::string dir = test::tiny_model_dir();
+  const std::string ids_file = test::scratch("prompts_ids.txt");
+  const std::vector<std::string> id_lines = {"5,9,2", "7,1,3,3,8,2,11,40", "100", "3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "9,9"};
+  {
+    std::ofstream f(ids_file);
+    for (const auto& l : id_lines) f << l << "\n";
+  }
+  for (const std::string sampling : {"--greedy", "--seed 7 --temp 0.9"}) {
+    SCOPED_TRACE(sampling);
+    const std::string base = test::dsa_binary() + " run --model " + dir + " --print-ids -n 7 --ignore-eos " + sampling;
+    const auto all = sh(base + " --prompts " + ids_file);
+    ASSERT_EQ(all.code, 0) << all.err;
+    const auto two = sh(base + " --prompts " + ids_file + " --parallel 2");
+    const auto one = sh(base + " --prompts " + ids_file + " --parallel 1");
+    EXPECT_EQ(two.out, all.out);
+    EXPECT_EQ(one.out, all.out);
+    std::vector<std::string> lines;
+    std::istringstream in(all.out);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    ASSERT_EQ(lines.size(), id_lines.size());
+    for (size_t i = 0; i < id_lines.size(); ++i) {
+      const auto alone = sh(base + " --ids " + id_lines[i]);
+      ASSERT_EQ(alone.code, 0) << alone.err;
+      EXPECT_EQ(lines[i], trim(alone.out)) << "prompt " << i;
+      EXPECT_EQ(cli::parse_ids(lines[i], "line").size(), 7u);
+    }
+  }
+  // Text prompts are JSON strings, results too.
+  const std::string text_file = test::scratch("prompts_text.txt");
+  {
+    std::ofstream f(text_file);
+    f << "\"Hello there\"\n\n\"a second\\nprompt\"\n";
+  }
+  const auto text = sh(test::dsa_binary() + " run --model " + dir + " -n 5 --greedy --prompts " + text_file + " --parallel 2");
+  ASSERT_EQ(text.code, 0) << text.err;
+  std::istringstream tin(text.out);
+  std::vector<std::string> results;
+  for (std::string l; std::getline(tin, l);) results.push_back(nlohmann::json::parse(l).get<std::string>());
+  ASSERT_EQ(results.size(), 2u);
+  const auto alone = sh(test::dsa_binary() + " run --model " + dir + " -n 5 --greedy -p 'Hello there'");
+  EXPECT_EQ(results[0], trim(alone.out));
+  // A line that is not a JSON string is an error naming it.
+  const std::string bad = test::scratch("prompts_bad.txt");
+  {
+    std::ofstream f(bad);
+    f << "\"ok\"\nnot json\n";
+  }
+  const auto err = sh(test::dsa_binary() + " run --model " + dir + " -n 2 --prompts " + bad);
+  EXPECT_NE(err.code, 0);
+  EXPECT_NE(err.err.find("line 2"), std::string::npos) << err.err;
+}
+
+// `dsa logits --batch-with N`: the same file as alone, on every golden model.
+TEST(LogitsCli, BatchWithWritesTheSameFileAsAlone) {
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    const std::string dir = test::golden_dir() + "/" + name;
+    std::ifstream in(dir + "/case.json");
+    const auto cj = nlohmann::json::parse(in);
+    const std::string ids = join(cj.at("ids").get<std::vector<int32_t>>());
+    const std::string base = test::dsa_binary() + " logits --model " + dir + "/model --ids " + ids + " --prompt-len " +
+                             std::to_string(cj.at("prompt_len").get<int>()) + " --kv-cache " +
+                             (cj.at("kv_cache").get<std::string>() == "fp8" ? "fp8" : "f32");
+    const std::string a = test::scratch(name + "_alone.safetensors"), b = test::scratch(name + "_with.safetensors");
+    const auto ra = sh(base + " --out " + a), rb = sh(base + " --batch-with 6 --batch-seed 9 --out " + b);
+    ASSERT_EQ(ra.code, 0) << ra.err;
+    ASSERT_EQ(rb.code, 0) << rb.err;
+    std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+    const std::string da((std::istreambuf_iterator<char>(fa)), {}), db((std::istreambuf_iterator<char>(fb)), {});
+    EXPECT_FALSE(da.empty());
+    EXPECT_TRUE(da == db) << "the files differ";
+  }
 }
 
 }  // namespace

@@ -320,8 +320,9 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
   const size_t ahead = size_t(8 * K) * size_t((8192 + 8 * K - 1) / (8 * K));
   const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xFFFF0000u));
   int r = r0;
-  // Two rows at a time share each x load (2 x NT x 2 accumulators).
-  for (; r + 2 <= r1; r += 2) {
+  // Two rows at a time share each x load (2 x NT x 2 accumulators), while they fit in the
+  // sixteen registers with the four weight vectors (NT <= 2); one row at a time otherwise.
+  for (; NT <= 2 && r + 2 <= r1; r += 2) {
     const uint16_t* w0 = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
     const uint16_t* w1 = w0 + size_t(K);
     __m256 a[NT][2], b[NT][2];
@@ -350,6 +351,7 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
     __m256 a[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
     for (int c = 0; c < k16; c += 16) {
+      if ((c & 31) == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + c) + ahead, _MM_HINT_T0);  // 64 bytes per 32 columns
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + c));
       const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
       for (int t = 0; t < NT; ++t) {
@@ -382,32 +384,34 @@ __attribute__((target("avx2,fma"))) void gemv_prepared_avx2(const Linear& w, con
 // Rows [r0, r1) for any number of tokens: x [n, cols], y [n, ldy] (row r at y[r - base]).
 // Tokens go in groups of three (the registers hold three tokens' accumulators); with more
 // than one group the rows go in blocks of kRowBlock, each block's weights read from memory
-// once and from cache by the later groups. Every kernel sums a row the same way (the
-// one-token order), so the grouping changes no output bit.
-constexpr int kTokGroup = 3, kRowBlock = 64;
+// once and from cache by the later groups, and the inputs of up to kTokPrepared tokens are
+// put in the kernels' lane order once for all row blocks. Every kernel sums a row the same
+// way (the one-token order), so the grouping changes no output bit.
+constexpr int kTokGroup = 3, kRowBlock = 64, kTokPrepared = 24;
 __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const float* x, int n, float* y, size_t ldy, int base,
                                                          int r0, int r1) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   const size_t cols = size_t(w.cols);
-  float* xb = x_buffer(fp8 ? t_xscaled : t_xdeint, size_t(kTokGroup) * cols);
-  auto prepare = [&](int g, int cnt) {
+  const int batch = std::min(n, kTokPrepared);
+  float* xb = x_buffer(fp8 ? t_xscaled : t_xdeint, size_t(batch) * cols);
+  for (int t0 = 0; t0 < n; t0 += kTokPrepared) {
+    const int cnt = std::min(kTokPrepared, n - t0);
     for (int i = 0; i < cnt; ++i) {
-      const float* xi = x + size_t(g + i) * cols;
+      const float* xi = x + size_t(t0 + i) * cols;
       if (fp8) prescale_x_into(xi, w.cols, xb + size_t(i) * cols);
       else deinterleave_x_into(xi, w.cols, xb + size_t(i) * cols);
     }
-  };
-  if (n <= kTokGroup) {
-    prepare(0, n);
-    gemv_prepared_avx2(w, x, xb, n, y, ldy, base, r0, r1);
-    return;
-  }
-  for (int rb = r0; rb < r1; rb += kRowBlock) {
-    const int re = std::min(r1, rb + kRowBlock);
-    for (int g = 0; g < n; g += kTokGroup) {
-      const int cnt = std::min(kTokGroup, n - g);
-      prepare(g, cnt);
-      gemv_prepared_avx2(w, x + size_t(g) * cols, xb, cnt, y + size_t(g) * ldy, ldy, base, rb, re);
+    const int rb_step = cnt <= kTokGroup ? r1 - r0 : kRowBlock;
+    for (int rb = r0; rb < r1; rb += rb_step) {
+      const int re = std::min(r1, rb + rb_step);
+        // Groups as even as possible (4 tokens: 2 + 2, not 3 + 1): each pass over the block
+      // does about the same work per weight loaded.
+      const int groups = (cnt + kTokGroup - 1) / kTokGroup;
+      for (int gi = 0, g = 0; gi < groups; ++gi) {
+        const int k = (cnt - g) / (groups - gi);
+        gemv_prepared_avx2(w, x + size_t(t0 + g) * cols, xb + size_t(g) * cols, k, y + size_t(t0 + g) * ldy, ldy, base, rb, re);
+        g += k;
+      }
     }
   }
 }
@@ -886,8 +890,8 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
 }
 
 void reserve_gemv_scratch(int max_cols) {
-  x_buffer(t_xscaled, size_t(kTokGroup) * size_t(std::max(max_cols, 1)));
-  x_buffer(t_xdeint, size_t(kTokGroup) * size_t(std::max(max_cols, 1)));
+  x_buffer(t_xscaled, size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));
+  x_buffer(t_xdeint, size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));
 }
 
 }  // namespace dsa::kernels::cpu
