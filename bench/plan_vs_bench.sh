@@ -1,7 +1,8 @@
 #!/bin/sh
 # `dsa plan` against `dsa bench` on the benchmark model: interleaved pairs of the two commands
 # (each plan re-measures this machine with the `local` profile), decode at depths 0, 4096 and
-# 16384 and prefill of 512 tokens at depth 0, one line per pair with the plan's error.
+# 16384, prefill of 512 tokens at depth 0 and aggregate decode of 4, 16 and 64 sequences stepping
+# together at depth 0, one line per pair with the plan's error.
 #
 #   bench/plan_vs_bench.sh MODEL_DIR [ROUNDS] [DSA]
 #
@@ -32,6 +33,13 @@ while [ "$r" -le "$rounds" ]; do
       qp=$(printf '%s' "$q" | field prefill_tokens_per_s_per_device)
       awk -v q="prefill 512, depth 0" -v b="$bp" -v p="$qp" 'BEGIN { printf "%-22s %12.1f %12.1f %+7.0f%%\n", q, b, p, 100 * (p / b - 1) }'
     fi
+  done
+  for batch in 4 16 64; do
+    b=$("$dsa" bench --model "$model" --batch "$batch" -p 0 -n 16 --repeat 2 --json 2>/dev/null)
+    q=$("$dsa" plan --model "$model" --hardware local --batch "$batch" --input-len 512 --output-len 64 --context 0 --json 2>/dev/null)
+    bd=$(printf '%s' "$b" | field decode_aggregate_tokens_per_s)
+    qd=$(printf '%s' "$q" | field decode_tokens_per_s_per_device)
+    awk -v q="decode x$batch, depth 0" -v b="$bd" -v p="$qd" 'BEGIN { printf "%-22s %12.1f %12.1f %+7.0f%%\n", q, b, p, 100 * (p / b - 1) }'
   done
   r=$((r + 1))
 done

@@ -134,6 +134,35 @@ TEST(KernelTwins, LinearMulti) {
   }
 }
 
+// Batch invariance of the decode-role product: n tokens in one call give every token
+// bitwise what it gets alone, whatever n (token groups, row blocks, the AVX2 or AVX-512VL
+// tier this machine runs), with rows that are not a multiple of four, ragged columns and
+// a call through linear_multi; and they agree with the naive product.
+TEST(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
+  for (DType dt : {DType::F8_E4M3, DType::BF16}) {
+    for (const auto& [rows, cols] : {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+      const auto w = make_linear(dt, rows, cols, 23);
+      const int n_max = 30;
+      const auto x = randv(size_t(n_max) * size_t(cols), 29);
+      std::vector<float> alone(size_t(n_max) * size_t(rows));
+      for (int t = 0; t < n_max; ++t) kernels::cpu::linear_decode(w.l, &x[size_t(t) * size_t(cols)], 1, &alone[size_t(t) * size_t(rows)], 0, -1);
+      std::vector<float> ref(alone.size());
+      kernels::ref::linear(w.l, x.data(), n_max, ref.data(), 0, -1);
+      EXPECT_LE(max_rel(alone, ref), 2e-6);
+      for (int n : {2, 3, 4, 5, 7, 8, 9, 16, 25, 30}) {
+        std::vector<float> y(size_t(n) * size_t(rows));
+        kernels::cpu::linear_decode(w.l, x.data(), n, y.data(), 0, -1);
+        EXPECT_TRUE(std::equal(y.begin(), y.end(), alone.begin())) << n << " tokens in one call";
+        std::fill(y.begin(), y.end(), 0.0f);
+        const kernels::LinearJob job{&w.l, x.data(), y.data(), n};
+        kernels::cpu::linear_multi(&job, 1);
+        EXPECT_TRUE(std::equal(y.begin(), y.end(), alone.begin())) << n << " tokens through linear_multi";
+      }
+    }
+  }
+}
+
 TEST(KernelTwins, PerHeadSlices) {
   // kv_b-like: 5 heads of [nope | v 20] rows over 256 columns, fp8 with ragged blocks; nope
   // 24 is whole groups of eight rows, 27 and 45 leave single rows, 45 reaches the prefetch.
