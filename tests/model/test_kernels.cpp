@@ -135,9 +135,9 @@ TEST(KernelTwins, LinearMulti) {
 }
 
 // Batch invariance of the decode-role product: n tokens in one call give every token
-// bitwise what it gets alone, whatever n (token groups, row blocks, the AVX2 or AVX-512VL
-// tier this machine runs), with rows that are not a multiple of four, ragged columns and
-// a call through linear_multi; and they agree with the naive product.
+// bitwise what it gets alone, whatever n (token groups, row blocks, the thread split), with
+// rows that are not a multiple of four, ragged columns and a call through linear_multi;
+// and they agree with the naive product.
 TEST(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
   for (DType dt : {DType::F8_E4M3, DType::BF16}) {
     for (const auto& [rows, cols] : {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}}) {
