@@ -104,28 +104,23 @@ int prepare_step(const Model& m, const KvCache& kv, Workspace& ws, const Batch& 
   return rows;
 }
 
-// The requested rows of `h` ([n, hidden]) through `head` into ws.logits. Single rows (a
-// decode token's, a prefill chunk's last) go first, by the GEMV order (the GEMM would
-// unpack the whole lm_head for one row); whole chunks' rows (teacher forcing) after them,
-// by the GEMM. Either way a row's kernel depends on what its sequence asked, never on its
-// neighbours. ws.logit_first says where each sequence's rows are.
+// The requested rows of `h` ([n, hidden]) through `head` into ws.logits, in sequence order,
+// every row by the GEMV order whatever its role: one row (a decode token's, a chunk's last)
+// is what the lm_head is mostly asked for (the GEMM would unpack all of it for one row), and
+// a row then never depends on how many rows its chunk asked for. ws.logit_first says where
+// each sequence's rows are.
 const float* head_logits(const Step& st, const Linear& head, const float* h) {
   Workspace& ws = st.ws;
   const size_t H = size_t(st.m.config.hidden_size);
-  auto by_gemv = [](const SeqStep& q) { return q.decode || q.logits == 1; };
-  int rows = 0, gemv_rows = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int s = 0; s < st.b.n_seqs; ++s) {
-      const SeqStep& q = st.b.seqs[s];
-      if (q.logits == 0 || by_gemv(q) != (pass == 0)) continue;
-      const int from = st.first(s) + (q.logits == 1 ? q.n - 1 : 0);
-      std::copy_n(h + size_t(from) * H, size_t(q.logits) * H, &ws.h_rows[size_t(rows) * H]);
-      ws.logit_first[size_t(s)] = rows;
-      rows += q.logits;
-    }
-    if (pass == 0) gemv_rows = rows;
+  int rows = 0;
+  for (int s = 0; s < st.b.n_seqs; ++s) {
+    const SeqStep& q = st.b.seqs[s];
+    const int from = st.first(s) + (q.logits == 1 ? q.n - 1 : 0);
+    std::copy_n(h + size_t(from) * H, size_t(q.logits) * H, &ws.h_rows[size_t(rows) * H]);
+    ws.logit_first[size_t(s)] = rows;
+    rows += q.logits;
   }
-  linear_by_role(head, ws.h_rows.data(), rows, gemv_rows, ws.logits.data());
+  kernels::linear_decode(head, ws.h_rows.data(), rows, ws.logits.data());
   return ws.logits.data();
 }
 

@@ -1,6 +1,8 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdint>
 
@@ -58,7 +60,17 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const 
     const __m256 sig = _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g)));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, sig), _mm256_loadu_ps(up + i)));
   }
-  for (; i < e; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  // The last few through the same vector formula (padded): an element's result never
+  // depends on where the array ends, so a token's row is the same whatever rows follow it.
+  if (i < e) {
+    alignas(32) float g8[8] = {}, u8[8] = {}, o8[8];
+    std::copy(gate + i, gate + e, g8);
+    std::copy(up + i, up + e, u8);
+    const __m256 g = _mm256_load_ps(g8);
+    const __m256 sig = _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g)));
+    _mm256_store_ps(o8, _mm256_mul_ps(_mm256_div_ps(g, sig), _mm256_load_ps(u8)));
+    std::copy(o8, o8 + (e - i), out + i);
+  }
 }
 
 }  // namespace
