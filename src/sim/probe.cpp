@@ -243,7 +243,7 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   size_t gemv_bf16_call = 0;
   probes.push_back({[&] {
                       gemv_bf16.data = wbuf.data() + (gemv_bf16_call++ % 3) * region;
-                      linear(gemv_bf16, x.data(), 1, y.data());
+                      linear_decode(gemv_bf16, x.data(), 1, y.data());  // a decode token's product
                     },
                     8, {}});
   const size_t p_gemv_bf16 = probes.size() - 1;
@@ -478,7 +478,7 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   tiny.data = wbuf.data();
   tiny.rows = 256;
   tiny.cols = 64;
-  probes.push_back({[&] { linear(tiny, x.data(), 1, y.data()); }, 20, {}});
+  probes.push_back({[&] { linear_decode(tiny, x.data(), 1, y.data()); }, 20, {}});
   const size_t p_call = probes.size() - 1;
 
   run_rounds(probes, 15);
