@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <utility>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -106,11 +107,11 @@ EngineCapacity Engine::capacity() const {
   return c;
 }
 
-Engine::Seq& Engine::seq(SeqId s) {
+const Engine::Seq& Engine::seq(SeqId s) const {
   if (s < 0 || size_t(s) >= seqs_.size() || !seqs_[size_t(s)].live) throw Error("engine: no live sequence " + std::to_string(s));
   return seqs_[size_t(s)];
 }
-const Engine::Seq& Engine::seq(SeqId s) const { return const_cast<Engine*>(this)->seq(s); }
+Engine::Seq& Engine::seq(SeqId s) { return seqs_[size_t(&std::as_const(*this).seq(s) - seqs_.data())]; }
 
 int Engine::live_sequences() const {
   int n = 0;
@@ -233,6 +234,15 @@ void Engine::order_by_role(int n_items) {
       if ((role_[size_t(i)] != 0) == (pass == 0)) order_[size_t(i)] = k++;
 }
 
+Batch Engine::batch(int n_items) const {
+  Batch b;
+  b.ids = ws_.ids.data();
+  b.seqs = batch_.data();
+  b.n_seqs = n_items;
+  b.tap = tap_;
+  return b;
+}
+
 void Engine::step(std::span<const StepItem> items) {
   const int n_items = int(items.size());
   if (n_items == 0) throw Error("engine: an empty step");
@@ -265,24 +275,18 @@ void Engine::step(std::span<const StepItem> items) {
   grow_tables(items);
   order_by_role(n_items);
   // Tokens in forward's order (decode items first).
-  std::vector<int32_t>& ids = ws_.ids;
   int off = 0;
   for (int k = 0; k < n_items; ++k)
     for (int i = 0; i < n_items; ++i) {
       if (order_[size_t(i)] != k) continue;
       const StepItem& it = items[size_t(i)];
       const Seq& q = seqs_[size_t(it.seq)];
-      std::copy_n(it.ids, it.n, ids.begin() + off);
+      std::copy_n(it.ids, it.n, ws_.ids.begin() + off);
       batch_[size_t(k)] = SeqStep{q.len, it.n, q.blocks.data(), it.decode, it.logits};
       off += it.n;
     }
-  Batch b;
-  b.ids = ids.data();
-  b.seqs = batch_.data();
-  b.n_seqs = n_items;
-  b.tap = tap_;
   try {
-    forward(m_, kv_, ws_, b);
+    forward(m_, kv_, ws_, batch(n_items));
   } catch (...) {
     for (const StepItem& it : items) {
       Seq& r = seqs_[size_t(it.seq)];
@@ -333,12 +337,7 @@ void Engine::step_mtp(std::span<const MtpItem> items) {
       batch_[size_t(k)] = SeqStep{q.mtp_len, it.n, q.blocks.data(), it.decode, it.logits};
       off += it.n;
     }
-  Batch b;
-  b.ids = ws_.ids.data();
-  b.seqs = batch_.data();
-  b.n_seqs = n_items;
-  b.tap = tap_;
-  forward_mtp(m_, kv_, ws_, b, mtp_h_.data());
+  forward_mtp(m_, kv_, ws_, batch(n_items), mtp_h_.data());
   for (const MtpItem& it : items) {
     Seq& q = seqs_[size_t(it.seq)];
     q.mtp_len += it.n;

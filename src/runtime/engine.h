@@ -141,6 +141,7 @@ private:
   void grow_tables(std::span<const StepItem> items);
   void check_items(std::span<const SeqId> ids) const;
   void order_by_role(int n_items);  // order_ from role_: decode items first, stable
+  Batch batch(int n_items) const;   // the step laid out in ws_.ids and batch_
 };
 
 }  // namespace dsa
