@@ -23,7 +23,7 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
 void indexer_block(const Step& st, const LayerWeights& w, int layer, int cache_layer);
 // Tokens [t0, t0 + n) of the step, all of one role.
 void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode);
-void mlp_block(const MlpWeights& w, Workspace& ws, int t0, int n, bool decode, const float* in, float* out);
+void mlp_block(const MlpWeights& w, Workspace& ws, int n, bool decode, const float* in, float* out);
 void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_layer);
 
 }  // namespace dsa

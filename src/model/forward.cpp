@@ -16,8 +16,7 @@ void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y) {
   if (n > nd) kernels::linear(w, x + size_t(nd) * size_t(w.cols), n - nd, y + size_t(nd) * size_t(w.rows));
 }
 
-void mlp_block(const MlpWeights& w, Workspace& ws, int t0, int n, bool decode, const float* in, float* out) {
-  (void)t0;
+void mlp_block(const MlpWeights& w, Workspace& ws, int n, bool decode, const float* in, float* out) {
   const int inter = w.gate_proj.rows;
   if (decode) {
     const kernels::LinearJob gu[] = {{&w.gate_proj, in, ws.g.data(), n}, {&w.up_proj, in, ws.u.data(), n}};
@@ -50,8 +49,8 @@ void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_l
     if (nd > 0) moe_block(st, w.moe, layer, 0, nd, true);
     if (n > nd) moe_block(st, w.moe, layer, nd, n - nd, false);
   } else {
-    if (nd > 0) mlp_block(w.mlp, ws, 0, nd, true, ws.xn.data(), ws.moe_out.data());
-    if (n > nd) mlp_block(w.mlp, ws, nd, n - nd, false, ws.xn.data() + dH, ws.moe_out.data() + dH);
+    if (nd > 0) mlp_block(w.mlp, ws, nd, true, ws.xn.data(), ws.moe_out.data());
+    if (n > nd) mlp_block(w.mlp, ws, n - nd, false, ws.xn.data() + dH, ws.moe_out.data() + dH);
   }
   for (size_t i = 0; i < nH; ++i) ws.x[i] += ws.moe_out[i];
 

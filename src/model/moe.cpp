@@ -171,7 +171,7 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
 // A prefill chunk: experts in parallel, one per thread at a time (dynamic: their token
 // counts differ), each running its three GEMMs on its own thread: one parallel region per
 // layer instead of three per expert, and every expert's rows stay disjoint in xg, g, u, d.
-static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn, float* out, int t0, int n, int n_active) {
+static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn, float* out, int n, int n_active) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
@@ -193,7 +193,7 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < n; ++t) combine_token(ws, out, t, k, H);
   if (w.has_shared) {
-    mlp_block(w.shared_experts, ws, t0, n, false, xn, ws.d.data());
+    mlp_block(w.shared_experts, ws, n, false, xn, ws.d.data());
     for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
   }
 }
@@ -205,7 +205,7 @@ void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bo
   float* out = ws.moe_out.data() + size_t(t0) * H;
   const int n_active = route_and_group(st, w, xn, layer, t0, n);
   if (decode) experts_decode(st, w, xn, out, n, n_active);
-  else experts_prefill(st, w, xn, out, t0, n, n_active);
+  else experts_prefill(st, w, xn, out, n, n_active);
 }
 
 }  // namespace dsa

@@ -3,9 +3,9 @@
 // step carrying one token of every decoding sequence and, token budget permitting, the next
 // prefill chunk of those still prefilling (chunked prefill, as vLLM and SGLang schedule).
 // A prompt is admitted when the pool has room for all of it and its new tokens, so a
-// running sequence never meets an exhausted pool. Every prompt is chunked the same way
-// whatever runs beside it, and decode is batch-invariant: its tokens are those it gets
-// alone (given the same sampling seed), unless it shares cached prefix blocks with another.
+// running sequence never meets an exhausted pool. Steps are batch-invariant and a prefix
+// taken from the cache gives what computing it would, so each prompt's tokens are those it
+// gets alone with the same sampling seed.
 #include <cstddef>
 #include <functional>
 #include <vector>

@@ -24,8 +24,8 @@ public:
   ~Companions() {
     for (auto& c : seqs_) e_.release(c.s);
   }
-  // Appends this step's items (prefill chunks after `decode_items`... in any order: the
-  // engine orders them by role).
+  // Appends this step's items: a prefill chunk of random size for those still prefilling,
+  // one decode token for the others (the engine orders them by role).
   void add_items(std::vector<StepItem>& items) {
     for (auto& c : seqs_) {
       StepItem it;
