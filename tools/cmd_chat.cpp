@@ -42,9 +42,8 @@ void run(Args& a) {
   eo.mtp = a.mtp;
   // The conversation so far, and room for the next turn's prompt while the previous one's
   // blocks are still cached: twice the context unless told otherwise.
-  eo.cache_tokens = 2 * int64_t(eo.max_ctx);
+  if (a.cache.mem.empty() && a.cache.tokens == 0) eo.cache_tokens = 2 * int64_t(eo.max_ctx);
   a.cache.apply(eo);
-  if (eo.cache_bytes > 0) eo.cache_tokens = 0;
   Engine engine(*model, eo);
   std::fprintf(stderr, "%s\n", engine.capacity().describe().c_str());
   GeneratorOptions go;

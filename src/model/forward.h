@@ -57,13 +57,6 @@ const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b)
 // cache's MTP layer. Returns the logits as forward does.
 const float* forward_mtp(const Model& m, KvCache& kv, Workspace& ws, const Batch& b, const float* h);
 
-// Fills cache positions [0, depth) of a sequence (its block table) in every layer with
-// random latents (unit RMS, like kv_a_layernorm output), rope keys and fp8 indexer keys.
-// Used by `dsa bench` to measure decode and prefill at depth without a long prefill first:
-// the cost of a step does not depend on the cached values (every indexer key is scanned
-// and exactly min(index_topk, context) latents are read).
-void fill_cache_synthetic(const ModelConfig& cfg, KvCache& kv, const int32_t* blocks, int depth, uint64_t seed);
-
 // Bytes a decode step of one sequence reads at `context` cached tokens, counted from the
 // bound weights of this model (actual dtypes and scales): attention and indexer
 // projections, the router, the shared and num_experts_per_tok routed experts, dense MLPs,

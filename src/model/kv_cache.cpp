@@ -1,6 +1,7 @@
 #include "model/kv_cache.h"
 
 #include <cstdlib>
+#include <vector>
 #include <string>
 
 #include "core/error.h"
@@ -65,6 +66,32 @@ MlaCacheView KvCache::mla(int layer, const int32_t* blocks) const {
   v.blocks = blocks;
   v.block_size = opt_.block_size;
   return v;
+}
+
+void fill_cache_synthetic(const ModelConfig& cfg, KvCache& kv, const int32_t* blocks, int depth, uint64_t seed) {
+  const int L = cfg.kv_lora_rank, R = cfg.qk_rope_head_dim;
+  // Layers in parallel, each with its own generator seeded from (seed, layer): the filler
+  // is the same whatever the thread count.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int l = 0; l < kv.n_layers(); ++l) {
+    uint64_t x = (seed * 0x9e3779b97f4a7c15ull + 1) ^ (uint64_t(l + 1) * 0xbf58476d1ce4e5b9ull);
+    auto next = [&x] {  // xorshift64*: cheap and plenty for filler values
+      x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+      return float(double((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53 * 3.4 - 1.7);
+    };
+    std::vector<float> lat(static_cast<size_t>(L)), kr(static_cast<size_t>(R)), ik(128);
+    const MlaCacheView view = kv.mla(l, blocks);
+    for (int t = 0; t < depth; ++t) {
+      for (float& v : lat) v = next();
+      for (float& v : kr) v = next();
+      kernels::mla_cache_write(view, t, lat.data(), kr.data());
+      if (kv.has_index(l)) {
+        for (float& v : ik) v = next();
+        const int64_t s = view.slot(t);
+        kernels::act_quant_fp8(ik.data(), 128, 128, true, kv.index_k(l) + size_t(s) * 128, kv.index_scale(l) + s);
+      }
+    }
+  }
 }
 
 }  // namespace dsa

@@ -52,4 +52,11 @@ private:
   std::vector<Layer> layers_;
 };
 
+// Fills cache positions [0, depth) of a sequence (its block table) in every layer with
+// random latents (unit RMS, like kv_a_layernorm output), rope keys and fp8 indexer keys.
+// Used by `dsa bench` to measure decode and prefill at depth without a long prefill first:
+// the cost of a step does not depend on the cached values (every indexer key is scanned
+// and exactly min(index_topk, context) latents are read).
+void fill_cache_synthetic(const ModelConfig& cfg, KvCache& kv, const int32_t* blocks, int depth, uint64_t seed);
+
 }  // namespace dsa

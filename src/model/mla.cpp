@@ -70,16 +70,15 @@ void absorbed_query(const Step& st, const MlaWeights& a, const MlaCacheView& vie
 // The decode tokens [0, nd), one query at a time: several of them one per thread, a single
 // one with the kernels' own threads. The kernels give the same bits either way (kernels.h).
 void absorbed_queries(const Step& st, const MlaWeights& a, int cache_layer, int nd) {
-  const int t0 = 0, t1 = nd;
   auto one = [&](int i) {
     const SeqStep& q = st.b.seqs[st.ws.tok_seq[size_t(i)]];
     absorbed_query(st, a, st.kv.mla(cache_layer, q.blocks), i);
   };
-  if (t1 - t0 > 1 && !st.b.tap) {
+  if (nd > 1 && !st.b.tap) {
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = t0; i < t1; ++i) one(i);
+    for (int i = 0; i < nd; ++i) one(i);
   } else {
-    for (int i = t0; i < t1; ++i) one(i);
+    for (int i = 0; i < nd; ++i) one(i);
   }
 }
 

@@ -91,6 +91,7 @@ Engine::Engine(const Model& m, const EngineOptions& opt)
       ws_(m.config, workspace_options(opt_)) {
   batch_.resize(size_t(opt_.max_seqs));
   order_.resize(size_t(opt_.max_seqs));
+  placed_.resize(size_t(opt_.max_seqs));
   role_.resize(size_t(opt_.max_seqs));
   item_seq_.resize(size_t(opt_.max_seqs));
   grabbed_.reserve(size_t(opt_.max_step_tokens / opt_.block_size + 2 * opt_.max_seqs));
@@ -211,13 +212,7 @@ void Engine::grow_tables(std::span<const StepItem> items) {
     for (int64_t k = 0; k < need; ++k) {
       const int32_t b = pool_.allocate();
       if (b == BlockPool::kNone) {
-        // Undo this step's allocations: every sequence stays as it was.
-        for (const StepItem& u : items) {
-          Seq& r = seqs_[size_t(u.seq)];
-          r.blocks.resize(size_t(blocks_for(r.len, bs)));
-        }
-        for (int32_t g : grabbed_) pool_.unref(g);
-        grabbed_.clear();
+        undo_growth(items);
         throw Error("engine: the KV cache pool is exhausted (" + std::to_string(pool_.n_blocks()) + " blocks of " + std::to_string(bs) +
                     " tokens, all held by live sequences); release sequences or give a larger --cache-mem / --cache-tokens");
       }
@@ -227,11 +222,24 @@ void Engine::grow_tables(std::span<const StepItem> items) {
   }
 }
 
+void Engine::undo_growth(std::span<const StepItem> items) {
+  // Every sequence stays as it was: its table cut back to its tokens, this step's blocks returned.
+  for (const StepItem& it : items) {
+    Seq& r = seqs_[size_t(it.seq)];
+    r.blocks.resize(size_t(blocks_for(r.len, opt_.block_size)));
+  }
+  for (int32_t g : grabbed_) pool_.unref(g);
+  grabbed_.clear();
+}
+
 void Engine::order_by_role(int n_items) {
   int k = 0;
   for (int pass = 0; pass < 2; ++pass)
     for (int i = 0; i < n_items; ++i)
-      if ((role_[size_t(i)] != 0) == (pass == 0)) order_[size_t(i)] = k++;
+      if ((role_[size_t(i)] != 0) == (pass == 0)) {
+        order_[size_t(i)] = k;
+        placed_[size_t(k++)] = i;
+      }
 }
 
 Batch Engine::batch(int n_items) const {
@@ -276,23 +284,17 @@ void Engine::step(std::span<const StepItem> items) {
   order_by_role(n_items);
   // Tokens in forward's order (decode items first).
   int off = 0;
-  for (int k = 0; k < n_items; ++k)
-    for (int i = 0; i < n_items; ++i) {
-      if (order_[size_t(i)] != k) continue;
-      const StepItem& it = items[size_t(i)];
-      const Seq& q = seqs_[size_t(it.seq)];
-      std::copy_n(it.ids, it.n, ws_.ids.begin() + off);
-      batch_[size_t(k)] = SeqStep{q.len, it.n, q.blocks.data(), it.decode, it.logits};
-      off += it.n;
-    }
+  for (int k = 0; k < n_items; ++k) {
+    const StepItem& it = items[size_t(placed_[size_t(k)])];
+    const Seq& q = seqs_[size_t(it.seq)];
+    std::copy_n(it.ids, it.n, ws_.ids.begin() + off);
+    batch_[size_t(k)] = SeqStep{q.len, it.n, q.blocks.data(), it.decode, it.logits};
+    off += it.n;
+  }
   try {
     forward(m_, kv_, ws_, batch(n_items));
   } catch (...) {
-    for (const StepItem& it : items) {
-      Seq& r = seqs_[size_t(it.seq)];
-      r.blocks.resize(size_t(blocks_for(r.len, opt_.block_size)));
-    }
-    for (int32_t g : grabbed_) pool_.unref(g);
+    undo_growth(items);
     throw;
   }
   for (const StepItem& it : items) {
@@ -327,16 +329,14 @@ void Engine::step_mtp(std::span<const MtpItem> items) {
   order_by_role(n_items);
   const size_t H = size_t(m_.config.hidden_size);
   int off = 0;
-  for (int k = 0; k < n_items; ++k)
-    for (int i = 0; i < n_items; ++i) {
-      if (order_[size_t(i)] != k) continue;
-      const MtpItem& it = items[size_t(i)];
-      const Seq& q = seqs_[size_t(it.seq)];
-      std::copy_n(it.next, it.n, ws_.ids.begin() + off);
-      std::copy_n(it.h, size_t(it.n) * H, mtp_h_.begin() + std::ptrdiff_t(size_t(off) * H));
-      batch_[size_t(k)] = SeqStep{q.mtp_len, it.n, q.blocks.data(), it.decode, it.logits};
-      off += it.n;
-    }
+  for (int k = 0; k < n_items; ++k) {
+    const MtpItem& it = items[size_t(placed_[size_t(k)])];
+    const Seq& q = seqs_[size_t(it.seq)];
+    std::copy_n(it.next, it.n, ws_.ids.begin() + off);
+    std::copy_n(it.h, size_t(it.n) * H, mtp_h_.begin() + std::ptrdiff_t(size_t(off) * H));
+    batch_[size_t(k)] = SeqStep{q.mtp_len, it.n, q.blocks.data(), it.decode, it.logits};
+    off += it.n;
+  }
   forward_mtp(m_, kv_, ws_, batch(n_items), mtp_h_.data());
   for (const MtpItem& it : items) {
     Seq& q = seqs_[size_t(it.seq)];

@@ -127,6 +127,7 @@ private:
   std::vector<Seq> seqs_;
   std::vector<SeqStep> batch_;    // the step in forward's order
   std::vector<int32_t> order_;    // item i -> its place in batch_
+  std::vector<int32_t> placed_;   // place k in batch_ -> its item
   std::vector<int32_t> grabbed_;  // blocks taken by the step being prepared
   std::vector<uint8_t> role_;     // item i is decode-role
   std::vector<SeqId> item_seq_;   // item i's sequence
@@ -140,7 +141,8 @@ private:
   void publish_ready(Seq& q);
   void grow_tables(std::span<const StepItem> items);
   void check_items(std::span<const SeqId> ids) const;
-  void order_by_role(int n_items);  // order_ from role_: decode items first, stable
+  void order_by_role(int n_items);  // order_ / placed_ from role_: decode items first, stable
+  void undo_growth(std::span<const StepItem> items);  // returns the blocks grow_tables took
   Batch batch(int n_items) const;   // the step laid out in ws_.ids and batch_
 };
 
