@@ -295,6 +295,81 @@ void StreamingParser::step(bool final, std::vector<StreamEvent>& ev, bool& progr
   }
 }
 
+namespace {
+
+// The longest tail of `v` that may still become the end of a parameter value: its closing
+// "<" (with the newline the reference allows) and tag, or a UTF-8 character cut short.
+size_t value_hold(std::string_view v) {
+  static constexpr std::string_view kClose1 = "</｜DSML｜parameter", kClose2 = "<\n/｜DSML｜parameter";
+  const size_t lt = v.rfind('<');
+  if (lt != std::string_view::npos) {
+    const std::string_view t = v.substr(lt);
+    if (kClose1.substr(0, t.size()) == t || kClose2.substr(0, t.size()) == t) return t.size();
+  }
+  size_t lead = v.size();
+  while (lead > 0 && v.size() - lead < 3 && (static_cast<unsigned char>(v[lead - 1]) & 0xC0) == 0x80) --lead;
+  if (lead > 0 && utf8::scan(v, lead - 1).status == utf8::Seq::Truncated) return v.size() - (lead - 1);
+  return 0;
+}
+
+// The open parameter `r` (after "<｜DSML｜parameter") as far as it is final: nothing until its
+// header is complete, then its name and its value so far (a string without its closing quote).
+void append_open_param(std::string_view r, bool first, std::string& out) {
+  const size_t sep = r.find("\" string=\"");
+  if (r.substr(0, 7) != " name=\"" || sep == std::string_view::npos) return;
+  std::string_view rest = r.substr(sep + 10);
+  bool is_str;
+  if (rest.substr(0, 6) == "true\">") { is_str = true; rest.remove_prefix(6); }
+  else if (rest.substr(0, 7) == "false\">") { is_str = false; rest.remove_prefix(7); }
+  else return;
+  if (!first) out += ", ";
+  py_json_dump_string(out, r.substr(7, sep - 7));
+  out += ": ";
+  rest.remove_suffix(value_hold(rest));
+  if (!is_str) {
+    out += rest;
+    return;
+  }
+  py_json_dump_string(out, rest);
+  out.pop_back();  // the closing quote comes with the end of the value
+}
+
+}  // namespace
+
+std::optional<ToolCall> StreamingParser::partial_call() const {
+  if (state_ != State::Tools) return std::nullopt;
+  const std::string_view s = buf_;
+  const size_t at = s.find(kInvokeOpen);
+  if (at == std::string_view::npos) return std::nullopt;
+  size_t q = at + kInvokeOpen.size();
+  const size_t hdr_end = std::min(s.find(kParamOpen, q), s.find(kInvokeClose, q));
+  if (hdr_end == std::string_view::npos) return std::nullopt;
+  ToolCall call;
+  try {
+    call.name = parse_invoke_name(s.substr(q, hdr_end - q));
+    call.arguments = "{";
+    q = hdr_end;
+    for (bool first = true; s.substr(q, kParamOpen.size()) == kParamOpen; first = false) {
+      q += kParamOpen.size();
+      const size_t pc = s.find(kParamClose, q);
+      if (pc == std::string_view::npos) {
+        append_open_param(s.substr(q), first, call.arguments);
+        break;
+      }
+      // A complete parameter, written as build_arguments writes it.
+      if (!first) call.arguments += ", ";
+      const std::string one = build_arguments({parse_param(s.substr(q, pc - q))});
+      call.arguments.append(one, 1, one.size() - 2);
+      q = pc + kParamClose.size();
+      if (s.substr(q, 2) != ">\n") break;
+      q += 2;
+    }
+  } catch (const Error&) {
+    return std::nullopt;  // malformed: finish() reports it
+  }
+  return call;
+}
+
 std::vector<StreamEvent> StreamingParser::run(bool final) {
   std::vector<StreamEvent> ev;
   try {

@@ -4,6 +4,7 @@
 // parse_message_from_completion_text() from encoding_dsv32.py (CHAT_ENCODING.md), one-shot and
 // streaming. Malformed output throws dsa::Error; nothing is guessed or silently dropped.
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,15 @@ public:
   // Everything emitted so far, assembled.
   const ParsedMessage& message() const { return msg_; }
   bool saw_eos() const { return state_ == State::Done; }
+  bool in_reasoning() const { return state_ == State::Reasoning; }
+  bool in_tool_calls() const { return state_ == State::Tools; }
+  // Text fed but not emitted yet (a possible marker's start, or a tool call in progress).
+  std::string_view held() const { return buf_; }
+  // The tool call being generated, as far as it is final: its name once the invoke header
+  // is complete, and a prefix of its final arguments (the complete parameters, then the
+  // open one's value so far, minus what may be the start of its closing tag), so that a
+  // server can stream the arguments while they are generated. nullopt outside a call.
+  std::optional<ToolCall> partial_call() const;
 
 private:
   enum class State { Reasoning, Content, Tools, AfterTools, Done, Failed };

@@ -211,3 +211,38 @@ TEST(Dsv32Parser, CharacterSplitAcrossDeltasIsHeldBack) {
 }
 
 }  // namespace
+
+// Fed byte by byte, the call in progress always shows a prefix of the arguments the call
+// closes with, growing, and reaching all of it but the closing brace before the call ends:
+// what a server streams as argument deltas adds up to the final arguments.
+TEST(Dsv32Parser, PartialCallArgumentsArePrefixesOfTheFinalOnes) {
+  for (const auto& [text, mode] : {std::pair{kWeather, ThinkingMode::Thinking}, std::pair{kSearch, ThinkingMode::Chat}}) {
+    const auto want = dsv32::parse_completion(text, mode);
+    dsv32::StreamingParser sp(mode);
+    size_t call = 0;
+    std::string shown;
+    size_t longest = 0;
+    for (char ch : text) {
+      for (const auto& e : sp.feed(std::string_view(&ch, 1)))
+        if (e.kind == dsv32::StreamEvent::Kind::ToolCall) {
+          EXPECT_EQ(e.call.arguments.substr(0, shown.size()), shown);
+          EXPECT_EQ(longest, e.call.arguments.size() - 1) << "all but '}' shown before the call closed";
+          ++call;
+          shown.clear();
+          longest = 0;
+        }
+      if (const auto p = sp.partial_call()) {
+        ASSERT_LT(call, want.tool_calls.size());
+        EXPECT_EQ(p->name, want.tool_calls[call].name);
+        const std::string& final_args = want.tool_calls[call].arguments;
+        ASSERT_LE(p->arguments.size(), final_args.size()) << p->arguments;
+        EXPECT_EQ(final_args.substr(0, p->arguments.size()), p->arguments);
+        EXPECT_GE(p->arguments.size(), shown.size());
+        shown = p->arguments;
+        longest = std::max(longest, shown.size());
+      }
+    }
+    sp.finish();
+    EXPECT_EQ(call, want.tool_calls.size());
+  }
+}
