@@ -1,0 +1,359 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace dsa {
+
+namespace {
+int blocks_for(int64_t tokens, int bs) { return int((tokens + bs - 1) / bs); }
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace
+
+bool Request::take(Output& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  if (!news_) cv_.wait_for(lk, timeout, [&] { return news_; });
+  if (!news_) return false;
+  out = std::move(out_);
+  out_ = Output{};
+  news_ = false;
+  return true;
+}
+
+void Request::push_text(std::string_view s) {
+  std::lock_guard lk(mu_);
+  out_.text.append(s);
+  news_ = true;
+  cv_.notify_all();
+}
+
+void Request::push_token(TokenOut t) {
+  std::lock_guard lk(mu_);
+  out_.tokens.push_back(std::move(t));
+  news_ = true;
+  cv_.notify_all();
+}
+
+void Request::finish(GenerateResult r, std::string error) {
+  std::lock_guard lk(mu_);
+  out_.done = true;
+  out_.error = std::move(error);
+  out_.result = std::move(r);
+  news_ = true;
+  cv_.notify_all();
+}
+
+Scheduler::Scheduler(Engine& engine, const Tokenizer* tok, const SchedulerOptions& opt,
+                     std::function<void(const Request&, const GenerateResult&)> on_finish)
+    : engine_(engine), tok_(tok), opt_(opt), on_finish_(std::move(on_finish)), banned_(undecodable_ids(engine.model(), tok)) {
+  const EngineOptions& eo = engine.options();
+  opt_.max_seqs = std::min(opt_.max_seqs > 0 ? opt_.max_seqs : eo.max_seqs, eo.max_seqs);
+  opt_.max_batch_tokens = std::min(opt_.max_batch_tokens > 0 ? opt_.max_batch_tokens : eo.max_step_tokens, eo.max_step_tokens);
+  if (opt_.prefill_chunk < 1) throw Error("scheduler: the prefill chunk must be positive");
+  if (opt_.max_batch_tokens < opt_.max_seqs)
+    throw Error("scheduler: a step of " + std::to_string(opt_.max_batch_tokens) + " tokens cannot carry one token of each of " +
+                std::to_string(opt_.max_seqs) + " sequences");
+  running_.reserve(size_t(opt_.max_seqs));
+  items_.reserve(size_t(opt_.max_seqs));
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { stop(); }
+
+bool Scheduler::submit(std::shared_ptr<Request> r) {
+  const int max_ctx = engine_.options().max_ctx;
+  if (r->prompt.empty()) throw Error("the prompt is empty");
+  if (int64_t(r->prompt.size()) >= max_ctx)
+    throw Error("the prompt has " + std::to_string(r->prompt.size()) + " tokens; the context size is " + std::to_string(max_ctx) +
+                " (prompt + at least one generated token)");
+  for (int32_t id : r->prompt)
+    if (id < 0 || id >= engine_.model().config.vocab_size)
+      throw Error("token id " + std::to_string(id) + " out of range [0, " + std::to_string(engine_.model().config.vocab_size) + ")");
+  r->arrived = Clock::now();
+  std::lock_guard lk(mu_);
+  if (stopping_ || stats_.waiting + int(inbox_.size()) >= opt_.max_waiting) return false;
+  inbox_.push_back(std::move(r));
+  cv_.notify_all();
+  return true;
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lk(mu_);
+  SchedulerStats s = stats_;
+  s.waiting += int(inbox_.size());
+  return s;
+}
+
+bool Scheduler::idle() const {
+  std::lock_guard lk(mu_);
+  return inbox_.empty() && stats_.running == 0 && stats_.waiting == 0;
+}
+
+void Scheduler::loop() {
+  while (take_inbox(running_.empty() && waiting_.empty())) {
+    drop_cancelled();
+    admit();
+    if (!running_.empty() && plan_step()) {
+      try {
+        engine_.step(items_);
+        ++steps_;
+        after_step();
+      } catch (const std::exception& e) {
+        fail_step(e.what());
+      }
+    }
+    publish_stats();
+  }
+  // Stopping: everything still here is cancelled.
+  take_inbox(false);
+  for (Live& l : running_) end(l, "the server is shutting down");
+  for (Live& l : waiting_) end(l, "the server is shutting down");
+  running_.clear();
+  waiting_.clear();
+  publish_stats();
+}
+
+// Moves submitted requests to the queue (waiting for one when `block`); false once stopping.
+bool Scheduler::take_inbox(bool block) {
+  std::unique_lock lk(mu_);
+  if (block) cv_.wait(lk, [&] { return stopping_ || !inbox_.empty(); });
+  while (!inbox_.empty()) {
+    Live l;
+    l.req = std::move(inbox_.front());
+    inbox_.pop_front();
+    waiting_.push_back(std::move(l));
+  }
+  stats_.waiting = int(waiting_.size());
+  return !stopping_;
+}
+
+void Scheduler::drop_cancelled() {
+  auto drop = [&](auto& list) {
+    for (auto it = list.begin(); it != list.end();) {
+      if (!it->req->cancelled()) {
+        ++it;
+        continue;
+      }
+      end(*it);
+      it = list.erase(it);
+    }
+  };
+  drop(running_);
+  drop(waiting_);
+}
+
+// First come, first served while there is room: a request is admitted when the pool has
+// blocks for its whole cache so far and one more token, beyond what the running requests
+// are still to take for theirs (at least one new block each: the next step may take it).
+void Scheduler::admit() {
+  const int bs = engine_.options().block_size;
+  int promised = 0;
+  for (const Live& l : running_) {
+    const int len = engine_.length(l.seq);
+    promised += std::max(1, blocks_for(int64_t(std::max(len, int(l.feed.size()))) + 1, bs) - blocks_for(len, bs));
+  }
+  while (int(running_.size()) < opt_.max_seqs && !waiting_.empty()) {
+    Live& w = waiting_.front();
+    const bool fresh = !w.comp;
+    if (fresh) {
+      w.feed = w.req->prompt;
+      w.prompt_n = int(w.feed.size());
+    }
+    const int need = blocks_for(int64_t(w.feed.size()) + 1, bs);
+    if (!running_.empty() && engine_.pool().free_blocks() - promised < need) return;
+    if (fresh) {
+      Request* req = w.req.get();
+      try {
+        w.comp = std::make_unique<Completion>(engine_.model(), tok_, w.req->prompt, w.req->gen, banned_,
+                                              [req](std::string_view s) { req->push_text(s); });
+      } catch (const std::exception& e) {
+        end(w, e.what());
+        waiting_.pop_front();
+        continue;
+      }
+      w.req->scheduled = Clock::now();
+      prompt_tokens_ += int64_t(w.req->prompt.size());
+    }
+    w.seq = engine_.add(w.feed);
+    if (fresh) w.comp->result().reused_tokens = engine_.reused_tokens(w.seq);
+    w.order = next_order_++;
+    promised += need;
+    running_.push_back(std::move(w));
+    waiting_.pop_front();
+  }
+}
+
+int Scheduler::blocks_needed(const Live& l, int n) const {
+  const int bs = engine_.options().block_size;
+  const int len = engine_.length(l.seq);
+  return blocks_for(int64_t(len) + n, bs) - blocks_for(len, bs);
+}
+
+// Lays out the next step in items_: one token of every decoding request, then the others'
+// next pieces (prompt chunks in the prefill role, generated tokens being put back after a
+// preemption in the decode role) while the budget lasts. When the pool cannot hold the
+// step, the youngest request is preempted and the step planned again. False: nothing to run.
+bool Scheduler::plan_step() {
+  for (;;) {
+    items_.clear();
+    int budget = opt_.max_batch_tokens, need = 0;
+    for (Live& l : running_) {
+      l.step_n = 0;
+      if (l.next < 0 || engine_.length(l.seq) < int(l.feed.size())) continue;
+      l.item = int(items_.size());
+      l.step_n = 1;
+      items_.push_back(StepItem{l.seq, &l.next, 1, true, 1, 0});
+      need += blocks_needed(l, 1);
+      --budget;
+    }
+    for (Live& l : running_) {
+      const int len = engine_.length(l.seq);
+      if (len >= int(l.feed.size()) || budget == 0) continue;
+      const bool prefill = len < l.prompt_n;
+      const int n = std::min({budget, prefill ? std::min(opt_.prefill_chunk, l.prompt_n - len) : int(l.feed.size()) - len});
+      const bool last = len + n == int(l.feed.size()) && l.next < 0;
+      l.item = int(items_.size());
+      l.step_n = n;
+      items_.push_back(StepItem{l.seq, l.feed.data() + len, n, !prefill, last ? 1 : 0, 0});
+      need += blocks_needed(l, n);
+      budget -= n;
+    }
+    if (need <= engine_.pool().free_blocks()) return !items_.empty();
+    if (running_.size() == 1) {
+      // Alone and still no room: the pool is smaller than this request's context.
+      running_[0].comp->result().reason = StopReason::ContextFull;
+      end(running_[0]);
+      running_.clear();
+      return false;
+    }
+    preempt_youngest();
+  }
+}
+
+void Scheduler::preempt_youngest() {
+  auto y = std::max_element(running_.begin(), running_.end(), [](const Live& a, const Live& b) { return a.order < b.order; });
+  Live l = std::move(*y);
+  running_.erase(y);
+  engine_.release(l.seq);
+  l.seq = -1;
+  // Its cache to rebuild: the prompt, then every generated token but the last (sampled, to be fed).
+  const std::vector<int32_t>& gen = l.comp->result().tokens;
+  l.feed.assign(l.req->prompt.begin(), l.req->prompt.end());
+  if (!gen.empty()) l.feed.insert(l.feed.end(), gen.begin(), gen.end() - 1);
+  ++l.req->preemptions;
+  ++preemptions_;
+  waiting_.push_front(std::move(l));
+}
+
+void Scheduler::after_step() {
+  for (size_t i = 0; i < running_.size();) {
+    if (!advance(running_[i])) {
+      ++i;
+      continue;
+    }
+    end(running_[i]);
+    running_.erase(running_.begin() + std::ptrdiff_t(i));
+  }
+}
+
+// Samples where the step gave logits; true when the request is done.
+bool Scheduler::advance(Live& l) {
+  if (l.step_n == 0) return false;
+  const bool decoding = l.next >= 0 && engine_.length(l.seq) > int(l.feed.size());
+  GenerateResult& res = l.comp->result();
+  if (!decoding) {
+    if (engine_.length(l.seq) < int(l.feed.size()) || l.next >= 0) return false;  // more to put back first
+    res.prefill_s = seconds(l.req->scheduled, Clock::now());
+    if (l.req->gen.max_new_tokens == 0) return true;
+  } else {
+    ++res.decode_steps;
+  }
+  const float* logits = engine_.logits(l.item);
+  const int32_t id = l.comp->sampler().sample(logits);
+  if (res.tokens.empty()) l.req->first_token = Clock::now();
+  l.req->push_token(token_out(l, id, logits));
+  ++generation_tokens_;
+  l.next = id;
+  return l.comp->emit(id, engine_.length(l.seq) >= engine_.options().max_ctx);
+}
+
+TokenOut Scheduler::token_out(const Live& l, int32_t id, const float* logits) const {
+  TokenOut t;
+  t.id = id;
+  const int k = l.req->logprobs;
+  if (k < 0) return t;
+  // Log-probabilities of the model's distribution (before penalties and temperature).
+  const int V = engine_.model().config.vocab_size;
+  const float mx = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (int v = 0; v < V; ++v) sum += std::exp(double(logits[v]) - mx);
+  const float lse = mx + float(std::log(sum));
+  t.logprob = logits[id] - lse;
+  if (k > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    const int kk = std::min(k, V);
+    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int j = 0; j < kk; ++j) t.top.emplace_back(idx[size_t(j)], logits[idx[size_t(j)]] - lse);
+  }
+  return t;
+}
+
+void Scheduler::end(Live& l, std::string error) {
+  GenerateResult r;
+  if (l.comp) {
+    if (l.req->cancelled() && error.empty()) l.comp->result().reason = StopReason::Callback;
+    l.comp->finish();
+    r = std::move(l.comp->result());
+  } else {
+    r.reason = StopReason::Callback;
+    r.prompt_tokens = int(l.req->prompt.size());
+  }
+  l.req->finished = Clock::now();
+  if (l.req->scheduled != Clock::time_point{}) r.decode_s = seconds(l.req->scheduled, l.req->finished) - r.prefill_s;
+  if (l.seq >= 0) engine_.release(l.seq);
+  l.seq = -1;
+  if (on_finish_) on_finish_(*l.req, r);
+  l.req->finish(std::move(r), std::move(error));
+}
+
+void Scheduler::fail_step(const std::string& error) {
+  // The engine left every sequence as it was; the step's requests fail, the rest go on.
+  for (size_t i = 0; i < running_.size();) {
+    if (running_[i].step_n == 0) {
+      ++i;
+      continue;
+    }
+    end(running_[i], error);
+    running_.erase(running_.begin() + std::ptrdiff_t(i));
+  }
+}
+
+void Scheduler::publish_stats() {
+  std::lock_guard lk(mu_);
+  stats_.running = int(running_.size());
+  stats_.waiting = int(waiting_.size());
+  stats_.prompt_tokens = prompt_tokens_;
+  stats_.generation_tokens = generation_tokens_;
+  stats_.preemptions = preemptions_;
+  stats_.steps = steps_;
+  stats_.blocks = engine_.pool().n_blocks();
+  stats_.blocks_free = engine_.pool().free_blocks();
+  stats_.blocks_cached = engine_.pool().cached_blocks();
+  stats_.prefix = engine_.prefix_stats();
+}
+
+}  // namespace dsa

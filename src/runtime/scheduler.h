@@ -1,0 +1,163 @@
+#pragma once
+// Scheduler: continuous batching of many requests on one Engine, run by one thread (the
+// engine thread) that owns the model; other threads only submit requests and read their
+// output. Each step carries one token of every decoding request and, while the step's
+// token budget lasts, prefill chunks of the others (chunked prefill, as vLLM and SGLang
+// schedule): a new request joins the running batch at the next step. Admission is first
+// come, first served, up to max_seqs running. When the cache pool cannot hold the next
+// step, the youngest running request gives its blocks back and waits at the head of the
+// queue (preemption by recompute); when it runs again its prompt is prefilled and its
+// generated tokens are put back in the decode role, so its cache, and so its output, is
+// bitwise what it would have been without the preemption.
+//
+// Every request gets exactly the tokens it gets alone with the same sampling seed: steps
+// are batch-invariant, and a prefix hit computes what a miss does (docs/ENGINE.md).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/generator.h"
+
+namespace dsa {
+
+struct SchedulerOptions {
+  int max_seqs = 16;          // running requests (at most the engine's max_seqs)
+  int max_batch_tokens = 0;   // tokens per step; 0: the engine's max_step_tokens
+  int prefill_chunk = 512;    // longest prefill piece of one request in one step
+  int max_waiting = 1024;     // queued requests; submit() refuses more
+};
+
+// One generated token as the client sees it.
+struct TokenOut {
+  int32_t id = -1;
+  float logprob = 0;                             // log-probability under the model (when asked)
+  std::vector<std::pair<int32_t, float>> top;    // the most likely tokens and theirs
+};
+
+using Clock = std::chrono::steady_clock;
+
+// A request, shared by its submitter and the engine thread. The submitter fills the
+// inputs, submits it, then takes its output with wait() until done.
+class Request {
+public:
+  // Inputs (fixed once submitted).
+  std::vector<int32_t> prompt;
+  GenerateOptions gen;
+  int logprobs = -1;  // -1: none; k >= 0: each token's log-probability and the k most likely
+
+  // Asks the engine thread to stop the request (its blocks go back at the next step).
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // What arrived since the last take.
+  struct Output {
+    std::string text;              // streamed text (stop strings excluded)
+    std::vector<TokenOut> tokens;  // sampled tokens
+    bool done = false;
+    std::string error;             // non-empty: the request failed
+    GenerateResult result;         // when done: the whole result (all its text and tokens)
+  };
+  // Moves the new output into `out` (replacing it); waits up to `timeout` when there is none.
+  // Returns false when nothing arrived in time.
+  bool take(Output& out, std::chrono::milliseconds timeout);
+
+  // Timing, set by the engine thread (read after done).
+  Clock::time_point arrived, scheduled, first_token, finished;
+  int preemptions = 0;
+
+private:
+  friend class Scheduler;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Output out_;
+  bool news_ = false;
+  void push_text(std::string_view s);
+  void push_token(TokenOut t);
+  void finish(GenerateResult r, std::string error);
+};
+
+// A snapshot of the scheduler for the metrics.
+struct SchedulerStats {
+  int running = 0, waiting = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0, preemptions = 0, steps = 0;
+  int blocks = 0, blocks_free = 0, blocks_cached = 0;
+  PrefixStats prefix;
+};
+
+class Scheduler {
+public:
+  // `tok` may be null (ids only). `on_finish` runs on the engine thread for every request
+  // that ends, with its result (metrics).
+  Scheduler(Engine& engine, const Tokenizer* tok, const SchedulerOptions& opt,
+            std::function<void(const Request&, const GenerateResult&)> on_finish = {});
+  ~Scheduler();  // stops the engine thread, cancelling what still runs
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; false when the queue is full or the scheduler is stopping. Throws
+  // dsa::Error for a request that can never run (empty or over-long prompt).
+  bool submit(std::shared_ptr<Request> r);
+  // Cancels every request, running or queued, and stops the engine thread.
+  void stop();
+  SchedulerStats stats() const;
+  bool idle() const;  // nothing running or queued
+  const Engine& engine() const { return engine_; }
+
+private:
+  struct Live {
+    std::shared_ptr<Request> req;
+    SeqId seq = -1;
+    std::vector<int32_t> feed;  // what the cache must hold: the prompt, then generated tokens but the last
+    int prompt_n = 0;           // feed[0, prompt_n) prefill role, the rest decode role
+    int32_t next = -1;          // sampled, not fed yet
+    std::unique_ptr<Completion> comp;
+    uint64_t order = 0;         // admission order: the youngest is preempted first
+    int item = -1, step_n = 0;
+  };
+
+  Engine& engine_;
+  const Tokenizer* tok_;
+  SchedulerOptions opt_;
+  std::function<void(const Request&, const GenerateResult&)> on_finish_;
+  std::vector<int32_t> banned_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> inbox_;  // submitted, not yet seen by the engine thread
+  bool stopping_ = false;
+  SchedulerStats stats_;
+
+  // Engine thread only.
+  std::deque<Live> waiting_;  // admitted order; preempted requests go back to the front
+  std::vector<Live> running_;
+  std::vector<StepItem> items_;
+  uint64_t next_order_ = 0;
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, steps_ = 0;
+  std::thread thread_;
+
+  void loop();
+  bool take_inbox(bool block);
+  void drop_cancelled();
+  void admit();
+  int blocks_needed(const Live& l, int n) const;
+  bool plan_step();
+  void preempt_youngest();
+  void after_step();
+  bool advance(Live& l);
+  void end(Live& l, std::string error = {});
+  void fail_step(const std::string& error);
+  void publish_stats();
+  TokenOut token_out(const Live& l, int32_t id, const float* logits) const;
+};
+
+}  // namespace dsa
