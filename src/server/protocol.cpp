@@ -1,0 +1,335 @@
+#include "server/protocol.h"
+
+#include <random>
+
+#include "core/error.h"
+#include "tokenizer/dsv32_encoding.h"
+#include "tokenizer/glm5_template.h"
+
+namespace dsa::server {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+ApiError::ApiError(int s, std::string message, std::string p, std::string t, std::string c)
+    : std::runtime_error(std::move(message)), status(s), type(std::move(t)), param(std::move(p)), code(std::move(c)) {
+  if (type.empty()) {
+    switch (status) {
+      case 401: type = "authentication_error"; break;
+      case 404: type = "not_found_error"; break;
+      case 413: type = "invalid_request_error"; break;
+      case 429: type = "rate_limit_error"; break;
+      case 503: type = "service_unavailable_error"; break;
+      default: type = status >= 500 ? "server_error" : "invalid_request_error";
+    }
+  }
+}
+
+json ApiError::body() const {
+  return {{"error",
+           {{"message", what()}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+const char* finish_reason(StopReason r) {
+  switch (r) {
+    case StopReason::Eos:
+    case StopReason::StopString: return "stop";
+    case StopReason::MaxTokens:
+    case StopReason::ContextFull: return "length";
+    case StopReason::Callback: return "abort";
+  }
+  return "stop";
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& what) { throw ApiError(400, "'" + param + "': " + what, param); }
+
+// A field's value, or null when absent (null counts as absent, as the OpenAI API has it).
+const json& field(const json& o, const char* key) {
+  static const json null;
+  const auto it = o.find(key);
+  return it == o.end() ? null : *it;
+}
+
+std::optional<double> number(const json& o, const char* key, double lo, double hi) {
+  const json& v = field(o, key);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number()) bad(key, "expected a number");
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) bad(key, "expected a number in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + v.dump());
+  return x;
+}
+
+std::optional<int64_t> integer(const json& o, const char* key, int64_t lo, int64_t hi) {
+  const json& v = field(o, key);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number_integer()) bad(key, "expected an integer");
+  const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
+  if (x < lo || x > hi) bad(key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+  return x;
+}
+
+std::optional<bool> boolean(const json& o, const char* key) {
+  const json& v = field(o, key);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_boolean()) bad(key, "expected true or false");
+  return v.get<bool>();
+}
+
+void check_model(const json& body, const ModelInfo& m) {
+  const json& v = field(body, "model");
+  if (v.is_null()) return;
+  if (!v.is_string()) bad("model", "expected a string");
+  if (v.get<std::string>() != m.name)
+    throw ApiError(404, "The model '" + v.get<std::string>() + "' does not exist; this server serves '" + m.name + "'", "model", "",
+                   "model_not_found");
+}
+
+// Sampling, stops, n, streaming and max_tokens (once the prompt length is known).
+void parse_common(const json& b, const ServeLimits& lim, Job& j) {
+  SamplerParams& s = j.gen.sampling;
+  s.temperature = float(number(b, "temperature", 0, 2).value_or(1.0));
+  s.top_p = float(number(b, "top_p", 0, 1).value_or(1.0));
+  if (s.top_p <= 0) bad("top_p", "expected a number in (0, 1]");
+  s.top_k = int(integer(b, "top_k", -1, INT32_MAX).value_or(0));
+  if (s.top_k < 0) s.top_k = 0;
+  s.min_p = float(number(b, "min_p", 0, 1).value_or(0));
+  s.presence_penalty = float(number(b, "presence_penalty", -2, 2).value_or(0));
+  s.frequency_penalty = float(number(b, "frequency_penalty", -2, 2).value_or(0));
+  s.repeat_penalty = float(number(b, "repetition_penalty", 1e-6, 1e6).value_or(1));
+  s.penalty_last_n = -1;
+  if (const auto seed = integer(b, "seed", INT64_MIN, INT64_MAX)) {
+    s.seed = uint64_t(*seed);
+    j.seed_given = true;
+  } else {
+    std::random_device rd;
+    s.seed = (uint64_t(rd()) << 32) ^ rd();
+  }
+  const json& stop = field(b, "stop");
+  if (stop.is_string()) {
+    j.gen.stop.push_back(stop.get<std::string>());
+  } else if (stop.is_array()) {
+    for (const json& x : stop) {
+      if (!x.is_string()) bad("stop", "expected a string or a list of strings");
+      j.gen.stop.push_back(x.get<std::string>());
+    }
+  } else if (!stop.is_null()) {
+    bad("stop", "expected a string or a list of strings");
+  }
+  for (const std::string& x : j.gen.stop)
+    if (x.empty()) bad("stop", "stop strings must not be empty");
+  j.n = int(integer(b, "n", 1, lim.max_n).value_or(1));
+  j.stream = boolean(b, "stream").value_or(false);
+  const json& so = field(b, "stream_options");
+  if (!so.is_null()) {
+    if (!so.is_object()) bad("stream_options", "expected an object");
+    j.include_usage = boolean(so, "include_usage").value_or(false);
+  }
+  j.return_token_ids = boolean(b, "return_token_ids").value_or(false);
+  if (const auto ign = boolean(b, "ignore_eos")) j.gen.stop_on_eos = !*ign;
+}
+
+// max_tokens (or max_completion_tokens): at most the limit, and by default what the
+// context leaves after the longest prompt.
+void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
+  size_t longest = 0;
+  for (const auto& p : j.prompts) longest = std::max(longest, p.size());
+  const int max_prompt = lim.max_prompt > 0 ? std::min(lim.max_prompt, lim.max_ctx - 1) : lim.max_ctx - 1;
+  if (int64_t(longest) > max_prompt)
+    throw ApiError(400,
+                   "The prompt has " + std::to_string(longest) + " tokens; this server takes at most " + std::to_string(max_prompt) +
+                       " (context " + std::to_string(lim.max_ctx) + " tokens, prompt and completion)",
+                   j.chat ? "messages" : "prompt", "", "context_length_exceeded");
+  std::optional<int64_t> mt = integer(b, "max_completion_tokens", 0, INT32_MAX);
+  if (!mt) mt = integer(b, "max_tokens", 0, INT32_MAX);
+  if (mt && *mt > lim.max_tokens)
+    bad(field(b, "max_completion_tokens").is_null() ? "max_tokens" : "max_completion_tokens",
+        "at most " + std::to_string(lim.max_tokens) + " tokens per request, got " + std::to_string(*mt));
+  const int room = lim.max_ctx - int(longest);
+  j.gen.max_new_tokens = int(std::min<int64_t>(mt.value_or(lim.max_tokens), room));
+}
+
+void parse_logprobs_chat(const json& b, const ServeLimits& lim, Job& j) {
+  if (boolean(b, "logprobs").value_or(false)) j.logprobs = int(integer(b, "top_logprobs", 0, lim.max_top_logprobs).value_or(0));
+  else if (!field(b, "top_logprobs").is_null()) integer(b, "top_logprobs", 0, lim.max_top_logprobs);
+}
+
+std::string content_text(const json& c, const std::string& where) {
+  if (c.is_null()) return "";
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad(where, "content must be a string, a list of text parts or null");
+  std::string out;
+  for (const json& p : c) {
+    if (!p.is_object() || field(p, "type") != "text" || !field(p, "text").is_string())
+      bad(where, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+    out += p["text"].get<std::string>();
+  }
+  return out;
+}
+
+// The messages as the encoders take them: content as text, "reasoning" as reasoning_content.
+ojson normalize_messages(const json& msgs) {
+  if (!msgs.is_array() || msgs.empty()) bad("messages", "expected a non-empty list of messages");
+  ojson out = ojson::array();
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const json& m = msgs[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad(where, "expected an object");
+    const json& role = field(m, "role");
+    if (!role.is_string()) bad(where + ".role", "expected a string");
+    const std::string r = role.get<std::string>();
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
+      bad(where + ".role", "expected system, developer, user, assistant or tool, got '" + r + "'");
+    ojson o = {{"role", r}, {"content", content_text(field(m, "content"), where + ".content")}};
+    if (r == "assistant") {
+      const json& rc = field(m, "reasoning_content").is_null() ? field(m, "reasoning") : field(m, "reasoning_content");
+      if (!rc.is_null()) {
+        if (!rc.is_string()) bad(where + ".reasoning_content", "expected a string");
+        o["reasoning_content"] = rc;
+      }
+      const json& tc = field(m, "tool_calls");
+      if (!tc.is_null()) {
+        if (!tc.is_array()) bad(where + ".tool_calls", "expected a list");
+        for (const json& c : tc)
+          if (!c.is_object() || !field(c, "function").is_object() || !field(c["function"], "name").is_string())
+            bad(where + ".tool_calls", "each call needs function.name and function.arguments");
+        o["tool_calls"] = ojson::parse(tc.dump());
+      }
+    }
+    if (r == "tool" && field(m, "tool_call_id").is_string()) o["tool_call_id"] = m["tool_call_id"];
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+// The tools offered, after tool_choice: none offers none, a named function only that one.
+ojson offered_tools(const json& b) {
+  const json& tools = field(b, "tools");
+  if (tools.is_null()) return ojson::array();
+  if (!tools.is_array()) bad("tools", "expected a list of tools");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    if (!t.is_object() || field(t, "type") != "function" || !field(t, "function").is_object() || !field(t["function"], "name").is_string())
+      bad("tools[" + std::to_string(i) + "]", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  // Re-read in the request's key order: the prompt shows the schemas as written.
+  ojson out = ojson::parse(tools.dump());
+  const json& choice = field(b, "tool_choice");
+  if (choice.is_null() || choice == "auto" || choice == "required") return out;
+  if (choice == "none") return ojson::array();
+  if (choice.is_object() && field(choice, "type") == "function" && field(choice, "function").is_object() &&
+      field(choice["function"], "name").is_string()) {
+    const std::string name = choice["function"]["name"];
+    for (const auto& t : out)
+      if (t["function"]["name"] == name) return ojson::array({t});
+    bad("tool_choice", "names the function '" + name + "', which is not in 'tools'");
+  }
+  bad("tool_choice", "expected \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+}
+
+bool thinking_switch(const json& b) {
+  const json& k = field(b, "chat_template_kwargs");
+  if (k.is_null()) return false;
+  if (!k.is_object()) bad("chat_template_kwargs", "expected an object");
+  if (const auto t = boolean(k, "thinking")) return *t;
+  return boolean(k, "enable_thinking").value_or(false);
+}
+
+std::string render(const ModelInfo& m, ojson msgs, const ojson& tools, bool thinking) {
+  try {
+    if (m.family == Family::DeepseekV32) {
+      if (!tools.empty()) {  // tools sit in a system message (the encoding's convention)
+        if (msgs[0]["role"] != "system" && msgs[0]["role"] != "developer") msgs.insert(msgs.begin(), ojson{{"role", "system"}, {"content", ""}});
+        msgs[0]["tools"] = tools;
+      }
+      chat::dsv32::EncodeOptions o;
+      o.thinking_mode = thinking ? chat::ThinkingMode::Thinking : chat::ThinkingMode::Chat;
+      return chat::dsv32::encode_messages(msgs, o);
+    }
+    chat::glm5::RenderOptions o;
+    o.enable_thinking = thinking;
+    return chat::glm5::render(msgs, tools.empty() ? ojson(nullptr) : tools, o);
+  } catch (const Error& e) {
+    bad("messages", e.what());
+  }
+}
+
+std::vector<int32_t> checked_ids(const json& a, const ModelInfo& m, const std::string& where) {
+  std::vector<int32_t> ids;
+  for (const json& x : a) {
+    if (!x.is_number_integer()) bad(where, "expected token ids (integers)");
+    const int64_t v = x.get<int64_t>();
+    if (v < 0 || v >= m.vocab_size) bad(where, "token id " + std::to_string(v) + " out of range [0, " + std::to_string(m.vocab_size) + ")");
+    ids.push_back(int32_t(v));
+  }
+  if (ids.empty()) bad(where, "the prompt is empty");
+  return ids;
+}
+
+std::vector<int32_t> encode_text(const std::string& text, const ModelInfo& m, const std::string& where) {
+  if (!m.tok) bad(where, "this model has no tokenizer: give the prompt as token ids");
+  try {
+    std::vector<int32_t> ids = m.tok->encode(text, m.tok->default_add_bos());
+    if (ids.empty()) bad(where, "the prompt is empty");
+    return ids;
+  } catch (const Error& e) {
+    bad(where, e.what());
+  }
+}
+
+}  // namespace
+
+Job parse_chat_request(const json& b, const ModelInfo& m, const ServeLimits& lim) {
+  if (!b.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  if (!m.tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids", "messages");
+  check_model(b, m);
+  Job j;
+  j.chat = true;
+  parse_common(b, lim, j);
+  parse_logprobs_chat(b, lim, j);
+  j.thinking = thinking_switch(b);
+  const ojson tools = offered_tools(b);
+  j.tools = !tools.empty();
+  const std::string prompt = render(m, normalize_messages(field(b, "messages")), tools, j.thinking);
+  try {
+    j.prompts.push_back(m.tok->encode(prompt));  // the encoding carries BOS
+  } catch (const Error& e) {
+    bad("messages", e.what());
+  }
+  parse_max_tokens(b, lim, j);
+  return j;
+}
+
+Job parse_completion_request(const json& b, const ModelInfo& m, const ServeLimits& lim) {
+  if (!b.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  check_model(b, m);
+  Job j;
+  parse_common(b, lim, j);
+  if (const auto lp = integer(b, "logprobs", 0, lim.max_top_logprobs)) j.logprobs = int(*lp);
+  j.echo = boolean(b, "echo").value_or(false);
+  const json& p = field(b, "prompt");
+  auto add = [&](const json& one, const std::string& where) {
+    if (one.is_string()) {
+      j.prompts.push_back(encode_text(one.get<std::string>(), m, where));
+      j.prompt_texts.push_back(one.get<std::string>());
+    } else if (one.is_array()) {
+      j.prompts.push_back(checked_ids(one, m, where));
+      j.prompt_texts.push_back(m.tok ? m.tok->decode(j.prompts.back()) : "");
+    } else {
+      bad(where, "expected a string, a list of token ids, or a list of those");
+    }
+  };
+  if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+    for (size_t i = 0; i < p.size(); ++i) add(p[i], "prompt[" + std::to_string(i) + "]");
+  } else {
+    add(p, "prompt");
+  }
+  if (int(j.prompts.size()) * j.n > lim.max_n * 4) bad("prompt", "too many prompts times n in one request");
+  j.return_token_ids = j.return_token_ids || !m.tok;
+  parse_max_tokens(b, lim, j);
+  return j;
+}
+
+}  // namespace dsa::server

@@ -1,0 +1,494 @@
+// `dsa serve` end to end: the server runs in the test process on 127.0.0.1 (a free port)
+// over the tiny random model with the synthetic tokenizer and over the golden models, and
+// is driven over HTTP. Its output is checked against `dsa run` (greedy), against itself
+// alone (16 concurrent clients, prefix-cache hits, preemption in a small pool), and its
+// errors against the OpenAI error shape while /health stays ok.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <optional>
+#include <regex>
+#include <thread>
+
+#include "fixtures.h"
+#include "runtime/scheduler.h"
+#include "server/reply.h"
+#include "server/server.h"
+#include "tiny_model.h"
+
+using namespace dsa;
+using json = nlohmann::json;
+
+namespace {
+
+struct Sh {
+  int code;
+  std::string out;
+};
+Sh sh(const std::string& cmd) {
+  Sh r{-1, ""};
+  FILE* p = ::popen((cmd + " 2>/dev/null").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+struct Options {
+  int max_seqs = 16, max_queue = 64, ctx = 512, block_size = 64, batch_tokens = 256;
+  int64_t cache_tokens = 0;
+  CacheType cache = CacheType::FP8;
+  std::string api_key;
+};
+
+// A whole server in the test process: model, engine, scheduler, HTTP.
+class TestServer {
+public:
+  TestServer(const std::string& dir, const Options& o = {}) {
+    model_ = Model::load(dir, false, false);
+    if (std::filesystem::exists(dir + "/tokenizer.json")) tok_.emplace(Tokenizer::from_dir(dir));
+    EngineOptions eo;
+    eo.cache = o.cache;
+    eo.max_ctx = o.ctx;
+    eo.max_seqs = o.max_seqs;
+    eo.max_step_tokens = o.batch_tokens;
+    eo.block_size = o.block_size;
+    eo.cache_tokens = o.cache_tokens > 0 ? o.cache_tokens : int64_t(o.ctx) * o.max_seqs;
+    engine_.emplace(*model_, eo);
+    SchedulerOptions so;
+    so.max_seqs = o.max_seqs;
+    so.max_waiting = o.max_queue;
+    so.prefill_chunk = 64;  // several chunks per prompt
+    sched_.emplace(*engine_, tok_ ? &*tok_ : nullptr, so, [this](const Request& r, const GenerateResult& res) { metrics_.record(r, res); });
+    server::ModelInfo mi{"m", model_->config.family, model_->config.vocab_size, tok_ ? &*tok_ : nullptr};
+    server::ServerOptions so2;
+    so2.port = 0;
+    so2.api_key = o.api_key;
+    so2.http_threads = o.max_seqs + o.max_queue + 8;
+    so2.limits.max_ctx = o.ctx;
+    so2.limits.max_tokens = o.ctx;
+    srv_.emplace(*sched_, metrics_, mi, so2);
+    port_ = srv_->bind();
+    thread_ = std::thread([this] { srv_->run(); });
+  }
+  ~TestServer() {
+    srv_->stop();
+    thread_.join();
+    sched_->stop();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  json post(const std::string& path, const json& body, int want_status = 200) const {
+    auto r = client().Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(r) << path;
+    if (!r) return {};
+    EXPECT_EQ(r->status, want_status) << r->body;
+    return json::parse(r->body);
+  }
+  // A streamed request's events (the JSON of each data line, [DONE] excluded); *done: it ended with [DONE].
+  std::vector<json> stream(const std::string& path, json body, bool* done = nullptr) const {
+    body["stream"] = true;
+    std::string all;
+    auto r = client().Post(path, httplib::Headers{}, body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return {};
+    EXPECT_EQ(r->status, 200) << r->body;
+    all = r->body;
+    std::vector<json> ev;
+    bool saw_done = false;
+    for (size_t at = 0; (at = all.find("data: ", at)) != std::string::npos;) {
+      const size_t end = all.find("\n\n", at);
+      const std::string d = all.substr(at + 6, end - at - 6);
+      at = end;
+      if (d == "[DONE]") saw_done = true;
+      else ev.push_back(json::parse(d));
+    }
+    if (done) *done = saw_done;
+    return ev;
+  }
+  bool healthy() const {
+    auto r = client().Get("/health");
+    return r && r->status == 200;
+  }
+  std::string metrics() const {
+    auto r = client().Get("/metrics");
+    return r ? r->body : "";
+  }
+  int port() const { return port_; }
+
+private:
+  std::unique_ptr<Model> model_;
+  std::optional<Tokenizer> tok_;
+  std::optional<Engine> engine_;
+  server::Metrics metrics_;
+  std::optional<Scheduler> sched_;
+  std::optional<server::Server> srv_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+double metric(const std::string& text, const std::string& name) {
+  std::smatch m;
+  if (std::regex_search(text, m, std::regex("\n" + std::regex_replace(name, std::regex(R"([{}\"])"), R"(\$&)") + R"((\{[^}]*\})? ([0-9.e+-]+))")))
+    return std::stod(m[2].str());
+  return -1;
+}
+
+json chat_body(const std::string& user, int max_tokens, double temperature = 0, int64_t seed = 0) {
+  return {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", user}}}}, {"max_tokens", max_tokens},
+          {"temperature", temperature}, {"seed", seed}};
+}
+
+std::string join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+std::vector<int32_t> ids_of(const json& choice) { return choice.at("token_ids").get<std::vector<int32_t>>(); }
+
+TEST(Serve, GreedyChatEqualsDsaRunAndStreamingEqualsWhole) {
+  const std::string dir = test::tiny_model_dir();
+  TestServer s(dir);
+  for (const std::string user : {"Hello", "Tell me a story about a lazy fox"}) {
+    const json r = s.post("/v1/chat/completions", chat_body(user, 24));
+    const std::string content = r["choices"][0]["message"]["content"];
+    const Sh run = sh(test::dsa_binary() + " run --model " + dir + " --chat --greedy -n 24 -p '" + user + "'");
+    ASSERT_EQ(run.code, 0);
+    EXPECT_EQ(content + "\n", run.out) << user;
+    EXPECT_EQ(r["usage"]["completion_tokens"], 24);
+    bool done = false;
+    std::string streamed;
+    const auto ev = s.stream("/v1/chat/completions", chat_body(user, 24), &done);
+    EXPECT_TRUE(done);
+    ASSERT_FALSE(ev.empty());
+    EXPECT_EQ(ev.front()["choices"][0]["delta"]["role"], "assistant");
+    for (const json& e : ev)
+      if (e["choices"][0]["delta"].contains("content")) streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+    EXPECT_EQ(streamed, content);
+    EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], r["choices"][0]["finish_reason"]);
+  }
+}
+
+TEST(Serve, GreedyCompletionIdsEqualDsaRunOnEveryGoldenModel) {
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    const std::string dir = test::golden_dir() + "/" + name + "/model";
+    std::ifstream in(test::golden_dir() + "/" + name + "/case.json");
+    const json c = json::parse(in);
+    std::vector<int32_t> prompt = c["ids"].get<std::vector<int32_t>>();
+    prompt.resize(size_t(c["prompt_len"].get<int>()));
+    const std::string ids = join(prompt);
+    Options o;
+    const bool fp8 = c["kv_cache"] == "fp8";  // "exact": the float cache
+    o.ctx = 128;
+    o.max_seqs = 4;
+    o.cache = fp8 ? CacheType::FP8 : CacheType::F32;
+    TestServer s(dir, o);
+    const json r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}});
+    const Sh run = sh(test::dsa_binary() + " run --model " + dir + " --ids " + ids + " --print-ids --greedy --ignore-eos -n 8 --kv-cache " +
+                      (fp8 ? "fp8" : "f32"));
+    ASSERT_EQ(run.code, 0) << name;
+    EXPECT_EQ(join(ids_of(r["choices"][0])) + "\n", run.out) << name;
+  }
+}
+
+// Each request's seeded, sampled tokens: alone, then all 16 at once.
+TEST(Serve, SixteenConcurrentClientsGetTheirSoloTokens) {
+  TestServer s(test::tiny_model_dir());
+  std::vector<json> bodies;
+  for (int i = 0; i < 16; ++i) {
+    json b = {{"prompt", "Request number " + std::to_string(i) + std::string(size_t(i * 7), 'x')}, {"max_tokens", 12 + i},
+              {"temperature", 0.9}, {"top_p", 0.95}, {"seed", 1000 + i}, {"return_token_ids", true}};
+    bodies.push_back(b);
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const json& b : bodies) alone.push_back(ids_of(s.post("/v1/completions", b)["choices"][0]));
+  std::vector<std::future<std::vector<int32_t>>> f;
+  for (size_t i = 0; i < bodies.size(); ++i)
+    f.push_back(std::async(std::launch::async, [&, i] {
+      if (i % 2) {  // half of them streamed
+        const auto ev = s.stream("/v1/completions", bodies[i]);
+        return ev.empty() ? std::vector<int32_t>{} : ids_of(ev.back()["choices"][0]);
+      }
+      return ids_of(s.post("/v1/completions", bodies[i])["choices"][0]);
+    }));
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(f[i].get(), alone[i]) << "request " << i;
+}
+
+TEST(Serve, PrefixCacheHitGivesTheTokensOfAMiss) {
+  Options o;
+  o.ctx = 2048;
+  o.max_seqs = 2;
+  TestServer s(test::tiny_model_dir(), o);
+  std::string longp;
+  for (int i = 0; i < 40; ++i) longp += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
+  const json b = {{"prompt", longp}, {"max_tokens", 16}, {"temperature", 0.7}, {"seed", 7}, {"return_token_ids", true}};
+  const json miss = s.post("/v1/completions", b);
+  const json hit = s.post("/v1/completions", b);
+  EXPECT_EQ(miss["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_GT(hit["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 64);
+  EXPECT_EQ(ids_of(hit["choices"][0]), ids_of(miss["choices"][0]));
+  EXPECT_GT(metric(s.metrics(), "dsa:prefix_cache_hits_total"), 0);
+}
+
+// A pool of 6 blocks of 16 tokens for 4 requests of up to 20 + 40 tokens each: they cannot
+// all grow, so the youngest are preempted and recomputed, and each still gets its solo tokens.
+TEST(Serve, PreemptionInASmallPoolGivesEveryRequestItsSoloTokens) {
+  std::vector<json> bodies;
+  for (int i = 0; i < 4; ++i)
+    bodies.push_back({{"prompt", "Preempt me " + std::to_string(i) + " please"}, {"max_tokens", 40}, {"temperature", 0.8},
+                      {"seed", 50 + i}, {"ignore_eos", true}, {"return_token_ids", true}});
+  std::vector<std::vector<int32_t>> alone;
+  {
+    TestServer big(test::tiny_model_dir());
+    for (const json& b : bodies) alone.push_back(ids_of(big.post("/v1/completions", b)["choices"][0]));
+  }
+  Options o;
+  o.block_size = 16;
+  o.cache_tokens = 6 * 16;
+  o.max_seqs = 4;
+  TestServer s(test::tiny_model_dir(), o);
+  std::vector<std::future<json>> f;
+  for (const json& b : bodies) f.push_back(std::async(std::launch::async, [&s, b] { return s.post("/v1/completions", b); }));
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(ids_of(f[i].get()["choices"][0]), alone[i]) << "request " << i;
+  EXPECT_GT(metric(s.metrics(), "dsa:num_preemptions_total"), 0);
+  EXPECT_TRUE(s.healthy());
+}
+
+TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
+  Options o;
+  o.api_key = "sekrit";
+  TestServer s(test::tiny_model_dir(), o);
+  httplib::Client c = s.client();
+  const httplib::Headers auth = {{"Authorization", "Bearer sekrit"}};
+  auto expect = [&](int status, const std::string& path, const std::string& body, const httplib::Headers& h, const std::string& what) {
+    auto r = c.Post(path, h, body, "application/json");
+    ASSERT_TRUE(r) << what;
+    EXPECT_EQ(r->status, status) << what << ": " << r->body;
+    const json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object() && e.contains("error")) << what << ": " << r->body;
+    for (const char* k : {"message", "type", "param", "code"}) EXPECT_TRUE(e["error"].contains(k)) << what << " lacks " << k;
+    EXPECT_TRUE(s.healthy()) << "after " << what;
+  };
+  const std::string ok = chat_body("hi", 2).dump();
+  expect(401, "/v1/chat/completions", ok, {}, "no API key");
+  expect(401, "/v1/chat/completions", ok, {{"Authorization", "Bearer sekrix"}}, "wrong API key");
+  expect(400, "/v1/chat/completions", "{\"messages\": [", auth, "malformed JSON");
+  expect(400, "/v1/chat/completions", R"({"messages": "hi"})", auth, "messages of the wrong type");
+  expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", auth, "temperature a string");
+  expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})", auth, "negative max_tokens");
+  expect(400, "/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", auth, "unknown role");
+  expect(400, "/v1/completions", R"({"prompt": [1, 2, 99999999]})", auth, "token id out of range");
+  expect(400, "/v1/completions", json{{"prompt", std::string(4000, 'a')}}.dump(), auth, "prompt longer than the context");
+  expect(404, "/v1/chat/completions", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})", auth, "unknown model");
+  expect(404, "/v1/nothing", "{}", auth, "unknown path");
+  expect(413, "/v1/chat/completions", std::string(64u << 20, ' '), auth, "64 MiB body");
+  auto ok_r = c.Post("/v1/chat/completions", auth, ok, "application/json");
+  ASSERT_TRUE(ok_r);
+  EXPECT_EQ(ok_r->status, 200);
+  auto h = httplib::Client("127.0.0.1", s.port()).Get("/health");  // no key needed
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+// One running, one waiting, and the queue holds one: the next request is refused with 429.
+TEST(Serve, AFullQueueIs429) {
+  Options o;
+  o.max_seqs = 1;
+  o.max_queue = 1;
+  o.ctx = 1100;
+  TestServer s(test::tiny_model_dir(), o);
+  const json slow = {{"prompt", "long one"}, {"max_tokens", 1000}, {"ignore_eos", true}};
+  auto post = [&] { return s.client().Post("/v1/completions", slow.dump(), "application/json"); };
+  auto until = [&](const char* name, double v) {
+    for (int i = 0; i < 1000 && metric(s.metrics(), name) != v; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return metric(s.metrics(), name) == v;
+  };
+  auto a = std::async(std::launch::async, post);
+  ASSERT_TRUE(until("dsa:num_requests_running", 1));
+  auto b = std::async(std::launch::async, post);
+  ASSERT_TRUE(until("dsa:num_requests_waiting", 1));
+  auto r = s.client().Post("/v1/completions", slow.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429);
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "rate_limit_error");
+  EXPECT_TRUE(s.healthy());
+  EXPECT_EQ(a.get()->status, 200);
+  EXPECT_EQ(b.get()->status, 200);
+}
+
+// A client that goes away mid-stream: its request is cancelled (counted as "abort") and
+// its blocks freed, while the server keeps serving.
+TEST(Serve, ADisconnectMidStreamCancelsTheRequest) {
+  TestServer s(test::tiny_model_dir());
+  {
+    httplib::Client c = s.client();
+    int chunks = 0;
+    const json b = {{"prompt", "stream and leave"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}};
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = b.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };  // false: hang up
+    httplib::Response res;
+    httplib::Error err;
+    c.send(req, res, err);
+    EXPECT_GE(chunks, 3);
+  }
+  double aborted = -1;
+  for (int i = 0; i < 100; ++i) {
+    const std::string m = s.metrics();
+    aborted = metric(m, "dsa:request_success_total{model_name=\"m\",finished_reason=\"abort\"}");
+    if (aborted >= 1 && metric(m, "dsa:num_requests_running") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(aborted, 1);
+  EXPECT_EQ(metric(s.metrics(), "dsa:cache_blocks_used"), 0);
+  EXPECT_TRUE(s.healthy());
+}
+
+TEST(Serve, ModelsTokenizeDetokenizeAndMetrics) {
+  TestServer s(test::tiny_model_dir());
+  auto models = s.client().Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "m");
+  const json t = s.post("/tokenize", {{"prompt", "hello world"}});
+  ASSERT_GT(t["count"].get<int>(), 0);
+  const json d = s.post("/detokenize", {{"tokens", t["tokens"]}});
+  EXPECT_NE(d["prompt"].get<std::string>().find("hello world"), std::string::npos);
+  // A chat's prompt through /tokenize is the prompt the chat request runs.
+  const json tc = s.post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hello"}}}}});
+  const json r = s.post("/v1/chat/completions", chat_body("Hello", 1));
+  EXPECT_EQ(r["usage"]["prompt_tokens"], tc["count"]);
+  const std::string m = s.metrics();
+  for (const char* name : {"dsa:num_requests_running", "dsa:num_requests_waiting", "dsa:prompt_tokens_total", "dsa:generation_tokens_total",
+                           "dsa:cache_blocks_used", "dsa:cache_blocks_free", "dsa:kv_cache_usage_perc", "dsa:prefix_cache_queries_total",
+                           "dsa:prefix_cache_hits_total", "dsa:num_preemptions_total", "dsa:spec_decode_num_draft_tokens_total",
+                           "dsa:time_to_first_token_seconds_count", "dsa:time_per_output_token_seconds_count",
+                           "dsa:e2e_request_latency_seconds_count", "dsa:request_queue_time_seconds_count"})
+    EXPECT_GE(metric(m, name), 0) << name;
+  EXPECT_GE(metric(m, "dsa:generation_tokens_total"), 1);
+}
+
+// Tools offered and a tool result sent back: the request's prompt is the chat encoding of
+// the conversation with the tools (checked through /tokenize against the encoder's string).
+TEST(Serve, ToolsAndToolResultsAreEncodedAsTheModelExpects) {
+  Options o;
+  o.ctx = 4096;
+  o.max_seqs = 2;
+  TestServer s(test::tiny_model_dir(), o);
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+  const json msgs = json::parse(R"([{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}])");
+  const json r = s.post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(r["object"], "chat.completion");
+  const json tk = s.post("/tokenize", {{"messages", msgs}, {"tools", tools}});
+  EXPECT_EQ(r["usage"]["prompt_tokens"], tk["count"]);
+  const json none = s.post("/tokenize", {{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}});
+  EXPECT_LT(none["count"].get<int>(), tk["count"].get<int>()) << "tool_choice none offers no tools";
+  s.post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}},
+         400);
+}
+
+// The reply parser on the model's own markup: thinking into reasoning_content, DSML into
+// tool calls whose arguments stream in pieces, nothing of the markup in content.
+TEST(Serve, ReplyStreamSplitsThinkingAndToolCalls) {
+  const std::string text =
+      "Need the weather.</think>Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Paris, France</｜DSML｜parameter>\n"
+      "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+  server::ReplyStream r(Family::DeepseekV32, true, "x");
+  std::string reasoning, content, args;
+  int arg_pieces = 0;
+  for (size_t i = 0; i < text.size(); i += 3) {
+    server::ReplyDelta d;
+    r.feed(std::string_view(text).substr(i, 3), d);
+    reasoning += d.reasoning;
+    content += d.content;
+    for (const auto& c : d.calls) {
+      args += c.arguments;
+      arg_pieces += !c.arguments.empty();
+    }
+  }
+  server::ReplyDelta d;
+  r.finish(true, d);
+  for (const auto& c : d.calls) args += c.arguments;
+  EXPECT_EQ(reasoning, "Need the weather.");
+  EXPECT_EQ(content, "Let me check.");
+  ASSERT_EQ(r.tool_calls().size(), 1u);
+  EXPECT_EQ(r.tool_calls()[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls()[0].arguments, R"({"city": "Paris, France", "days": 3})");
+  EXPECT_EQ(args, r.tool_calls()[0].arguments);
+  EXPECT_GT(arg_pieces, 3) << "arguments stream as they are generated";
+  // Cut off by max_tokens inside reasoning: what came is reasoning, nothing is lost or thrown.
+  server::ReplyStream cut(Family::DeepseekV32, true, "y");
+  server::ReplyDelta d2;
+  cut.feed("half a thou", d2);
+  cut.finish(false, d2);
+  EXPECT_EQ(cut.reasoning(), "half a thou");
+  // GLM-5 markup.
+  server::ReplyStream g(Family::GlmMoeDsa, true, "z");
+  server::ReplyDelta d3;
+  g.feed("hmm</think>ok<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>", d3);
+  g.finish(true, d3);
+  EXPECT_EQ(g.reasoning(), "hmm");
+  EXPECT_EQ(g.content(), "ok");
+  ASSERT_EQ(g.tool_calls().size(), 1u);
+  EXPECT_EQ(g.tool_calls()[0].arguments, R"({"city": "Paris"})");
+}
+
+// SIGTERM: stop admitting, let the running request finish, exit 0.
+TEST(Serve, SigtermDrainsAndExitsZero) {
+  const std::string log = test::scratch("serve_log");
+  const std::string cmd = "exec " + test::dsa_binary() + " serve --model " + test::tiny_model_dir() + " --port 0 --ctx 512 2>" + log;
+  pid_t pid = 0;
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  ASSERT_EQ(::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ), 0);
+  int port = 0;
+  for (int i = 0; i < 400 && !port; ++i) {
+    std::ifstream in(log);
+    const std::string s((std::istreambuf_iterator<char>(in)), {});
+    std::smatch m;
+    if (std::regex_search(s, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) port = std::stoi(m[1].str());
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(port, 0);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  auto running = std::async(std::launch::async, [&] {
+    return c.Post("/v1/completions", json{{"prompt", "drain me"}, {"max_tokens", 64}, {"ignore_eos", true}}.dump(), "application/json");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(pid, SIGTERM);
+  auto r = running.get();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 64);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  // After the drain nothing is accepted any more.
+  EXPECT_FALSE(httplib::Client("127.0.0.1", port).Get("/health"));
+}
+
+}  // namespace

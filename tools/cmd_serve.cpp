@@ -1,0 +1,117 @@
+// `dsa serve`: an OpenAI-compatible HTTP server over the batched engine (continuous
+// batching, chunked prefill, prefix caching, preemption). SIGINT / SIGTERM stop admitting,
+// let running requests finish for --drain-timeout seconds, cancel the rest and exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "cli_util.h"
+#include "command.h"
+#include "runtime/scheduler.h"
+#include "server/server.h"
+
+namespace {
+
+struct Args {
+  std::string model, name, host = "127.0.0.1", api_key, kv_cache = "fp8", max_body = "8M";
+  int port = 8080, ctx = 4096, max_seqs = 16, max_batch_tokens = 512, max_queue = 256, max_tokens = 0, max_n = 8;
+  int http_threads = 0;
+  double drain_timeout = 30;
+  dsa::cli::CacheFlags cache;
+};
+
+void serve(Args& a) {
+  using namespace dsa;
+  // Signals are taken by one waiting thread: block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  auto model = Model::load(a.model, /*load_mtp=*/false, /*verbose=*/true);
+  const ModelConfig& c = model->config;
+  std::optional<Tokenizer> tok;
+  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json")) tok.emplace(Tokenizer::from_dir(a.model));
+  else std::fprintf(stderr, "no tokenizer.json: serving token ids only (/v1/completions with id prompts)\n");
+
+  EngineOptions eo;
+  eo.cache = cli::parse_cache_type(a.kv_cache);
+  eo.max_ctx = c.max_position_embeddings > 0 ? std::min(a.ctx, c.max_position_embeddings) : a.ctx;
+  eo.max_seqs = a.max_seqs;
+  eo.max_step_tokens = std::max(a.max_batch_tokens, a.max_seqs);
+  a.cache.apply(eo);
+  Engine engine(*model, eo);
+  std::fprintf(stderr, "%s\n", engine.capacity().describe().c_str());
+
+  server::Metrics metrics;
+  SchedulerOptions so;
+  so.max_seqs = a.max_seqs;
+  so.max_batch_tokens = eo.max_step_tokens;
+  so.prefill_chunk = eo.max_step_tokens;
+  so.max_waiting = a.max_queue;
+  Scheduler sched(engine, tok ? &*tok : nullptr, so, [&](const Request& r, const GenerateResult& res) { metrics.record(r, res); });
+
+  server::ModelInfo info;
+  info.name = a.name.empty() ? std::filesystem::path(a.model).lexically_normal().filename().string() : a.name;
+  if (info.name.empty()) info.name = std::filesystem::path(a.model).lexically_normal().parent_path().filename().string();
+  info.family = c.family;
+  info.vocab_size = c.vocab_size;
+  info.tok = tok ? &*tok : nullptr;
+  server::ServerOptions o;
+  o.host = a.host;
+  o.port = a.port;
+  o.api_key = a.api_key;
+  o.max_body = size_t(cli::parse_bytes(a.max_body, "--max-body"));
+  o.http_threads = a.http_threads > 0 ? a.http_threads : a.max_seqs + a.max_queue + 8;
+  o.limits.max_ctx = eo.max_ctx;
+  o.limits.max_tokens = a.max_tokens > 0 ? a.max_tokens : eo.max_ctx;
+  o.limits.max_n = a.max_n;
+  server::Server srv(sched, metrics, info, o);
+  const int port = srv.bind();
+  std::fprintf(stderr, "serving '%s' on http://%s:%d (OpenAI API under /v1, chat page at /)\n", info.name.c_str(), a.host.c_str(), port);
+  std::fflush(stderr);
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    std::fprintf(stderr, "signal %d: draining (up to %.0f s)\n", sig, a.drain_timeout);
+    srv.drain_and_stop(a.drain_timeout);
+  });
+  srv.run();
+  // run() also returns when listening fails: wake the waiter so it can end.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  std::fprintf(stderr, "stopped\n");
+}
+
+void setup_serve(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API (continuous batching)");
+  cmd->add_option("--model", a->model, "Model directory (config.json, safetensors, tokenizer.json)")->required();
+  cmd->add_option("--served-model-name", a->name, "The model id clients send (default: the directory's name)");
+  cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->port, "Port to listen on; 0 picks a free one (printed)")->capture_default_str()->check(dsa::cli::int_in(0, 65535));
+  cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' (not for /health)");
+  cmd->add_option("--ctx", a->ctx, "Context per request: prompt + completion tokens")->capture_default_str()->check(dsa::cli::int_in(2, dsa::cli::kMaxTokens));
+  cmd->add_option("--max-seqs", a->max_seqs, "Requests running together")->capture_default_str()->check(dsa::cli::int_in(1, 1024));
+  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Tokens per step (decodes + prefill chunks)")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 16));
+  cmd->add_option("--max-queue", a->max_queue, "Requests waiting; more get 429")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 16));
+  cmd->add_option("--max-tokens", a->max_tokens, "Largest max_tokens a request may ask (default: the context)")->check(dsa::cli::int_in(1, dsa::cli::kMaxTokens));
+  cmd->add_option("--max-n", a->max_n, "Largest n (choices) per request")->capture_default_str()->check(dsa::cli::int_in(1, 128));
+  cmd->add_option("--max-body", a->max_body, "Largest request body (K/M/G); larger get 413")->capture_default_str();
+  cmd->add_option("--http-threads", a->http_threads, "HTTP worker threads (default: max-seqs + max-queue + 8)")->check(dsa::cli::int_in(1, 4096));
+  cmd->add_option("--drain-timeout", a->drain_timeout, "Seconds running requests may take to finish after SIGINT/SIGTERM")
+      ->capture_default_str()
+      ->check(dsa::cli::finite_in(0, 86400));
+  cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();
+  a->cache.add(cmd);
+  cmd->callback([a] { serve(*a); });
+}
+
+}  // namespace
+
+DSA_COMMAND(14, setup_serve);
