@@ -1,0 +1,71 @@
+// The official `openai` npm client against `dsa serve`: a streaming chat, a tool-call
+// exchange and a completion, end to end. Greedy output must equal `dsa run`'s.
+import OpenAI from 'openai';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { startServer, dsaArg } from './serve_fixture.mjs';
+
+const dsa = dsaArg();
+const srv = await startServer(dsa, ['--api-key', 'test-key']);
+let failed = false;
+try {
+  const client = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'test-key' });
+  const models = await client.models.list();
+  const model = models.data[0].id;
+
+  // Streaming chat: the deltas add up to the non-streamed reply, which is `dsa run --chat`'s.
+  const messages = [{ role: 'user', content: 'Say something about foxes' }];
+  const whole = await client.chat.completions.create({ model, messages, max_tokens: 20, temperature: 0 });
+  const run = execFileSync(dsa, ['run', '--model', srv.model, '--chat', '--greedy', '-n', '20', '-p', messages[0].content],
+    { stdio: ['ignore', 'pipe', 'ignore'] }).toString();
+  assert.equal(whole.choices[0].message.content + '\n', run);
+  const stream = await client.chat.completions.create({ model, messages, max_tokens: 20, temperature: 0, stream: true,
+    stream_options: { include_usage: true } });
+  let text = '', role = null, finish = null, usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    const c = chunk.choices[0];
+    if (!c) continue;
+    if (c.delta.role) role = c.delta.role;
+    if (c.delta.content) text += c.delta.content;
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(role, 'assistant');
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(finish, whole.choices[0].finish_reason);
+  assert.equal(usage.completion_tokens, 20);
+
+  // A tool-call exchange: tools offered, the assistant's call and the tool's result sent back.
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Current weather',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const exchange = [
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+      function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: 'sunny, 21 C' },
+  ];
+  const after = await client.chat.completions.create({ model, messages: exchange, tools, max_tokens: 8, temperature: 0 });
+  assert.equal(after.object, 'chat.completion');
+  assert.ok(['stop', 'length', 'tool_calls'].includes(after.choices[0].finish_reason));
+  await assert.rejects(client.chat.completions.create({ model, messages: exchange, tools,
+    tool_choice: { type: 'function', function: { name: 'missing' } } }), (e) => e.status === 400);
+
+  // A completion: greedy text equals `dsa run -p`.
+  const prompt = 'Once upon a time';
+  const comp = await client.completions.create({ model, prompt, max_tokens: 16, temperature: 0 });
+  const runp = execFileSync(dsa, ['run', '--model', srv.model, '--greedy', '-n', '16', '-p', prompt],
+    { stdio: ['ignore', 'pipe', 'ignore'] }).toString();
+  assert.equal(comp.choices[0].text + '\n', runp);
+
+  // A wrong key is refused with the API's error.
+  const bad = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(bad.models.list(), (e) => e.status === 401);
+  console.log('openai client: streaming chat, tool exchange, completion: ok');
+} catch (e) {
+  failed = true;
+  console.error(e);
+} finally {
+  const code = await srv.stop();
+  if (code !== 0) { console.error('dsa serve exited with ' + code + ' after SIGTERM'); failed = true; }
+}
+process.exit(failed ? 1 : 0);
