@@ -1,11 +1,9 @@
 #pragma once
-// Many prompts through one engine: up to `parallel` sequences step together, each decode
-// step carrying one token of every decoding sequence and, token budget permitting, the next
-// prefill chunk of those still prefilling (chunked prefill, as vLLM and SGLang schedule).
-// A prompt is admitted when the pool has room for all of it and its new tokens, so a
-// running sequence never meets an exhausted pool. Steps are batch-invariant and a prefix
-// taken from the cache gives what computing it would, so each prompt's tokens are those it
-// gets alone with the same sampling seed.
+// Many prompts through one engine: all of them queued with a Scheduler (runtime/scheduler.h),
+// which steps up to `parallel` of them together (continuous batching, chunked prefill,
+// preemption when the pool runs short). Steps are batch-invariant and a prefix taken from
+// the cache gives what computing it would, so each prompt's tokens are those it gets alone
+// with the same sampling seed.
 #include <cstddef>
 #include <functional>
 #include <vector>

@@ -66,9 +66,8 @@ Scheduler::~Scheduler() { stop(); }
 bool Scheduler::submit(std::shared_ptr<Request> r) {
   const int max_ctx = engine_.options().max_ctx;
   if (r->prompt.empty()) throw Error("the prompt is empty");
-  if (int64_t(r->prompt.size()) >= max_ctx)
-    throw Error("the prompt has " + std::to_string(r->prompt.size()) + " tokens; the context size is " + std::to_string(max_ctx) +
-                " (prompt + at least one generated token)");
+  if (int64_t(r->prompt.size()) > max_ctx)
+    throw Error("the prompt has " + std::to_string(r->prompt.size()) + " tokens; the context size is " + std::to_string(max_ctx));
   for (int32_t id : r->prompt)
     if (id < 0 || id >= engine_.model().config.vocab_size)
       throw Error("token id " + std::to_string(id) + " out of range [0, " + std::to_string(engine_.model().config.vocab_size) + ")");

@@ -105,7 +105,8 @@ public:
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request; false when the queue is full or the scheduler is stopping. Throws
-  // dsa::Error for a request that can never run (empty or over-long prompt).
+  // dsa::Error for a request that can never run (empty prompt, longer than the context, ids
+  // out of range).
   bool submit(std::shared_ptr<Request> r);
   // Cancels every request, running or queued, and stops the engine thread.
   void stop();
