@@ -288,7 +288,7 @@ bool Scheduler::advance(Live& l) {
   return l.comp->emit(id, engine_.length(l.seq) >= engine_.options().max_ctx);
 }
 
-TokenOut Scheduler::token_out(const Live& l, int32_t id, const float* logits) const {
+TokenOut Scheduler::token_out(const Live& l, int32_t id, const float* logits) {
   TokenOut t;
   t.id = id;
   const int k = l.req->logprobs;
@@ -301,7 +301,8 @@ TokenOut Scheduler::token_out(const Live& l, int32_t id, const float* logits) co
   const float lse = mx + float(std::log(sum));
   t.logprob = logits[id] - lse;
   if (k > 0) {
-    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::vector<int32_t>& idx = order_;  // sized once, on the first request that asks
+    idx.resize(static_cast<size_t>(V));
     std::iota(idx.begin(), idx.end(), 0);
     const int kk = std::min(k, V);
     std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),

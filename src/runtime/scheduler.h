@@ -142,6 +142,7 @@ private:
   std::deque<Live> waiting_;  // admitted order; preempted requests go back to the front
   std::vector<Live> running_;
   std::vector<StepItem> items_;
+  std::vector<int32_t> order_;  // token ids by logit, for top log-probabilities
   uint64_t next_order_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, steps_ = 0;
   std::thread thread_;
@@ -158,7 +159,7 @@ private:
   void end(Live& l, std::string error = {});
   void fail_step(const std::string& error);
   void publish_stats();
-  TokenOut token_out(const Live& l, int32_t id, const float* logits) const;
+  TokenOut token_out(const Live& l, int32_t id, const float* logits);
 };
 
 }  // namespace dsa
