@@ -4,9 +4,11 @@
 // that needs one FAILS naming the folder when it is absent or holds fewer cases than its
 // README lists: a suite that checked nothing must not pass.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -106,6 +108,22 @@ class Scratch {
 };
 
 inline std::string scratch(const std::string& name) { return Scratch::path(name); }
+
+// Runs `cmd` with the shell: its exit code and its stdout (redirect stderr in `cmd` to keep it).
+struct ShellResult {
+  int code = -1;
+  std::string out;
+};
+inline ShellResult shell(const std::string& cmd) {
+  ShellResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
 
 inline ::testing::AssertionResult fixture_present(const std::string& path) {
   if (exists(path)) return ::testing::AssertionSuccess();

@@ -3,7 +3,6 @@
 // "dsa:" prefix instead of "vllm:"), so dashboards built for vLLM need only the prefix
 // changed: request counts, tokens, cache blocks, prefix-cache lookups, preemptions,
 // speculative drafts, and latency histograms.
-#include <array>
 #include <map>
 #include <mutex>
 #include <string>

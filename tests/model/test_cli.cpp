@@ -15,21 +15,8 @@ using namespace dsa;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result sh(const std::string& cmd) {
-  Result r{-1, ""};
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Result = test::ShellResult;
+Result sh(const std::string& cmd) { return test::shell(cmd + " 2>&1"); }
 
 std::string tmp(const std::string& name) { return test::scratch(name); }
 

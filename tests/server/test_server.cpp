@@ -26,20 +26,8 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Sh {
-  int code;
-  std::string out;
-};
-Sh sh(const std::string& cmd) {
-  Sh r{-1, ""};
-  FILE* p = ::popen((cmd + " 2>/dev/null").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using Sh = test::ShellResult;
+Sh sh(const std::string& cmd) { return test::shell(cmd + " 2>/dev/null"); }
 
 struct Options {
   int max_seqs = 16, max_queue = 64, ctx = 512, block_size = 64, batch_tokens = 256;
