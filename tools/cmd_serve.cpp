@@ -53,7 +53,7 @@ void serve(Args& a) {
   so.max_batch_tokens = eo.max_step_tokens;
   so.prefill_chunk = eo.max_step_tokens;
   so.max_waiting = a.max_queue;
-  Scheduler sched(engine, tok ? &*tok : nullptr, so, [&](const Request& r, const GenerateResult& res) { metrics.record(r, res); });
+  Scheduler sched(engine, tok ? &*tok : nullptr, so, [&](const Request& r, const GenerateResult& res, const std::string&) { metrics.record(r, res); });
 
   server::ModelInfo info;
   info.name = a.name.empty() ? std::filesystem::path(a.model).lexically_normal().filename().string() : a.name;
@@ -81,9 +81,14 @@ void serve(Args& a) {
     std::fprintf(stderr, "signal %d: draining (up to %.0f s)\n", sig, a.drain_timeout);
     srv.drain_and_stop(a.drain_timeout);
   });
-  srv.run();
-  // run() also returns when listening fails: wake the waiter so it can end.
-  pthread_kill(waiter.native_handle(), SIGTERM);
+  std::thread http([&] {
+    srv.run();
+    sched.stop();  // also when listening fails
+  });
+  sched.run();  // the engine on this thread, whose OpenMP pool loaded the model
+  srv.stop();
+  http.join();
+  pthread_kill(waiter.native_handle(), SIGTERM);  // wakes it if no signal came
   waiter.join();
   std::fprintf(stderr, "stopped\n");
 }

@@ -1,7 +1,10 @@
 #include "runtime/parallel.h"
 
 #include <algorithm>
+#include <exception>
 #include <memory>
+#include <optional>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "runtime/scheduler.h"
@@ -22,23 +25,41 @@ void generate_parallel(Engine& e, const Tokenizer* tok, const std::vector<std::v
   so.max_seqs = std::min(o.parallel > 0 ? o.parallel : int(prompts.size()), eo.max_seqs);
   so.prefill_chunk = std::min(o.prefill_chunk, eo.max_step_tokens);
   so.max_waiting = int(prompts.size());
-  Scheduler sched(e, tok, so);
+
+  // Results in input order, each as soon as it and every earlier one are done; the first
+  // failure stops the run and is thrown once the scheduler is out of it.
+  std::unordered_map<const Request*, size_t> index;
+  std::vector<std::optional<GenerateResult>> done(prompts.size());
+  size_t next_out = 0;
+  std::exception_ptr failure;
+  Scheduler* self = nullptr;
+  Scheduler sched(e, tok, so, [&](const Request& r, const GenerateResult& res, const std::string& error) {
+    if (failure) return;
+    try {
+      if (!error.empty()) throw Error(error);
+      done[index.at(&r)] = res;
+      for (; next_out < done.size() && done[next_out]; ++next_out) {
+        on_result(next_out, *done[next_out]);
+        done[next_out].reset();
+      }
+    } catch (...) {
+      failure = std::current_exception();
+      self->stop();
+    }
+  });
+  self = &sched;
   std::vector<std::shared_ptr<Request>> reqs;
   for (const std::vector<int32_t>& p : prompts) {
     auto r = std::make_shared<Request>();
     r->prompt = p;
     r->gen = g;
+    r->stream = false;
+    index[r.get()] = reqs.size();
     DSA_CHECK(sched.submit(r), "generate: the queue holds every prompt");
     reqs.push_back(std::move(r));
   }
-  // Results in input order, each as soon as it and every earlier one are done.
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    Request::Output out;
-    while (!reqs[i]->take(out, std::chrono::seconds(1)) || !out.done) {
-    }
-    if (!out.error.empty()) throw Error(out.error);
-    on_result(i, out.result);
-  }
+  sched.run(/*until_idle=*/true);  // on this thread: the one whose OpenMP pool runs the model
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace dsa

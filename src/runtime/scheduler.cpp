@@ -27,14 +27,14 @@ void Request::push_text(std::string_view s) {
   std::lock_guard lk(mu_);
   out_.text.append(s);
   news_ = true;
-  cv_.notify_all();
+  if (stream) cv_.notify_all();
 }
 
 void Request::push_token(TokenOut t) {
   std::lock_guard lk(mu_);
   out_.tokens.push_back(std::move(t));
   news_ = true;
-  cv_.notify_all();
+  if (stream) cv_.notify_all();
 }
 
 void Request::finish(GenerateResult r, std::string error) {
@@ -47,7 +47,7 @@ void Request::finish(GenerateResult r, std::string error) {
 }
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer* tok, const SchedulerOptions& opt,
-                     std::function<void(const Request&, const GenerateResult&)> on_finish)
+                     std::function<void(const Request&, const GenerateResult&, const std::string&)> on_finish)
     : engine_(engine), tok_(tok), opt_(opt), on_finish_(std::move(on_finish)), banned_(undecodable_ids(engine.model(), tok)) {
   const EngineOptions& eo = engine.options();
   opt_.max_seqs = std::min(opt_.max_seqs > 0 ? opt_.max_seqs : eo.max_seqs, eo.max_seqs);
@@ -58,10 +58,9 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer* tok, const SchedulerOption
                 std::to_string(opt_.max_seqs) + " sequences");
   running_.reserve(size_t(opt_.max_seqs));
   items_.reserve(size_t(opt_.max_seqs));
-  thread_ = std::thread([this] { loop(); });
 }
 
-Scheduler::~Scheduler() { stop(); }
+Scheduler::~Scheduler() { cancel_all(); }
 
 bool Scheduler::submit(std::shared_ptr<Request> r) {
   const int max_ctx = engine_.options().max_ctx;
@@ -80,12 +79,9 @@ bool Scheduler::submit(std::shared_ptr<Request> r) {
 }
 
 void Scheduler::stop() {
-  {
-    std::lock_guard lk(mu_);
-    stopping_ = true;
-    cv_.notify_all();
-  }
-  if (thread_.joinable()) thread_.join();
+  std::lock_guard lk(mu_);
+  stopping_ = true;
+  cv_.notify_all();
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -100,8 +96,9 @@ bool Scheduler::idle() const {
   return inbox_.empty() && stats_.running == 0 && stats_.waiting == 0;
 }
 
-void Scheduler::loop() {
-  while (take_inbox(running_.empty() && waiting_.empty())) {
+void Scheduler::run(bool until_idle) {
+  while (take_inbox(running_.empty() && waiting_.empty() && !until_idle)) {
+    if (until_idle && running_.empty() && waiting_.empty()) return;
     drop_cancelled();
     admit();
     if (!running_.empty() && plan_step()) {
@@ -115,7 +112,11 @@ void Scheduler::loop() {
     }
     publish_stats();
   }
-  // Stopping: everything still here is cancelled.
+  cancel_all();
+}
+
+// Everything still here ends as cancelled.
+void Scheduler::cancel_all() {
   take_inbox(false);
   for (Live& l : running_) end(l, "the server is shutting down");
   for (Live& l : waiting_) end(l, "the server is shutting down");
@@ -326,7 +327,7 @@ void Scheduler::end(Live& l, std::string error) {
   if (l.req->scheduled != Clock::time_point{}) r.decode_s = seconds(l.req->scheduled, l.req->finished) - r.prefill_s;
   if (l.seq >= 0) engine_.release(l.seq);
   l.seq = -1;
-  if (on_finish_) on_finish_(*l.req, r);
+  if (on_finish_) on_finish_(*l.req, r, error);
   l.req->finish(std::move(r), std::move(error));
 }
 

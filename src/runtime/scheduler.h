@@ -1,7 +1,9 @@
 #pragma once
 // Scheduler: continuous batching of many requests on one Engine, run by one thread (the
-// engine thread) that owns the model; other threads only submit requests and read their
-// output. Each step carries one token of every decoding request and, while the step's
+// engine thread, the one calling run()) that owns the model; other threads only submit
+// requests and read their output. Run it on the thread that loaded the model: OpenMP keeps
+// one worker pool per thread that starts parallel regions, and two pools on the machine's
+// cores make libgomp stop spinning at barriers (slower steps). Each step carries one token of every decoding request and, while the step's
 // token budget lasts, prefill chunks of the others (chunked prefill, as vLLM and SGLang
 // schedule): a new request joins the running batch at the next step. Admission is first
 // come, first served, up to max_seqs running. When the cache pool cannot hold the next
@@ -21,7 +23,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -53,6 +54,9 @@ public:
   std::vector<int32_t> prompt;
   GenerateOptions gen;
   int logprobs = -1;  // -1: none; k >= 0: each token's log-probability and the k most likely
+  // false: a waiting take() wakes only when the request ends, not for every token (a
+  // waiter woken per token takes a core from the engine's threads in the middle of a step).
+  bool stream = true;
 
   // Asks the engine thread to stop the request (its blocks go back at the next step).
   void cancel() { cancelled_.store(true); }
@@ -97,10 +101,10 @@ struct SchedulerStats {
 class Scheduler {
 public:
   // `tok` may be null (ids only). `on_finish` runs on the engine thread for every request
-  // that ends, with its result (metrics).
+  // that ends, with its result and error ("" when none): metrics, results in order.
   Scheduler(Engine& engine, const Tokenizer* tok, const SchedulerOptions& opt,
-            std::function<void(const Request&, const GenerateResult&)> on_finish = {});
-  ~Scheduler();  // stops the engine thread, cancelling what still runs
+            std::function<void(const Request&, const GenerateResult&, const std::string&)> on_finish = {});
+  ~Scheduler();  // cancels what was never run
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
@@ -108,7 +112,10 @@ public:
   // dsa::Error for a request that can never run (empty prompt, longer than the context, ids
   // out of range).
   bool submit(std::shared_ptr<Request> r);
-  // Cancels every request, running or queued, and stops the engine thread.
+  // The engine loop, on the calling thread: until stop(), or with `until_idle` until nothing
+  // is running or queued.
+  void run(bool until_idle = false);
+  // Makes run() cancel every request, running or queued, and return (any thread).
   void stop();
   SchedulerStats stats() const;
   bool idle() const;  // nothing running or queued
@@ -129,7 +136,7 @@ private:
   Engine& engine_;
   const Tokenizer* tok_;
   SchedulerOptions opt_;
-  std::function<void(const Request&, const GenerateResult&)> on_finish_;
+  std::function<void(const Request&, const GenerateResult&, const std::string&)> on_finish_;
   std::vector<int32_t> banned_;
 
   mutable std::mutex mu_;
@@ -145,10 +152,8 @@ private:
   std::vector<int32_t> order_;  // token ids by logit, for top log-probabilities
   uint64_t next_order_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, steps_ = 0;
-  std::thread thread_;
-
-  void loop();
   bool take_inbox(bool block);
+  void cancel_all();
   void drop_cancelled();
   void admit();
   int blocks_needed(const Live& l, int n) const;

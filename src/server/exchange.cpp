@@ -25,6 +25,7 @@ Exchange::Exchange(const Job& job, const ModelInfo& model, const std::string& id
       // Choices of one request differ by seed; a given seed gives choice 0 that seed.
       c.req->gen.sampling.seed = job.gen.sampling.seed + uint64_t(k);
       c.req->logprobs = job.logprobs;
+      c.req->stream = job.stream;
       if (job.chat) c.reply = std::make_unique<ReplyStream>(model.family, job.thinking, id + "_" + std::to_string(c.index));
       choices_.push_back(std::move(c));
     }

@@ -54,7 +54,8 @@ public:
     so.max_seqs = o.max_seqs;
     so.max_waiting = o.max_queue;
     so.prefill_chunk = 64;  // several chunks per prompt
-    sched_.emplace(*engine_, tok_ ? &*tok_ : nullptr, so, [this](const Request& r, const GenerateResult& res) { metrics_.record(r, res); });
+    sched_.emplace(*engine_, tok_ ? &*tok_ : nullptr, so, [this](const Request& r, const GenerateResult& res, const std::string&) { metrics_.record(r, res); });
+    engine_thread_ = std::thread([this] { sched_->run(); });
     server::ModelInfo mi{"m", model_->config.family, model_->config.vocab_size, tok_ ? &*tok_ : nullptr};
     server::ServerOptions so2;
     so2.port = 0;
@@ -70,6 +71,7 @@ public:
     srv_->stop();
     thread_.join();
     sched_->stop();
+    engine_thread_.join();
   }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port_);
@@ -122,7 +124,7 @@ private:
   std::optional<Scheduler> sched_;
   std::optional<server::Server> srv_;
   int port_ = 0;
-  std::thread thread_;
+  std::thread thread_, engine_thread_;
 };
 
 double metric(const std::string& text, const std::string& name) {
