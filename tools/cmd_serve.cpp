@@ -10,6 +10,7 @@
 
 #include "cli_util.h"
 #include "command.h"
+#include "gen_cli.h"
 #include "runtime/scheduler.h"
 #include "server/server.h"
 
@@ -20,6 +21,7 @@ struct Args {
   int port = 8080, ctx = 4096, max_seqs = 16, max_batch_tokens = 512, max_queue = 256, max_tokens = 0, max_n = 8;
   int http_threads = 0;
   double drain_timeout = 30;
+  bool mtp = false;
   dsa::cli::CacheFlags cache;
 };
 
@@ -32,7 +34,7 @@ void serve(Args& a) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  auto model = Model::load(a.model, /*load_mtp=*/false, /*verbose=*/true);
+  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/true);
   const ModelConfig& c = model->config;
   std::optional<Tokenizer> tok;
   if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json")) tok.emplace(Tokenizer::from_dir(a.model));
@@ -42,7 +44,8 @@ void serve(Args& a) {
   eo.cache = cli::parse_cache_type(a.kv_cache);
   eo.max_ctx = c.max_position_embeddings > 0 ? std::min(a.ctx, c.max_position_embeddings) : a.ctx;
   eo.max_seqs = a.max_seqs;
-  eo.max_step_tokens = std::max(a.max_batch_tokens, a.max_seqs);
+  eo.max_step_tokens = std::max(a.max_batch_tokens, a.max_seqs * (a.mtp ? 2 : 1));  // a verify step carries two tokens
+  eo.mtp = a.mtp;
   a.cache.apply(eo);
   Engine engine(*model, eo);
   std::fprintf(stderr, "%s\n", engine.capacity().describe().c_str());
@@ -53,6 +56,7 @@ void serve(Args& a) {
   so.max_batch_tokens = eo.max_step_tokens;
   so.prefill_chunk = eo.max_step_tokens;
   so.max_waiting = a.max_queue;
+  so.mtp = a.mtp;
   Scheduler sched(engine, tok ? &*tok : nullptr, so, [&](const Request& r, const GenerateResult& res, const std::string&) { metrics.record(r, res); });
 
   server::ModelInfo info;
@@ -113,6 +117,7 @@ void setup_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(dsa::cli::finite_in(0, 86400));
   cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();
+  cmd->add_flag("--mtp", a->mtp, dsa::cli::kMtpHelp);
   a->cache.add(cmd);
   cmd->callback([a] { serve(*a); });
 }

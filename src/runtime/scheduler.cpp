@@ -53,11 +53,15 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer* tok, const SchedulerOption
   opt_.max_seqs = std::min(opt_.max_seqs > 0 ? opt_.max_seqs : eo.max_seqs, eo.max_seqs);
   opt_.max_batch_tokens = std::min(opt_.max_batch_tokens > 0 ? opt_.max_batch_tokens : eo.max_step_tokens, eo.max_step_tokens);
   if (opt_.prefill_chunk < 1) throw Error("scheduler: the prefill chunk must be positive");
-  if (opt_.max_batch_tokens < opt_.max_seqs)
-    throw Error("scheduler: a step of " + std::to_string(opt_.max_batch_tokens) + " tokens cannot carry one token of each of " +
-                std::to_string(opt_.max_seqs) + " sequences");
+  const int per_seq = opt_.mtp ? 2 : 1;  // a verify step carries two tokens
+  if (opt_.max_batch_tokens < per_seq * opt_.max_seqs)
+    throw Error("scheduler: a step of " + std::to_string(opt_.max_batch_tokens) + " tokens cannot carry " + std::to_string(per_seq) +
+                " token(s) of each of " + std::to_string(opt_.max_seqs) + " sequences");
+  if (opt_.mtp && !eo.mtp) throw Error("scheduler: MTP needs an engine that holds the MTP layer's caches");
   running_.reserve(size_t(opt_.max_seqs));
   items_.reserve(size_t(opt_.max_seqs));
+  mtp_items_.reserve(size_t(opt_.max_seqs));
+  mtp_lives_.reserve(size_t(opt_.max_seqs));
 }
 
 Scheduler::~Scheduler() { cancel_all(); }
@@ -103,9 +107,11 @@ void Scheduler::run(bool until_idle) {
     admit();
     if (!running_.empty() && plan_step()) {
       try {
+        draft();
         engine_.step(items_);
         ++steps_;
         after_step();
+        mtp_prefill();
       } catch (const std::exception& e) {
         fail_step(e.what());
       }
@@ -170,6 +176,12 @@ void Scheduler::admit() {
     if (fresh) {
       w.feed = w.req->prompt;
       w.prompt_n = int(w.feed.size());
+      w.mtp = opt_.mtp;
+      if (w.mtp) {
+        w.h.resize(2 * size_t(engine_.model().config.hidden_size));
+        w.hist.reserve(size_t(engine_.options().max_ctx) + 2);
+        w.hist = w.req->prompt;
+      }
     }
     const int need = blocks_for(int64_t(w.feed.size()) + 1, bs);
     if (!running_.empty() && engine_.pool().free_blocks() - promised < need) return;
@@ -186,7 +198,7 @@ void Scheduler::admit() {
       w.req->scheduled = Clock::now();
       prompt_tokens_ += int64_t(w.req->prompt.size());
     }
-    w.seq = engine_.add(w.feed);
+    w.seq = engine_.add(w.feed, w.mtp);
     if (fresh) w.comp->result().reused_tokens = engine_.reused_tokens(w.seq);
     w.order = next_order_++;
     promised += need;
@@ -211,21 +223,29 @@ bool Scheduler::plan_step() {
     int budget = opt_.max_batch_tokens, need = 0;
     for (Live& l : running_) {
       l.step_n = 0;
+      l.verify = false;
       if (l.next < 0 || engine_.length(l.seq) < int(l.feed.size())) continue;
+      // With MTP, the token and a draft (unverified) while the context has room for both;
+      // a request that cannot verify two goes on one token at a time.
+      if (l.mtp && engine_.length(l.seq) + 2 > engine_.options().max_ctx) l.mtp = false;
+      l.verify = l.mtp;
+      const int n = l.verify ? 2 : 1;
+      l.pair[0] = l.next;
       l.item = int(items_.size());
-      l.step_n = 1;
-      items_.push_back(StepItem{l.seq, &l.next, 1, true, 1, 0});
-      need += blocks_needed(l, 1);
-      --budget;
+      l.step_n = n;
+      items_.push_back(StepItem{l.seq, l.verify ? l.pair : &l.next, n, true, n, l.verify ? 1 : 0});
+      need += blocks_needed(l, n);
+      budget -= n;
     }
     for (Live& l : running_) {
       const int len = engine_.length(l.seq);
-      if (len >= int(l.feed.size()) || budget == 0) continue;
+      if (len >= int(l.feed.size()) || budget <= 0) continue;
       const bool prefill = len < l.prompt_n;
       const int n = std::min({budget, prefill ? std::min(opt_.prefill_chunk, l.prompt_n - len) : int(l.feed.size()) - len});
       const bool last = len + n == int(l.feed.size()) && l.next < 0;
       l.item = int(items_.size());
       l.step_n = n;
+      l.step_pos = len;
       items_.push_back(StepItem{l.seq, l.feed.data() + len, n, !prefill, last ? 1 : 0, 0});
       need += blocks_needed(l, n);
       budget -= n;
@@ -248,6 +268,8 @@ void Scheduler::preempt_youngest() {
   running_.erase(y);
   engine_.release(l.seq);
   l.seq = -1;
+  l.mtp = false;  // the MTP cache is not rebuilt: it goes on without drafts
+  l.h_n = 0;
   // Its cache to rebuild: the prompt, then every generated token but the last (sampled, to be fed).
   const std::vector<int32_t>& gen = l.comp->result().tokens;
   l.feed.assign(l.req->prompt.begin(), l.req->prompt.end());
@@ -281,12 +303,79 @@ bool Scheduler::advance(Live& l) {
     ++res.decode_steps;
   }
   const float* logits = engine_.logits(l.item);
-  const int32_t id = l.comp->sampler().sample(logits);
-  if (res.tokens.empty()) l.req->first_token = Clock::now();
+  if (l.verify) return verify(l, logits);
+  return emit(l, l.comp->sampler().sample(logits), logits);
+}
+
+// A verify step's two rows, as the Generator takes them: a rejected draft leaves the
+// token the verification drew; an accepted one is kept and the token after it comes free.
+bool Scheduler::verify(Live& l, const float* logits) {
+  GenerateResult& res = l.comp->result();
+  const size_t H = size_t(engine_.model().config.hidden_size);
+  std::copy_n(engine_.hidden(l.item), 2 * H, l.h.begin());  // both wait for their next token
+  l.h_n = 2;
+  bool ok = false;
+  const int32_t t = l.comp->sampler().verify(logits, l.pair[1], true, &ok);
+  if (!ok) {
+    engine_.truncate(l.seq, engine_.length(l.seq) - 1);  // the draft's cache entry goes
+    l.h_n = 1;
+    return emit(l, t, logits);
+  }
+  ++res.accepted;
+  if (emit(l, l.pair[1], logits)) return true;
+  const float* second = logits + engine_.model().config.vocab_size;
+  return emit(l, l.comp->sampler().sample(second), second);
+}
+
+// Hands a sampled token to the request; true when the request is done.
+bool Scheduler::emit(Live& l, int32_t id, const float* logits) {
+  if (l.comp->result().tokens.empty()) l.req->first_token = Clock::now();
   l.req->push_token(token_out(l, id, logits));
   ++generation_tokens_;
   l.next = id;
+  if (l.mtp) l.hist.push_back(id);
   return l.comp->emit(id, engine_.length(l.seq) >= engine_.options().max_ctx);
+}
+
+// MTP drafts for this step's verify items: the MTP layer over each one's waiting positions
+// (their next tokens are known now, the last being the token about to be verified).
+void Scheduler::draft() {
+  mtp_items_.clear();
+  mtp_lives_.clear();
+  for (Live& l : running_) {
+    if (!l.verify) continue;
+    const int at = engine_.mtp_length(l.seq);
+    DSA_CHECK(l.h_n >= 1 && l.h_n <= 2 && at + l.h_n == engine_.length(l.seq), "MTP positions out of step with the main cache");
+    mtp_items_.push_back(MtpItem{l.seq, &l.hist[size_t(at) + 1], l.h.data(), l.h_n, true, 1});
+    mtp_lives_.push_back(&l);
+  }
+  if (mtp_items_.empty()) return;
+  engine_.step_mtp(mtp_items_);
+  for (size_t i = 0; i < mtp_lives_.size(); ++i) {
+    Live& l = *mtp_lives_[i];
+    l.pair[1] = l.comp->sampler().draft(engine_.logits(int(i)));
+    l.h_n = 0;
+    ++l.comp->result().drafted;
+  }
+}
+
+// The MTP layer over the prompt chunks this step ran, where the next token is in the
+// prompt; a prompt's last position waits for its first sampled token.
+void Scheduler::mtp_prefill() {
+  mtp_items_.clear();
+  const size_t H = size_t(engine_.model().config.hidden_size);
+  for (Live& l : running_) {
+    if (!l.mtp || l.step_n == 0 || l.verify || l.step_pos >= l.prompt_n) continue;
+    const bool last = l.step_pos + l.step_n == l.prompt_n;
+    const float* h = engine_.hidden(l.item);
+    if (last) {
+      std::copy_n(h + size_t(l.step_n - 1) * H, H, l.h.begin());
+      l.h_n = 1;
+    }
+    const int k = last ? l.step_n - 1 : l.step_n;
+    if (k > 0) mtp_items_.push_back(MtpItem{l.seq, &l.feed[size_t(l.step_pos) + 1], h, k, false, 0});
+  }
+  if (!mtp_items_.empty()) engine_.step_mtp(mtp_items_);
 }
 
 TokenOut Scheduler::token_out(const Live& l, int32_t id, const float* logits) {

@@ -35,6 +35,12 @@ struct SchedulerOptions {
   int max_batch_tokens = 0;   // tokens per step; 0: the engine's max_step_tokens
   int prefill_chunk = 512;    // longest prefill piece of one request in one step
   int max_waiting = 1024;     // queued requests; submit() refuses more
+  // Speculative decoding with the checkpoint's MTP layer for every request (the engine must
+  // hold its caches): each decode step verifies the token before it and the MTP layer's
+  // draft, so an accepted draft gives two tokens per step. Output is distributed exactly as
+  // without it (greedy: the same tokens); each request's tokens are those it gets alone with
+  // MTP. A request preempted once continues without drafts.
+  bool mtp = false;
 };
 
 // One generated token as the client sees it.
@@ -130,7 +136,15 @@ private:
     int32_t next = -1;          // sampled, not fed yet
     std::unique_ptr<Completion> comp;
     uint64_t order = 0;         // admission order: the youngest is preempted first
-    int item = -1, step_n = 0;
+    int item = -1, step_n = 0, step_pos = 0;
+    // MTP: drafting, the main model's final-normed hidden rows of the positions the MTP
+    // layer has not seen ([mtp_length, length), their next token not known when they ran),
+    // the verify pair (next, draft), and the prompt + generated ids the MTP layer reads.
+    bool mtp = false, verify = false;
+    int h_n = 0;
+    std::vector<float> h;
+    int32_t pair[2] = {-1, -1};
+    std::vector<int32_t> hist;
   };
 
   Engine& engine_;
@@ -149,6 +163,8 @@ private:
   std::deque<Live> waiting_;  // admitted order; preempted requests go back to the front
   std::vector<Live> running_;
   std::vector<StepItem> items_;
+  std::vector<MtpItem> mtp_items_;
+  std::vector<Live*> mtp_lives_;
   std::vector<int32_t> order_;  // token ids by logit, for top log-probabilities
   uint64_t next_order_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, steps_ = 0;
@@ -161,6 +177,10 @@ private:
   void preempt_youngest();
   void after_step();
   bool advance(Live& l);
+  bool verify(Live& l, const float* logits);
+  bool emit(Live& l, int32_t id, const float* logits);
+  void draft();
+  void mtp_prefill();
   void end(Live& l, std::string error = {});
   void fail_step(const std::string& error);
   void publish_stats();

@@ -33,6 +33,7 @@ struct Options {
   int max_seqs = 16, max_queue = 64, ctx = 512, block_size = 64, batch_tokens = 256;
   int64_t cache_tokens = 0;
   CacheType cache = CacheType::FP8;
+  bool mtp = false;
   std::string api_key;
 };
 
@@ -40,10 +41,11 @@ struct Options {
 class TestServer {
 public:
   TestServer(const std::string& dir, const Options& o = {}) {
-    model_ = Model::load(dir, false, false);
+    model_ = Model::load(dir, o.mtp, false);
     if (std::filesystem::exists(dir + "/tokenizer.json")) tok_.emplace(Tokenizer::from_dir(dir));
     EngineOptions eo;
     eo.cache = o.cache;
+    eo.mtp = o.mtp;
     eo.max_ctx = o.ctx;
     eo.max_seqs = o.max_seqs;
     eo.max_step_tokens = o.batch_tokens;
@@ -53,6 +55,7 @@ public:
     SchedulerOptions so;
     so.max_seqs = o.max_seqs;
     so.max_waiting = o.max_queue;
+    so.mtp = o.mtp;
     so.prefill_chunk = 64;  // several chunks per prompt
     sched_.emplace(*engine_, tok_ ? &*tok_ : nullptr, so, [this](const Request& r, const GenerateResult& res, const std::string&) { metrics_.record(r, res); });
     engine_thread_ = std::thread([this] { sched_->run(); });
@@ -195,6 +198,46 @@ TEST(Serve, GreedyCompletionIdsEqualDsaRunOnEveryGoldenModel) {
     ASSERT_EQ(run.code, 0) << name;
     EXPECT_EQ(join(ids_of(r["choices"][0])) + "\n", run.out) << name;
   }
+}
+
+// MTP speculative decoding inside the batch, on the golden models with an MTP layer: greedy
+// output is that of `dsa run` without MTP; sampled, each of 4 concurrent requests gets the
+// tokens `dsa run --mtp` gives it alone with its seed; drafts are verified and counted.
+TEST(Serve, MtpInTheBatchGivesEachRequestItsSoloTokens) {
+  int with_mtp = 0;
+  for (const auto& name : test::golden_cases()) {
+    const std::string dir = test::golden_dir() + "/" + name + "/model";
+    std::ifstream cfg(dir + "/config.json");
+    if (json::parse(cfg).value("num_nextn_predict_layers", 0) < 1) continue;
+    ++with_mtp;
+    std::ifstream in(test::golden_dir() + "/" + name + "/case.json");
+    const json c = json::parse(in);
+    std::vector<int32_t> prompt = c["ids"].get<std::vector<int32_t>>();
+    prompt.resize(size_t(c["prompt_len"].get<int>()));
+    const bool fp8 = c["kv_cache"] == "fp8";
+    Options o;
+    o.ctx = 128;
+    o.max_seqs = 4;
+    o.mtp = true;
+    o.cache = fp8 ? CacheType::FP8 : CacheType::F32;
+    TestServer s(dir, o);
+    const std::string run = test::dsa_binary() + " run --model " + dir + " --ids " + join(prompt) + " --print-ids --ignore-eos -n 16 --kv-cache " +
+                            (fp8 ? "fp8" : "f32");
+    const json g = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}});
+    EXPECT_EQ(join(ids_of(g["choices"][0])) + "\n", sh(run + " --greedy").out) << name;
+    std::vector<std::future<json>> f;
+    for (int k = 0; k < 4; ++k)
+      f.push_back(std::async(std::launch::async, [&s, &prompt, k] {
+        return s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0.8}, {"seed", 11 + k}, {"ignore_eos", true}});
+      }));
+    for (int k = 0; k < 4; ++k)
+      EXPECT_EQ(join(ids_of(f[size_t(k)].get()["choices"][0])) + "\n",
+                sh(run + " --mtp --temp 0.8 --top-k 0 --top-p 1 --min-p 0 --seed " + std::to_string(11 + k)).out)
+          << name << " seed " << 11 + k;
+    EXPECT_GT(metric(s.metrics(), "dsa:spec_decode_num_draft_tokens_total"), 0) << name;
+    EXPECT_GT(metric(s.metrics(), "dsa:spec_decode_num_accepted_tokens_total"), 0) << name;
+  }
+  EXPECT_GE(with_mtp, 1) << "no golden model with an MTP layer";
 }
 
 // Each request's seeded, sampled tokens: alone, then all 16 at once.
