@@ -104,7 +104,8 @@ void run_batch(const Args& a, const dsa::Model& m, dsa::Engine& e, const std::ve
   const StepCost d0 = plan_step(sm, sim::Phase::Decode, B, 1, a.depth);
   const double mixed_s = median(mixed);
   const double mixed_roof = std::max((d0.bytes + pc.bytes) / (bw * 1e9), (d0.flops + pc.flops) / (peak * 1e9));
-  nlohmann::json j = {{"model", a.model}, {"threads", threads}, {"batch", B}, {"depth", a.depth}, {"gen_tokens", a.gen},
+  nlohmann::json j = {{"model", a.model}, {"threads", threads}, {"isa", kernels::isa_name(kernels::isa())},
+                      {"cpu_features", kernels::cpu_features()}, {"batch", B}, {"depth", a.depth}, {"gen_tokens", a.gen},
                       {"repeat", a.repeat}, {"kv_cache", a.kv_cache},
                       {"decode_aggregate_tokens_per_s", median(tg) * B}, {"decode_per_seq_tokens_per_s", median(tg)},
                       {"decode_step_ms", step_s * 1e3}, {"decode_step_bytes", dc.bytes}, {"decode_step_flops", dc.flops},
@@ -118,7 +119,8 @@ void run_batch(const Args& a, const dsa::Model& m, dsa::Engine& e, const std::ve
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("model %s, %d threads, batch %d, depth %d, kv cache %s\n", a.model.c_str(), threads, B, a.depth, a.kv_cache.c_str());
+  std::printf("model %s, %d threads, %s kernels, batch %d, depth %d, kv cache %s\n", a.model.c_str(), threads,
+              kernels::isa_name(kernels::isa()), B, a.depth, a.kv_cache.c_str());
   std::printf("decode  %d x %d tokens: %8.1f tok/s aggregate, %.1f tok/s per sequence, %.1f ms/step\n", B, a.gen, median(tg) * B,
               median(tg), step_s * 1e3);
   std::printf("        step: %.1f MB, %.1f GFLOP; roofline %.1f ms (%s-bound: %.1f GB/s read, %.0f GFLOP/s FMA peak) = %.2f of it\n",
@@ -282,6 +284,8 @@ void run(const Args& a) {
   };
   nlohmann::json j = {{"model", a.model},
                       {"threads", threads},
+                      {"isa", kernels::isa_name(kernels::isa())},
+                      {"cpu_features", kernels::cpu_features()},
                       {"numa_nodes", numa_status().nodes},
                       {"numa_interleaved", numa_status().interleaved},
                       {"depth", a.depth},
@@ -310,7 +314,8 @@ void run(const Args& a) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("model %s, %d threads, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), threads, a.depth, a.kv_cache.c_str(),
+  std::printf("model %s, %d threads, %s kernels, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), threads,
+              kernels::isa_name(kernels::isa()), a.depth, a.kv_cache.c_str(),
               numa_status().nodes, numa_status().nodes > 1 ? "s" : "", numa_status().interleaved ? " (pages interleaved)" : "");
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);

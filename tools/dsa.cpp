@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/numa.h"
 #include "core/threads.h"
+#include "kernels/kernels.h"
 
 namespace dsa::cli {
 
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
                  max_threads);
     return 1;
   }
+  // The kernels' instruction-set tier, read now so that a bad DSA_ISA stops before any work.
+  dsa::kernels::isa();
   CLI::App app{"dsa: inference engine and deployment planner for DeepSeek Sparse Attention models\n"
                "(DeepSeek-V3.2 and GLM-5 families, Hugging Face checkpoints with fp8 block weights)"};
   app.require_subcommand(1);

@@ -7,6 +7,7 @@
 // Activations are f32 row-major. Weights are views into the mmapped checkpoint.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -61,6 +62,20 @@ namespace kernels {
 
 void set_backend(Backend b);
 Backend backend();
+
+// Instruction-set tiers of the cpu backend, chosen at run time (one binary runs on every
+// x86-64 machine): generic (portable loops), avx2 (AVX2 + FMA + F16C), avx512 (F, BW, VL,
+// DQ: the decode GEMV and the prefill GEMM in 512-bit registers, the other kernels the
+// avx2 ones). The best tier the CPU and the OS allow runs unless DSA_ISA names a lower
+// one. Each tier keeps the batch invariance of the products below; tiers differ from each
+// other only in summation order.
+enum class Isa { Generic, Avx2, Avx512 };
+const char* isa_name(Isa t);
+bool isa_supported(Isa t);
+Isa isa();
+void set_isa(Isa t);  // throws when the CPU cannot run it
+// The vector extensions CPUID reports, e.g. "avx2 fma f16c avx512f ... amx-tile".
+std::string cpu_features();
 
 // Sizes every worker thread's kernel scratch (GEMV input buffers up to max_cols columns, the
 // sparse decode's tile for n_heads heads of latent_dim = kv_lora + rope values and its

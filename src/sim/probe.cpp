@@ -90,6 +90,32 @@ __attribute__((target("avx2,fma"))) double fma_kernel_avx2(int64_t iters) {
   return double(out[0]) + out[7];
 }
 constexpr double kAvx2FlopsPerIter = 10 * 8 * 2;
+
+// The same in 512-bit registers (the avx512 tier's peak): 12 chains, as two FMA ports with
+// up to 6 cycles of latency need. GCC 12's headers trip -Wmaybe-uninitialized on AVX-512
+// intrinsics (see avx512_linear.cpp).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) double fma_kernel_avx512(int64_t iters) {
+  __m512 a0 = _mm512_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i) {
+    a0 = _mm512_fmadd_ps(a0, m, c); a1 = _mm512_fmadd_ps(a1, m, c);
+    a2 = _mm512_fmadd_ps(a2, m, c); a3 = _mm512_fmadd_ps(a3, m, c);
+    a4 = _mm512_fmadd_ps(a4, m, c); a5 = _mm512_fmadd_ps(a5, m, c);
+    a6 = _mm512_fmadd_ps(a6, m, c); a7 = _mm512_fmadd_ps(a7, m, c);
+    a8 = _mm512_fmadd_ps(a8, m, c); a9 = _mm512_fmadd_ps(a9, m, c);
+    a10 = _mm512_fmadd_ps(a10, m, c); a11 = _mm512_fmadd_ps(a11, m, c);
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                               _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+                                 _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return double(out[0]) + out[15];
+}
+#pragma GCC diagnostic pop
+constexpr double kAvx512FlopsPerIter = 12 * 16 * 2;
 #endif
 
 double fma_kernel_scalar(int64_t iters) {
@@ -129,12 +155,9 @@ double measure_read_bandwidth_gbps(int threads) {
 
 double measure_peak_gflops(int threads) {
   threads = resolve_threads(threads);
-  bool avx2 = false;
-#ifdef DSA_SIM_X86
-  __builtin_cpu_init();
-  avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-  const int64_t iters = avx2 ? 20'000'000 : 5'000'000;
+  // The FMA width of the kernels' tier: what the GEMM part of prefill is measured against.
+  const kernels::Isa tier = kernels::isa();
+  const int64_t iters = tier == kernels::Isa::Generic ? 5'000'000 : 20'000'000;
   double best = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
@@ -142,7 +165,8 @@ double measure_peak_gflops(int threads) {
 #pragma omp parallel num_threads(threads) reduction(+ : acc)
     {
 #ifdef DSA_SIM_X86
-      if (avx2) acc += fma_kernel_avx2(iters);
+      if (tier == kernels::Isa::Avx512) acc += fma_kernel_avx512(iters);
+      else if (tier == kernels::Isa::Avx2) acc += fma_kernel_avx2(iters);
       else acc += fma_kernel_scalar(iters);
 #else
       acc += fma_kernel_scalar(iters);
@@ -152,7 +176,7 @@ double measure_peak_gflops(int threads) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
 #ifdef DSA_SIM_X86
-  const double per_iter = avx2 ? kAvx2FlopsPerIter : kScalarFlopsPerIter;
+  const double per_iter = tier == kernels::Isa::Avx512 ? kAvx512FlopsPerIter : tier == kernels::Isa::Avx2 ? kAvx2FlopsPerIter : kScalarFlopsPerIter;
 #else
   const double per_iter = kScalarFlopsPerIter;
 #endif

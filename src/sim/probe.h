@@ -9,8 +9,9 @@ namespace dsa::sim {
 // buffer much larger than the last-level cache. threads <= 0 means all OpenMP threads.
 double measure_read_bandwidth_gbps(int threads = 0);
 
-// Peak fp32 FMA throughput in GFLOP/s (an FMA counts as 2 FLOPs): independent accumulator
-// chains with AVX2/FMA where the CPU has them, a scalar loop otherwise.
+// Peak fp32 FMA throughput in GFLOP/s (an FMA counts as 2 FLOPs) at the width of the
+// kernels' tier (kernels::isa()): independent accumulator chains in 512-bit registers for
+// avx512, 256-bit for avx2, a scalar loop for generic.
 double measure_peak_gflops(int threads = 0);
 
 // Total physical memory in bytes (0 if it cannot be read): core/threads.h.

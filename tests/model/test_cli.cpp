@@ -9,6 +9,7 @@
 
 #include "fixtures.h"
 #include "io/safetensors.h"
+#include "kernels/kernels.h"
 
 namespace fs = std::filesystem;
 using namespace dsa;
@@ -69,6 +70,8 @@ TEST(Cli, BenchJsonContract) {
     EXPECT_GT(j.at(f).get<double>(), 0.0) << f;
   EXPECT_EQ(j.at("depth").get<int>(), 3);
   EXPECT_GE(j.at("threads").get<int>(), 1);
+  EXPECT_EQ(j.at("isa").get<std::string>(), kernels::isa_name(kernels::isa()));
+  EXPECT_FALSE(j.at("cpu_features").get<std::string>().empty());
   const double tg = j["decode_tokens_per_s"], bytes = j["decode_bytes_per_token"], bw = j["read_bandwidth_gbps"];
   EXPECT_NEAR(j.at("decode_roofline_fraction").get<double>(), tg * bytes / (bw * 1e9), 1e-9 * tg * bytes / (bw * 1e9) + 1e-12);
   const double pp = j["prefill_tokens_per_s"], flops = j["prefill_flops_per_token"], peak = j["peak_gflops"];
@@ -93,6 +96,30 @@ TEST(Cli, BenchJsonContract) {
                            (k.contains("linear_t") ? k["linear_t"]["ms_per_token"].get<double>() : 0.0);
   EXPECT_LE(by_weight_ms, linear_ms * 1.0001 + 1e-6);
   EXPECT_GE(by_weight_ms, linear_ms * 0.8) << "products missing from the by-weight list";
+  fs::remove_all(model);
+}
+
+// DSA_ISA picks a lower tier by name (inspect and bench say which runs); a name that is not
+// a tier, or a tier this CPU lacks, is one clear error before any work.
+TEST(Cli, IsaFromTheEnvironment) {
+  const std::string model = tmp("isa_tiny");
+  ASSERT_EQ(sh(test::dsa_binary() + " make-model --preset tiny --force --out " + model).code, 0);
+  const auto best = sh(test::dsa_binary() + " inspect --model " + model);
+  ASSERT_EQ(best.code, 0);
+  EXPECT_NE(best.out.find(std::string("kernels:      ") + kernels::isa_name(kernels::isa()) + " tier"), std::string::npos) << best.out;
+  const auto generic = sh("DSA_ISA=generic " + test::dsa_binary() + " inspect --model " + model);
+  ASSERT_EQ(generic.code, 0);
+  EXPECT_NE(generic.out.find("kernels:      generic tier"), std::string::npos) << generic.out;
+  const auto bad = sh("DSA_ISA=sse9 " + test::dsa_binary() + " inspect --model " + model);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("DSA_ISA=sse9: expected generic, avx2 or avx512"), std::string::npos) << bad.out;
+  EXPECT_EQ(bad.out.find("family:"), std::string::npos) << "work done despite the bad tier";
+  for (kernels::Isa t : {kernels::Isa::Avx2, kernels::Isa::Avx512}) {
+    if (kernels::isa_supported(t)) continue;
+    const auto r = sh(std::string("DSA_ISA=") + kernels::isa_name(t) + " " + test::dsa_binary() + " inspect --model " + model);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("this CPU cannot run the"), std::string::npos) << r.out;
+  }
   fs::remove_all(model);
 }
 

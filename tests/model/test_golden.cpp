@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/teacher_forcing.h"
+#include "tiers.h"
 
 namespace fs = std::filesystem;
 using namespace dsa;
@@ -138,6 +139,15 @@ TEST(Golden, OptimizedKernels) { check_every_case(Backend::Cpu, false); }
 TEST(Golden, OptimizedKernelsWithInternals) { check_every_case(Backend::Cpu, true); }
 TEST(Golden, NaiveKernels) { check_every_case(Backend::Ref, false); }
 TEST(Golden, NaiveKernelsWithInternals) { check_every_case(Backend::Ref, true); }
+
+// Every case on every instruction-set tier (OptimizedKernels above runs the best one).
+class GoldenTier : public ::testing::TestWithParam<test::Tier> {
+ protected:
+  void SetUp() override { DSA_ENTER_TIER(GetParam()); }
+  void TearDown() override { test::leave_tier(); }
+};
+TEST_P(GoldenTier, EveryCase) { check_every_case(Backend::Cpu, false); }
+INSTANTIATE_TEST_SUITE_P(Tiers, GoldenTier, ::testing::ValuesIn(test::kTiers), test::tier_name);
 
 // Logits of every row of the v32-fp8-sparse-kvexact prompt with the given cache, the
 // prompt in one prefill step (split = 0) or split at `split` into two steps.

@@ -1,5 +1,6 @@
 // Each optimized CPU kernel against its naive twin, on odd shapes, ragged fp8 edge
-// blocks, every weight dtype and every cache layout.
+// blocks, every weight dtype and every cache layout, on every instruction-set tier
+// (tiers.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,10 +10,21 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
+#include "tiers.h"
 
 using namespace dsa;
 
+using test::Tier;
+using test::kTiers;
+using test::leave_tier;
+
 namespace {
+
+class KernelTwins : public ::testing::TestWithParam<Tier> {
+ protected:
+  void SetUp() override { DSA_ENTER_TIER(GetParam()); }
+  void TearDown() override { leave_tier(); }
+};
 
 struct OwnedLinear {
   std::vector<uint8_t> data;
@@ -66,10 +78,21 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   return err / std::max(mx, 1e-30);
 }
 
-class LinearTwin : public ::testing::TestWithParam<std::tuple<DType, int, int, int>> {};
+class LinearTwin : public ::testing::TestWithParam<std::tuple<Tier, int, int, int>> {
+ protected:
+  void SetUp() override { DSA_ENTER_TIER(std::get<0>(GetParam())); }
+  void TearDown() override { leave_tier(); }
+};
+
+std::string linear_case_name(const ::testing::TestParamInfo<std::tuple<Tier, int, int, int>>& i) {
+  return std::string(std::get<0>(i.param).name) + "_" + std::to_string(std::get<1>(i.param)) + "x" +
+         std::to_string(std::get<2>(i.param)) + "_n" + std::to_string(std::get<3>(i.param));
+}
 
 TEST_P(LinearTwin, CpuMatchesRef) {
-  const auto [dt, rows, cols, n] = GetParam();
+  const auto [tier, rows, cols, n] = GetParam();
+  for (DType dt : {DType::F8_E4M3, DType::BF16, DType::F16, DType::F32}) {
+  SCOPED_TRACE(dtype_name(dt));
   const auto w = make_linear(dt, rows, cols, 7);
   const auto x = randv(size_t(n) * size_t(cols), 3);
   std::vector<float> a(size_t(n) * size_t(rows)), b(a.size());
@@ -88,9 +111,10 @@ TEST_P(LinearTwin, CpuMatchesRef) {
   kernels::cpu::linear_t(w.l, xt.data(), n, e.data(), r0, nr);
   kernels::ref::linear_t(w.l, xt.data(), n, f.data(), r0, nr);
   EXPECT_LE(max_rel(e, f), 2e-6);
+  }
 }
 
-TEST(KernelTwins, Fp8WithOtherBlockSizes) {
+TEST_P(KernelTwins, Fp8WithOtherBlockSizes) {
   // Checkpoints may use blocks other than 128x128: scales must follow the block grid in
   // every path (GEMV, GEMM panels, the transposed direction).
   for (auto [br, bc] : {std::pair{64, 64}, std::pair{32, 96}, std::pair{128, 48}}) {
@@ -115,7 +139,7 @@ TEST(KernelTwins, Fp8WithOtherBlockSizes) {
   }
 }
 
-TEST(KernelTwins, LinearMulti) {
+TEST_P(KernelTwins, LinearMulti) {
   // Jobs of 1, 2 and 3 tokens (a speculative step's experts); a has more rows than one
   // 64 KB block of the multi-token path, so blocks and the thread split both show.
   const auto a = make_linear(DType::F8_E4M3, 300, 256, 1), b = make_linear(DType::BF16, 37, 200, 2), c = make_linear(DType::F8_E4M3, 5, 517, 3);
@@ -138,7 +162,7 @@ TEST(KernelTwins, LinearMulti) {
 // bitwise what it gets alone, whatever n (token groups, row blocks, the thread split), with
 // rows that are not a multiple of four, ragged columns and a call through linear_multi;
 // and they agree with the naive product.
-TEST(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
+TEST_P(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
   for (DType dt : {DType::F8_E4M3, DType::BF16}) {
     for (const auto& [rows, cols] : {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
@@ -163,7 +187,7 @@ TEST(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
   }
 }
 
-TEST(KernelTwins, PerHeadSlices) {
+TEST_P(KernelTwins, PerHeadSlices) {
   // kv_b-like: 5 heads of [nope | v 20] rows over 256 columns, fp8 with ragged blocks; nope
   // 24 is whole groups of eight rows, 27 and 45 leave single rows, 45 reaches the prefetch.
   for (DType dt : {DType::F8_E4M3, DType::BF16, DType::F32})
@@ -184,11 +208,11 @@ TEST(KernelTwins, PerHeadSlices) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
-                         ::testing::Combine(::testing::Values(DType::F8_E4M3, DType::BF16, DType::F16, DType::F32),
-                                            ::testing::Values(1, 144, 300), ::testing::Values(128, 200, 517),
-                                            ::testing::Values(1, 2, 3, 17)));
+                         ::testing::Combine(::testing::ValuesIn(kTiers), ::testing::Values(1, 144, 300), ::testing::Values(128, 200, 517),
+                                            ::testing::Values(1, 2, 3, 17)),
+                         linear_case_name);
 
-TEST(KernelTwins, IndexerScores) {
+TEST_P(KernelTwins, IndexerScores) {
   // 1 head (one padded lane group), 16 (a pair), 24 (a pair and an odd group), 64; key counts
   // that leave partial blocks.
   for (int heads : {1, 16, 24, 64})
@@ -208,7 +232,7 @@ TEST(KernelTwins, IndexerScores) {
     }
 }
 
-TEST(KernelTwins, CausalPrefillHeadMatchesRefAndTheSparseForm) {
+TEST_P(KernelTwins, CausalPrefillHeadMatchesRefAndTheSparseForm) {
   const int heads = 3, nope = 32, rope = 16, vd = 32, qk = nope + rope;
   for (int pos0 : {0, 3, 70})
     for (int nq : {1, 5, 16, 37}) {
@@ -237,7 +261,7 @@ TEST(KernelTwins, CausalPrefillHeadMatchesRefAndTheSparseForm) {
     }
 }
 
-TEST(KernelTwins, TopkWithTiesGoesToLowerIndex) {
+TEST_P(KernelTwins, TopkWithTiesGoesToLowerIndex) {
   std::mt19937 rng(1);
   for (int n : {1, 5, 64, 1000, 5000})
     for (int k : {1, 3, 64, 2048}) {
@@ -274,10 +298,19 @@ TEST(KernelTwins, TopkWithTiesGoesToLowerIndex) {
   EXPECT_EQ(two, (std::vector<int32_t>{1, 4}));  // 2.0, then -0 (ties with +0, lower position)
 }
 
-class CacheTwin : public ::testing::TestWithParam<CacheType> {};
+class CacheTwin : public ::testing::TestWithParam<std::tuple<Tier, CacheType>> {
+ protected:
+  void SetUp() override { DSA_ENTER_TIER(std::get<0>(GetParam())); }
+  void TearDown() override { leave_tier(); }
+};
+
+std::string cache_case_name(const ::testing::TestParamInfo<std::tuple<Tier, CacheType>>& i) {
+  static const char* kNames[] = {"f32", "bf16", "fp8", "fp8_656"};
+  return std::string(std::get<0>(i.param).name) + "_" + kNames[int(std::get<1>(i.param))];
+}
 
 TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
-  const CacheType type = GetParam();
+  const CacheType type = std::get<1>(GetParam());
   const int L = 160, R = 16, heads = 16, ctx = 300, nope = 24, vd = 20;
   MlaCacheView c;
   c.type = type;
@@ -351,7 +384,10 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, CacheTwin, ::testing::Values(CacheType::F32, CacheType::BF16, CacheType::FP8, CacheType::FP8_656));
+INSTANTIATE_TEST_SUITE_P(Layouts, CacheTwin,
+                         ::testing::Combine(::testing::ValuesIn(kTiers),
+                                            ::testing::Values(CacheType::F32, CacheType::BF16, CacheType::FP8, CacheType::FP8_656)),
+                         cache_case_name);
 
 // One-hot by construction: key t's latent (and value) is the unit vector e_t, and head h's
 // query is aligned with key 3 + 4h at a large scale, so the result is e_{3+4h} when that key
@@ -389,7 +425,7 @@ void expect_one_hot_rows(const std::vector<float>& o, int width, bool with_align
   }
 }
 
-TEST(KernelTwins, SparseDecodeReadsOnlySelectedKeys) {
+TEST_P(KernelTwins, SparseDecodeReadsOnlySelectedKeys) {
   const int L = 128, R = 8;
   for (const CacheType type : {CacheType::F32, CacheType::BF16, CacheType::FP8}) {
     MlaCacheView c;
@@ -416,7 +452,7 @@ TEST(KernelTwins, SparseDecodeReadsOnlySelectedKeys) {
   }
 }
 
-TEST(KernelTwins, SparsePrefillReadsOnlySelectedKeys) {
+TEST_P(KernelTwins, SparsePrefillReadsOnlySelectedKeys) {
   // kv [token, heads * (nope + v)], per head [k_nope | v]; v_dim 64 covers the 64-column
   // blocks of the SIMD path, and nope = v_dim keeps the one-hot key and value aligned.
   const int nope = 64, R = 8, V = 64, W = nope + V;
@@ -438,7 +474,7 @@ TEST(KernelTwins, SparsePrefillReadsOnlySelectedKeys) {
     }
 }
 
-TEST(KernelTwins, ElementwiseAndHadamard) {
+TEST_P(KernelTwins, ElementwiseAndHadamard) {
   const auto x = randv(3 * 300, 31), g = randv(300, 32);
   std::vector<uint8_t> wb(600);
   for (int i = 0; i < 300; ++i) { const uint16_t h = f32_to_bf16(g[size_t(i)]); std::memcpy(&wb[size_t(2 * i)], &h, 2); }
@@ -460,5 +496,7 @@ TEST(KernelTwins, ElementwiseAndHadamard) {
   kernels::hadamard128(h4.data(), 1);
   EXPECT_LE(max_rel(h4, h3), 1e-6);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelTwins, ::testing::ValuesIn(kTiers), test::tier_name);
 
 }  // namespace

@@ -1,6 +1,7 @@
 #pragma once
-// Optimized CPU kernels: AVX2 + FMA + F16C inner loops (chosen at run time, with a
-// portable path when the CPU lacks them) and OpenMP threads. Same signatures and
+// Optimized CPU kernels: AVX2 + FMA + F16C inner loops, AVX-512 ones for the matrix
+// products (the tier chosen at run time, kernels.h; portable loops for the generic tier)
+// and OpenMP threads. Same signatures and
 // semantics as kernels/ref; tests/kernels compares every one against its twin.
 #include "kernels/kernels.h"
 
@@ -29,6 +30,31 @@ void reserve_gemv_scratch(int max_cols);
 void reserve_decode_scratch(int n_heads, int latent_dim, int kv_lora, int max_selected);
 
 int num_threads();
-bool has_avx2_fma();
+bool use_avx2();  // the tier in use has the AVX2 kernels (every tier but generic)
+
+// The kernels the avx512 tier runs in place of the avx2 ones; everything else in the tier
+// is the avx2 code. One table per build of avx512_linear.cpp: the native one, and in the
+// tests the same source built on an emulation of the intrinsics, so that the tier's logic is
+// checked on machines without AVX-512 too.
+struct Avx512Kernels {
+  // The decode-role product (linear_decode's contract) of rows [r0, r1) for n tokens of an
+  // fp8 (128-column blocks a multiple of 64 wide run vectorized) or bf16 weight: x [n,
+  // cols], y [n, ldy] (row r at y[r - base]); xbuf holds min(n, kTokBuf) x cols floats.
+  void (*gemv_rows)(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1, float* xbuf);
+  // The prefill GEMM's micro-kernel over two adjacent 16-row panels (pk0, pk1, k-major
+  // [kc][16]; nr0, nr1 of their rows valid) for n tokens packed in blocks of six (the avx2
+  // layout): y [n, ldy] columns 0..nr0 from pk0 and 16..16+nr1 from pk1, added to y when
+  // accumulate. Each output sums k in order: bitwise the avx2 GEMM.
+  void (*gemm_panels2)(const float* pk0, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr0, int nr1,
+                       bool accumulate);
+};
+constexpr int kTokBuf = 24;  // tokens whose inputs a GEMV call prepares at once
+const Avx512Kernels& avx512_native();
+// The table the avx512 tier uses: the native one, or the one a test installs with
+// emulate_avx512, which also puts the tier in use without asking the CPU (nullptr: back to
+// the native table and the best tier).
+const Avx512Kernels& avx512_kernels();
+void emulate_avx512(const Avx512Kernels* k);
+void force_isa(Isa t);  // set_isa without the CPU check (emulate_avx512 only)
 
 }  // namespace dsa::kernels::cpu

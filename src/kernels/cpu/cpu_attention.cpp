@@ -136,7 +136,7 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
 }  // namespace
 
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out) {
-  bool fast = has_avx2_fma() && n_heads <= 64;
+  bool fast = use_avx2() && n_heads <= 64;
   for (int h = 0; h < n_heads && fast; ++h) fast = std::fabs(w[h]) < 0x1p60f;  // w * 2^56 stays finite
   if (!fast) {
     ref::indexer_scores(q8, w, n_heads, keys, n_keys, out);
@@ -611,7 +611,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
 
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat) {
-  if (!has_avx2_fma() || n_heads % 4 != 0 || n_heads > 256 || c.kv_lora % 16 != 0 || c.kv_lora + c.rope > 2048 || n_idx <= 0) {
+  if (!use_avx2() || n_heads % 4 != 0 || n_heads > 256 || c.kv_lora % 16 != 0 || c.kv_lora + c.rope > 2048 || n_idx <= 0) {
     ref::mla_sparse_decode(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
     return;
   }
@@ -712,7 +712,7 @@ __attribute__((target("avx2,fma"))) void mha_head_avx2(const float* qh, const fl
 
 void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
                         int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
-  if (!has_avx2_fma() || nope % 8 != 0 || rope % 8 != 0 || v_dim % 8 != 0 || n_idx <= 0) {
+  if (!use_avx2() || nope % 8 != 0 || rope % 8 != 0 || v_dim % 8 != 0 || n_idx <= 0) {
     ref::mha_sparse_prefill(q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
     return;
   }
@@ -790,7 +790,7 @@ __attribute__((target("avx2,fma,f16c"))) void causal_block_avx2(const float* q, 
 
 void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
                              int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride) {
-  if (!has_avx2_fma() || v_dim % 16 != 0 || n_q <= 0 || pos0 < 0) {
+  if (!use_avx2() || v_dim % 16 != 0 || n_q <= 0 || pos0 < 0) {
     ref::mha_causal_prefill_head(q, q_stride, n_q, pos0, kv, k_rope, n_heads, head, nope, rope, v_dim, scale, out, out_stride);
     return;
   }

@@ -76,7 +76,7 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const 
 }  // namespace
 
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) {
-  const bool avx = has_avx2_fma() && (w.dtype == DType::F32 || w.dtype == DType::BF16);
+  const bool avx = use_avx2() && (w.dtype == DType::F32 || w.dtype == DType::BF16);
   auto row = [&](int i) {
     const float* xi = x + size_t(i) * size_t(dim);
     float* yi = y + size_t(i) * size_t(dim);
@@ -88,7 +88,7 @@ void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) 
 }
 
 void silu_mul(const float* gate, const float* up, size_t n, float* out) {
-  if (!has_avx2_fma()) return ref::silu_mul(gate, up, n, out);
+  if (!use_avx2()) return ref::silu_mul(gate, up, n, out);
   if (!parallel_worth(int64_t(n))) return silu_mul_avx2(gate, up, 0, n, out);
 #pragma omp parallel
   {

@@ -4,7 +4,6 @@
 // (sign << 8, exponent+mantissa << 7) gives the same value scaled by 2^-8 (the exponent
 // bias is 15 instead of 7), subnormals included, and F16C converts 8 halves per
 // instruction. The 2^8 is folded into the per-block scale, applied once per 128 columns.
-#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -20,12 +19,15 @@
 
 namespace dsa::kernels::cpu {
 
-bool has_avx2_fma() {
-  // F16C is read from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports rejects "f16c".
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
-  return ok;
+bool use_avx2() { return isa() != Isa::Generic; }
+
+namespace {
+const Avx512Kernels* g_avx512 = nullptr;  // nullptr: the native table
+}  // namespace
+const Avx512Kernels& avx512_kernels() { return g_avx512 ? *g_avx512 : avx512_native(); }
+void emulate_avx512(const Avx512Kernels* k) {
+  g_avx512 = k;
+  force_isa(k ? Isa::Avx512 : (isa_supported(Isa::Avx512) ? Isa::Avx512 : isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Generic));
 }
 
 int num_threads() { return omp_get_max_threads(); }
@@ -251,13 +253,6 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
   if (r < r1) gemv_bf16_tokens_avx2<1>(w, x, xd, y, 0, base, r, r1);  // leftover rows, the same per-row order
 }
 
-// One token through rows [r0, r1) of an fp8 or bf16 weight, x prepared per thread in the
-// lane order of the kernel (y[r - base] receives row r).
-__attribute__((target("avx2,fma"))) inline void gemv_avx2(const Linear& w, const float* x, float* y, int base, int r0, int r1) {
-  if (w.dtype == DType::F8_E4M3) gemv_fp8_avx2(w, x, prescale_x(x, w.cols), y, base, r0, r1);
-  else gemv_bf16_avx2(w, x, deinterleave_x(x, w.cols), y, base, r0, r1);
-}
-
 // NT tokens against each row as it streams by (a speculative verify step): every weight
 // vector is loaded and widened once and used for all NT tokens, so the step reads the
 // weights once and pays the fp8 widening once. One row at a time keeps NT x 2
@@ -387,7 +382,7 @@ __attribute__((target("avx2,fma"))) void gemv_prepared_avx2(const Linear& w, con
 // once and from cache by the later groups, and the inputs of up to kTokPrepared tokens are
 // put in the kernels' lane order once for all row blocks. Every kernel sums a row the same
 // way (the one-token order), so the grouping changes no output bit.
-constexpr int kTokGroup = 3, kRowBlock = 64, kTokPrepared = 24;
+constexpr int kTokGroup = 3, kRowBlock = 64, kTokPrepared = kTokBuf;
 __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const float* x, int n, float* y, size_t ldy, int base,
                                                          int r0, int r1) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
@@ -413,6 +408,16 @@ __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const
         g += k;
       }
     }
+  }
+}
+
+// The decode-role product of rows [r0, r1) in the tier's kernels.
+void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1) {
+  if (isa() == Isa::Avx512) {
+    float* xb = x_buffer(w.dtype == DType::F8_E4M3 ? t_xscaled : t_xdeint, size_t(std::min(n, kTokBuf)) * size_t(w.cols));
+    avx512_kernels().gemv_rows(w, x, n, y, ldy, base, r0, r1, xb);
+  } else {
+    gemv_tokens_avx2(w, x, n, y, ldy, base, r0, r1);
   }
 }
 
@@ -605,10 +610,31 @@ void gemm_panel_scalar(const float* pk, int kc, const float* xp, int n, float* y
   }
 }
 
-// Each thread's dequantized weight panel, k-major [kKc][kNr] (128 KB, stays in L2).
+// Each thread's dequantized weight panels, k-major [kKc][kNr] (128 KB each, in L2): one
+// for the avx2 micro-kernel, two adjacent ones for the avx512 one.
 float* panel_scratch() {
-  alignas(32) static thread_local float pk[kKc * kNr];
+  alignas(64) static thread_local float pk[2 * kKc * kNr];
   return pk;
+}
+
+// Output rows [16 u, 16 u + 16) of the GEMM's chunk (k0, kc) on the avx2 micro-kernel, or
+// [32 u, 32 u + 32) on the avx512 one (the last unit one panel when the count is odd): same
+// sums either way.
+int gemm_units(int n_panels, bool pairs) { return pairs ? (n_panels + 1) / 2 : n_panels; }
+void gemm_unit(const Linear& w, int row0, int nrows, int u, bool pairs, int k0, int kc, const float* xp, int n, float* y,
+               float* pk, bool avx) {
+  const int p = pairs ? 2 * u : u, r0 = p * kNr, nr = std::min(kNr, nrows - r0);
+  pack_panel(w, row0 + r0, nr, k0, kc, pk, avx);
+  if (pairs && r0 + kNr < nrows) {
+    float* pk1 = pk + size_t(kKc) * kNr;
+    const int nr1 = std::min(kNr, nrows - r0 - kNr);
+    pack_panel(w, row0 + r0 + kNr, nr1, k0, kc, pk1, avx);
+    avx512_kernels().gemm_panels2(pk, pk1, kc, xp, n, y + r0, nrows, nr, nr1, k0 > 0);
+  } else if (avx) {
+    gemm_panel_avx2(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
+  } else {
+    gemm_panel_scalar(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
+  }
 }
 
 }  // namespace
@@ -616,7 +642,7 @@ float* panel_scratch() {
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   if (nrows < 0) nrows = w.rows - row0;
   if (n <= 0 || nrows <= 0) return;
-  const bool avx = has_avx2_fma();
+  const bool avx = use_avx2();
   // Inside a caller's parallel loop (one MoE expert per thread in prefill) the call runs on
   // its own thread: no nested region, per-thread scratch only.
   const bool nested = omp_get_level() > 0;  // any enclosing region, active or not
@@ -625,18 +651,13 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   static thread_local std::vector<float> xpack;  // grows to the largest prefill chunk, then stays
   if (xpack.size() < size_t(n) * size_t(std::min(kKc, w.cols))) xpack.resize(size_t(n) * size_t(std::min(kKc, w.cols)));
   float* xp = xpack.data();  // a plain pointer: inside the region the name would be each thread's own
-  const int n_panels = (nrows + kNr - 1) / kNr;
-  auto panel = [&](int p, int k0, int kc, float* pk) {
-    const int r0 = p * kNr, nr = std::min(kNr, nrows - r0);
-    pack_panel(w, row0 + r0, nr, k0, kc, pk, avx);
-    if (avx) gemm_panel_avx2(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
-    else gemm_panel_scalar(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
-  };
+  const bool pairs = isa() == Isa::Avx512;
+  const int units = gemm_units((nrows + kNr - 1) / kNr, pairs);
   for (int k0 = 0; k0 < w.cols; k0 += kKc) {
     const int kc = std::min(kKc, w.cols - k0);
     if (nested) {
       pack_x(x, n, w.cols, k0, kc, xp);
-      for (int p = 0; p < n_panels; ++p) panel(p, k0, kc, panel_scratch());
+      for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, xp, n, y, panel_scratch(), avx);
       continue;
     }
 #pragma omp parallel
@@ -646,7 +667,7 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
       for (int i0 = 0; i0 < n; i0 += kMr) pack_x_block(x, n, w.cols, k0, kc, xp, i0);
       float* pk = panel_scratch();
 #pragma omp for schedule(dynamic, 1)
-      for (int p = 0; p < n_panels; ++p) panel(p, k0, kc, pk);
+      for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, xp, n, y, pk, avx);
     }
   }
 }
@@ -656,7 +677,7 @@ void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, i
   if (n <= 0 || nrows <= 0) return;
   // f32 / f16 weights (and machines without AVX2) have no GEMV: the GEMM's order is
   // batch-invariant too.
-  if (!has_avx2_fma() || (w.dtype != DType::F8_E4M3 && w.dtype != DType::BF16)) {
+  if (!use_avx2() || (w.dtype != DType::F8_E4M3 && w.dtype != DType::BF16)) {
     linear(w, x, n, y, row0, nrows);
     return;
   }
@@ -664,7 +685,7 @@ void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, i
   // enough rows per thread that the fork is worth it.
   auto rows = [&](int t, int T) {
     const int rb = (nrows / 4 * t / T) * 4, re = t == T - 1 ? nrows : (nrows / 4 * (t + 1) / T) * 4;
-    gemv_tokens_avx2(w, x, n, y, size_t(nrows), row0, row0 + rb, row0 + re);
+    gemv_rows(w, x, n, y, size_t(nrows), row0, row0 + rb, row0 + re);
   };
   const int nt = omp_get_level() > 0 ? 1 : std::min(omp_get_max_threads(), std::max(1, nrows / 64));
   if (nt == 1) {
@@ -691,7 +712,7 @@ void pack_panel_t(const Linear& w, int row0, int k0, int kc, int c0, int nc, flo
 
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   // y[i, :] = Σ_r x[i, r] W[row0 + r, :].
-  const bool avx = has_avx2_fma();
+  const bool avx = use_avx2();
   // The form depends on the weight's shape only, never on n (batch invariance, kernels.h).
   if (w.cols % kNr == 0 && (w.dtype != DType::F8_E4M3 || w.block_cols % kNr == 0)) {
     // The packed GEMM with K = nrows (the absorbed path of a prefill chunk).
@@ -817,7 +838,7 @@ void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, 
 
 void linear_multi(const LinearJob* jobs, int n_jobs) {
   DSA_CHECK(n_jobs <= kMaxLinearJobs, "linear_multi: more than 64 jobs");
-  bool fast = has_avx2_fma();
+  bool fast = use_avx2();
   for (int j = 0; j < n_jobs; ++j) DSA_CHECK(jobs[j].n >= 1, "linear_multi: a job without tokens");
   int64_t total = 0;
   int64_t start[65];
@@ -845,13 +866,13 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
       if (a >= b) continue;
       const Linear& w = *jobs[j].w;
       const int r0 = int(a - start[j]) * 4, r1 = std::min(w.rows, int(b - start[j]) * 4);
-      gemv_tokens_avx2(w, jobs[j].x, jobs[j].n, jobs[j].y, size_t(w.rows), 0, r0, r1);
+      gemv_rows(w, jobs[j].x, jobs[j].n, jobs[j].y, size_t(w.rows), 0, r0, r1);
     }
   }
 }
 
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
-  const bool avx = has_avx2_fma();
+  const bool avx = use_avx2();
   DSA_CHECK(w.dtype != DType::F8_E4M3 || w.block_cols <= 512, "weight block wider than 512 columns");
   // One parallel region for all heads instead of one per head; inside a caller's parallel
   // loop (one query per thread) the heads run on its thread.
@@ -867,13 +888,13 @@ void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, 
 }
 
 void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
-  const bool avx = has_avx2_fma();
+  const bool avx = use_avx2();
   const bool fast = avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16);
   auto head = [&](int h) {
     const int r0 = h * head_stride + row0;
     float* yh = y + size_t(h) * size_t(y_stride);
     const float* xh = x + size_t(h) * size_t(w.cols);
-    if (fast) gemv_avx2(w, xh, yh, r0, r0, r0 + nrows);
+    if (fast) gemv_rows(w, xh, 1, yh, 0, r0, r0, r0 + nrows);
     else
       for (int r = 0; r < nrows; ++r) {
         float acc = 0;

@@ -1,5 +1,5 @@
 #pragma once
-// Small AVX2 helpers shared by the CPU kernels (callers check has_avx2_fma() first).
+// Small AVX2 helpers shared by the CPU kernels (callers check use_avx2() first).
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,0 +1,350 @@
+// The avx512 tier's matrix products: the decode GEMV (fp8 and bf16, one to many tokens) and
+// the prefill GEMM's micro-kernel, in 512-bit registers. The numerics are the avx2 kernels'
+// (cpu_linear.cpp): weights placed exactly as f32 bits, f32 FMAs; only the GEMV's lane split
+// differs (64 weights per fp8 load instead of 32), and the GEMM sums every output in the
+// same k order, so its results are bitwise the avx2 GEMM's.
+//
+// Built twice: natively (this file's functions carry the AVX-512 target, the rest of the
+// binary does not), and for the tests with DSA_AVX512_EMULATED on an emulation of the
+// intrinsics, so that the tier is checked on machines without AVX-512.
+#include <algorithm>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "kernels/cpu/cpu.h"
+
+#ifdef DSA_AVX512_EMULATED
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#define DSA_AVX512_NS avx512_emulated
+#else
+#include <immintrin.h>
+// After the includes: only the functions defined below are compiled for AVX-512, never an
+// inline function of a header that other files share (the linker keeps one copy of those).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+// GCC 12's AVX-512 headers build some vectors from a self-initialized "undefined" one
+// (_mm512_undefined_ps), which -Wmaybe-uninitialized reports wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define DSA_AVX512_NS avx512
+#endif
+
+namespace dsa::kernels::cpu::DSA_AVX512_NS {
+namespace {
+
+// Sum of the sixteen lanes: the halves added, then the avx2 kernels' eight-lane order.
+inline float hsum16(__m512 v) {
+  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
+// ---- fp8: e4m3 codes as f32 bits ----------------------------------------------------
+// The avx2 trick at twice the width: 64 codes are loaded as 32 words; in each 32-bit lane
+// the byte b3 shifted arithmetically right by 4 puts the sign at bit 31 and the 7
+// exponent/mantissa bits at 26..20, which masked and read as an f32 is exactly 2^-120 times
+// the e4m3 value (subnormal codes land on f32 subnormals). A word shift by 8 brings b2 up,
+// a lane shift by 16 does b1 and b0. x is scaled by 2^64 (products stay normal) and
+// permuted per 64 columns to the lanes' order; the block scale undoes both factors.
+struct Fp8x64 {
+  __m512 b3, b2, b1, b0;  // weights 4i+3, 4i+2, 4i+1, 4i for lane i
+};
+inline Fp8x64 fp8x64_bits(const uint8_t* p) {
+  const __m512i m = _mm512_set1_epi32(int32_t(0x87F00000u));
+  const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(p));
+  const __m512i hi = _mm512_srai_epi16(v, 4), lo = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4);
+  return {_mm512_castsi512_ps(_mm512_and_si512(hi, m)), _mm512_castsi512_ps(_mm512_and_si512(lo, m)),
+          _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(hi, 16), m)),
+          _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(lo, 16), m))};
+}
+constexpr float kFp8XScale = 0x1p64f;
+constexpr float kFp8BitsUndo = 0x1p120f * 0x1p-64f;
+
+// x * 2^64, each full group of 64 columns in the order of Fp8x64: [4i+3 | 4i+2 | 4i+1 | 4i].
+void prescale_x(const float* x, int n, float* b) {
+  int c = 0;
+  for (; c + 64 <= n; c += 64)
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 16; ++i) b[c + 16 * (3 - k) + i] = x[c + 4 * i + k] * kFp8XScale;
+  for (; c < n; ++c) b[c] = x[c] * kFp8XScale;
+}
+
+// The columns of full 64-wide groups inside whole scale blocks; the rest is the scalar tail.
+inline int fp8_vector_cols(const Linear& w) { return w.block_cols % 64 == 0 ? (w.cols / w.block_cols) * w.block_cols : 0; }
+inline size_t prefetch_ahead(size_t row_bytes) { return 4 * row_bytes * ((8192 + 4 * row_bytes - 1) / (4 * row_bytes)); }
+
+// A row's sum as every fp8 kernel here finishes it: the lanes, then the tail in order.
+inline float fp8_finish(__m512 tot, const uint8_t* wr, const float* srow, const float* x, int kfull, int K, int bc) {
+  float acc = hsum16(tot);
+  for (int c = kfull; c < K; ++c) acc += fp8_e4m3_to_f32(wr[c]) * srow[c / bc] * x[c];
+  return acc;
+}
+
+// NT tokens against each row as it streams by (the one-token kernel below for NT = 1 rows
+// left over): every weight vector is widened once for all NT tokens.
+template <int NT>
+void gemv_fp8_tokens(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
+  const size_t ahead = prefetch_ahead(size_t(K));
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* wr = w.data + size_t(r) * size_t(K);
+    const float* srow = w.scale + size_t(r / w.block_rows) * size_t(sc);
+    __m512 tot[NT];
+    for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_ps();
+    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
+      __m512 a[NT][2];
+      for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+      for (int c = c0; c < c0 + bc; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr + c + ahead), _MM_HINT_T0);
+        const Fp8x64 f = fp8x64_bits(wr + c);
+        for (int t = 0; t < NT; ++t) {
+          const float* xs = xp + size_t(t) * size_t(K) + c;
+          a[t][0] = _mm512_fmadd_ps(f.b3, _mm512_loadu_ps(xs), a[t][0]);
+          a[t][1] = _mm512_fmadd_ps(f.b2, _mm512_loadu_ps(xs + 16), a[t][1]);
+          a[t][0] = _mm512_fmadd_ps(f.b1, _mm512_loadu_ps(xs + 32), a[t][0]);
+          a[t][1] = _mm512_fmadd_ps(f.b0, _mm512_loadu_ps(xs + 48), a[t][1]);
+        }
+      }
+      const __m512 sv = _mm512_set1_ps(srow[blk] * kFp8BitsUndo);
+      for (int t = 0; t < NT; ++t) tot[t] = _mm512_fmadd_ps(_mm512_add_ps(a[t][0], a[t][1]), sv, tot[t]);
+    }
+    for (int t = 0; t < NT; ++t)
+      y[size_t(t) * ldy + size_t(r - base)] = fp8_finish(tot[t], wr, srow, x + size_t(t) * size_t(K), kfull, K, bc);
+  }
+}
+
+// One token, four rows at a time sharing the x loads; each row summed exactly as above.
+void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, int base, int r0, int r1) {
+  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
+  const size_t ahead = prefetch_ahead(size_t(K));
+  int r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    __m512 tot[4];
+    const uint8_t* wr[4];
+    const float* srow[4];
+    for (int j = 0; j < 4; ++j) {
+      tot[j] = _mm512_setzero_ps();
+      wr[j] = w.data + size_t(r + j) * size_t(K);
+      srow[j] = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
+    }
+    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
+      __m512 a[4][2];
+      for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm512_setzero_ps();
+      for (int c = c0; c < c0 + bc; c += 64) {
+        const __m512 x3 = _mm512_loadu_ps(xs + c), x2 = _mm512_loadu_ps(xs + c + 16);
+        const __m512 x1 = _mm512_loadu_ps(xs + c + 32), x0 = _mm512_loadu_ps(xs + c + 48);
+        for (int j = 0; j < 4; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+          const Fp8x64 f = fp8x64_bits(wr[j] + c);
+          a[j][0] = _mm512_fmadd_ps(f.b3, x3, a[j][0]);
+          a[j][1] = _mm512_fmadd_ps(f.b2, x2, a[j][1]);
+          a[j][0] = _mm512_fmadd_ps(f.b1, x1, a[j][0]);
+          a[j][1] = _mm512_fmadd_ps(f.b0, x0, a[j][1]);
+        }
+      }
+      for (int j = 0; j < 4; ++j)
+        tot[j] = _mm512_fmadd_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_set1_ps(srow[j][blk] * kFp8BitsUndo), tot[j]);
+    }
+    for (int j = 0; j < 4; ++j) y[r + j - base] = fp8_finish(tot[j], wr[j], srow[j], x, kfull, K, bc);
+  }
+  if (r < r1) gemv_fp8_tokens<1>(w, x, xs, y, 0, base, r, r1);
+}
+
+// ---- bf16: two weights per 32-bit lane ----------------------------------------------
+// The odd column sits in a lane's high half (masked, it is an f32), the even one in its low
+// half (shifted up by 16); x is split per 32 columns into its even and odd columns to match.
+void deinterleave_x(const float* x, int n, float* b) {
+  int c = 0;
+  for (; c + 32 <= n; c += 32)
+    for (int i = 0; i < 16; ++i) {
+      b[c + i] = x[c + 2 * i];
+      b[c + 16 + i] = x[c + 2 * i + 1];
+    }
+  for (; c < n; ++c) b[c] = x[c];
+}
+
+inline float bf16_finish(__m512 a0, __m512 a1, const uint16_t* wr, const float* x, int K) {
+  float acc = hsum16(_mm512_add_ps(a0, a1));
+  for (int c = K / 32 * 32; c < K; ++c) acc += bf16_to_f32(wr[c]) * x[c];
+  return acc;
+}
+
+template <int NT>
+void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  const int K = w.cols, k32 = K / 32 * 32;
+  const size_t ahead = prefetch_ahead(2 * size_t(K));
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  for (int r = r0; r < r1; ++r) {
+    const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
+    __m512 a[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+    for (int c = 0; c < k32; c += 32) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + c) + ahead, _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wr + c));
+      const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+      for (int t = 0; t < NT; ++t) {
+        const float* xd = xp + size_t(t) * size_t(K) + c;
+        a[t][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xd), a[t][0]);
+        a[t][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xd + 16), a[t][1]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) y[size_t(t) * ldy + size_t(r - base)] = bf16_finish(a[t][0], a[t][1], wr, x + size_t(t) * size_t(K), K);
+  }
+}
+
+void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, int base, int r0, int r1) {
+  const int K = w.cols, k32 = K / 32 * 32;
+  const size_t ahead = prefetch_ahead(2 * size_t(K));
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  int r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    __m512 a[4][2];
+    const uint16_t* wr[4];
+    for (int j = 0; j < 4; ++j) {
+      wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
+      a[j][0] = a[j][1] = _mm512_setzero_ps();
+    }
+    for (int c = 0; c < k32; c += 32) {
+      const __m512 xe = _mm512_loadu_ps(xd + c), xo = _mm512_loadu_ps(xd + c + 16);
+      for (int j = 0; j < 4; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wr[j] + c));
+        a[j][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, a[j][0]);
+        a[j][1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), xo, a[j][1]);
+      }
+    }
+    for (int j = 0; j < 4; ++j) y[r + j - base] = bf16_finish(a[j][0], a[j][1], wr[j], x, K);
+  }
+  if (r < r1) gemv_bf16_tokens<1>(w, x, xd, y, 0, base, r, r1);
+}
+
+// ---- many tokens ----------------------------------------------------------------------
+// Tokens in groups of up to six (the accumulators of six tokens fit the 32 registers beside
+// the widened weights); with more than one group the rows go in blocks of 64, each block's
+// weights read from memory once and from cache by the later groups. Every kernel sums a row
+// in the one-token order, so the grouping changes no output bit.
+constexpr int kTokGroup = 6, kRowBlock = 64;
+
+template <int NT>
+void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1) {
+  if (fp8) gemv_fp8_tokens<NT>(w, x, xb, y, ldy, base, r0, r1);
+  else gemv_bf16_tokens<NT>(w, x, xb, y, ldy, base, r0, r1);
+}
+
+void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1) {
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  switch (n) {
+    case 1:
+      if (fp8) gemv_fp8_one(w, x, xb, y, base, r0, r1);
+      else gemv_bf16_one(w, x, xb, y, base, r0, r1);
+      break;
+    case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    case 5: gemv_group<5>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    default: gemv_group<6>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+  }
+}
+
+void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1, float* xbuf) {
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  const size_t cols = size_t(w.cols);
+  for (int t0 = 0; t0 < n; t0 += kTokBuf) {
+    const int cnt = std::min(kTokBuf, n - t0);
+    for (int i = 0; i < cnt; ++i) {
+      const float* xi = x + size_t(t0 + i) * cols;
+      if (fp8) prescale_x(xi, w.cols, xbuf + size_t(i) * cols);
+      else deinterleave_x(xi, w.cols, xbuf + size_t(i) * cols);
+    }
+    const int rb_step = cnt <= kTokGroup ? r1 - r0 : kRowBlock;
+    for (int rb = r0; rb < r1; rb += rb_step) {
+      const int re = std::min(r1, rb + rb_step);
+      // Groups as even as possible (8 tokens: 4 + 4, not 6 + 2).
+      const int groups = (cnt + kTokGroup - 1) / kTokGroup;
+      for (int gi = 0, g = 0; gi < groups; ++gi) {
+        const int k = (cnt - g) / (groups - gi);
+        gemv_prepared(w, x + size_t(t0 + g) * cols, xbuf + size_t(g) * cols, k, y + size_t(t0 + g) * ldy, ldy, base, rb, re);
+        g += k;
+      }
+    }
+  }
+}
+
+// ---- prefill GEMM micro-kernel ----------------------------------------------------------
+// MR tokens x 32 outputs (two 16-row panels): per k two panel loads, MR broadcasts and
+// 2 x MR FMAs into 2 x MR accumulators, each output summing k in order from zero as the
+// avx2 6x16 kernel does.
+template <int MR>
+void micro_6x32(const float* pk0, const float* pk1, int kc, const float* xp, float* y, int ldy, int nr0, int nr1, bool accumulate) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+  for (int k = 0; k < kc; ++k) {
+    const __m512 w0 = _mm512_loadu_ps(pk0 + size_t(k) * 16), w1 = _mm512_loadu_ps(pk1 + size_t(k) * 16);
+    const float* xk = xp + size_t(k) * MR;
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m512 b = _mm512_set1_ps(xk[i]);
+      c0[i] = _mm512_fmadd_ps(b, w0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(b, w1, c1[i]);
+    }
+  }
+  auto put = [&](float* yi, __m512 v, int nr) {
+    if (nr == 16) {
+      if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(yi));
+      _mm512_storeu_ps(yi, v);
+      return;
+    }
+    float t[16];
+    _mm512_storeu_ps(t, v);
+    for (int j = 0; j < nr; ++j) yi[j] = accumulate ? yi[j] + t[j] : t[j];
+  };
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    float* yi = y + size_t(i) * size_t(ldy);
+    put(yi, c0[i], nr0);
+    put(yi + 16, c1[i], nr1);
+  }
+}
+
+void gemm_panels2(const float* pk0, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr0, int nr1,
+                  bool accumulate) {
+  for (int i0 = 0; i0 < n; i0 += 6) {
+    const float* b = xp + size_t(i0) * size_t(kc);
+    float* yr = y + size_t(i0) * size_t(ldy);
+    switch (std::min(6, n - i0)) {
+      case 6: micro_6x32<6>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
+      case 5: micro_6x32<5>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
+      case 4: micro_6x32<4>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
+      case 3: micro_6x32<3>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
+      case 2: micro_6x32<2>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
+      default: micro_6x32<1>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsa::kernels::cpu::DSA_AVX512_NS
+
+#ifndef DSA_AVX512_EMULATED
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+namespace dsa::kernels::cpu {
+#ifdef DSA_AVX512_EMULATED
+const Avx512Kernels& avx512_emulated_kernels() {
+  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2};
+  return k;
+}
+#else
+const Avx512Kernels& avx512_native() {
+  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2};
+  return k;
+}
+#endif
+}  // namespace dsa::kernels::cpu

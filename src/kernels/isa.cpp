@@ -1,0 +1,155 @@
+// Instruction-set tiers: what the CPU and the OS allow, read once from CPUID and XGETBV,
+// and the tier the cpu backend runs (the best one, or a lower one named by DSA_ISA).
+#include <cpuid.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/kernels.h"
+
+namespace dsa::kernels {
+namespace {
+
+struct Features {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false, avx512bf16 = false, avx512vbmi = false, avx512fp16 = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool os_ymm = false, os_zmm = false, os_amx = false;  // XCR0: the OS saves those registers
+};
+
+uint64_t xgetbv0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t(hi) << 32) | lo;
+}
+
+Features detect() {
+  Features f;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & bit_OSXSAVE;
+  f.fma = c & bit_FMA;
+  f.f16c = c & bit_F16C;
+  if (osxsave) {
+    const uint64_t xcr0 = xgetbv0();
+    f.os_ymm = (xcr0 & 0x6) == 0x6;            // SSE and AVX state
+    f.os_zmm = f.os_ymm && (xcr0 & 0xE0) == 0xE0;  // opmask, ZMM0-15 upper halves, ZMM16-31
+    f.os_amx = (xcr0 & 0x60000) == 0x60000;    // XTILECFG and XTILEDATA
+  }
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  f.avx2 = b & bit_AVX2;
+  f.avx512f = b & bit_AVX512F;
+  f.avx512dq = b & bit_AVX512DQ;
+  f.avx512bw = b & bit_AVX512BW;
+  f.avx512vl = b & bit_AVX512VL;
+  f.avx512vbmi = c & bit_AVX512VBMI;
+  f.avx512vnni = c & bit_AVX512VNNI;
+  f.avx512fp16 = d & (1u << 23);
+  f.amx_bf16 = d & (1u << 22);
+  f.amx_tile = d & (1u << 24);
+  f.amx_int8 = d & (1u << 25);
+  __cpuid_count(7, 1, a, b, c, d);
+  f.avx512bf16 = a & (1u << 5);
+  return f;
+}
+
+const Features& features() {
+  static const Features f = detect();
+  return f;
+}
+
+bool supported(Isa t) {
+  const Features& f = features();
+  const bool avx2 = f.os_ymm && f.avx2 && f.fma && f.f16c;
+  switch (t) {
+    case Isa::Generic: return true;
+    case Isa::Avx2: return avx2;
+    case Isa::Avx512: return avx2 && f.os_zmm && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  }
+  return false;
+}
+
+Isa best() {
+  Isa t = Isa::Generic;
+  for (Isa c : {Isa::Avx2, Isa::Avx512})
+    if (supported(c)) t = c;
+  return t;
+}
+
+// DSA_ISA names a tier to run instead of the best one; a name that is not a tier, or a
+// tier this CPU cannot run, is one clear message and exit status 1 (dsa reads it before any work).
+Isa initial_isa() {
+  const char* e = std::getenv("DSA_ISA");
+  if (!e || !*e) return best();
+  for (Isa t : {Isa::Generic, Isa::Avx2, Isa::Avx512}) {
+    if (std::strcmp(e, isa_name(t)) != 0) continue;
+    if (supported(t)) return t;
+    std::fprintf(stderr, "error: DSA_ISA=%s: this CPU cannot run the %s tier (it has: %s)\n", e, e, cpu_features().c_str());
+    std::exit(1);
+  }
+  std::fprintf(stderr, "error: DSA_ISA=%s: expected generic, avx2 or avx512\n", e);
+  std::exit(1);
+}
+
+// Read at first use (a static's initializer in another file may run before this one's).
+Isa& current() {
+  static Isa t = initial_isa();
+  return t;
+}
+
+}  // namespace
+
+const char* isa_name(Isa t) {
+  switch (t) {
+    case Isa::Generic: return "generic";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa t) { return supported(t); }
+Isa isa() { return current(); }
+void set_isa(Isa t) {
+  DSA_CHECK(supported(t), std::string("this CPU cannot run the ") + isa_name(t) + " tier");
+  current() = t;
+}
+
+namespace cpu {
+void force_isa(Isa t) { current() = t; }
+}  // namespace cpu
+
+std::string cpu_features() {
+  const Features& f = features();
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!s.empty()) s += ' ';
+    s += name;
+  };
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512vl, "avx512vl");
+  add(f.avx512dq, "avx512dq");
+  add(f.avx512vnni, "avx512vnni");
+  add(f.avx512bf16, "avx512bf16");
+  add(f.avx512vbmi, "avx512vbmi");
+  add(f.avx512fp16, "avx512fp16");
+  add(f.amx_tile, "amx-tile");
+  add(f.amx_bf16, "amx-bf16");
+  add(f.amx_int8, "amx-int8");
+  if (f.avx512f && !f.os_zmm) s += " (zmm state off in the OS)";
+  if (f.amx_tile && !f.os_amx) s += " (tile state off in the OS)";
+  return s.empty() ? "none of avx2, avx512, amx" : s;
+}
+
+}  // namespace dsa::kernels
