@@ -12,7 +12,7 @@
 #include "kernels/kernels.h"
 
 namespace dsa::kernels::cpu {
-const Avx512Kernels& avx512_emulated_kernels();  // avx512_linear.cpp built on SIMDe
+const Avx512Kernels& avx512_emulated_kernels();  // avx512.cpp built on SIMDe
 }
 
 namespace dsa::test {

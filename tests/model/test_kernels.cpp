@@ -99,6 +99,14 @@ TEST_P(LinearTwin, CpuMatchesRef) {
   kernels::cpu::linear(w.l, x.data(), n, a.data(), 0, rows);
   kernels::ref::linear(w.l, x.data(), n, b.data(), 0, rows);
   EXPECT_LE(max_rel(a, b), 2e-6);
+  // The avx512 GEMM sums in the avx2 GEMM's order: the same bits.
+  if (tier.isa == kernels::Isa::Avx512) {
+    ASSERT_TRUE(test::enter_tier(Tier{"avx2", kernels::Isa::Avx2, false}));
+    std::vector<float> a2(a.size());
+    kernels::cpu::linear(w.l, x.data(), n, a2.data(), 0, rows);
+    ASSERT_TRUE(test::enter_tier(tier));
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), a2.begin())) << "avx512 GEMM differs from the avx2 one";
+  }
   // A row range (the MLA per-head slices of kv_b).
   const int r0 = rows / 3, nr = rows / 2;
   std::vector<float> c(size_t(n) * size_t(nr)), d(c.size());
@@ -229,6 +237,15 @@ TEST_P(KernelTwins, IndexerScores) {
       kernels::cpu::indexer_scores(q8.data(), w.data(), heads, view, keys, a.data());
       kernels::ref::indexer_scores(q8.data(), w.data(), heads, view, keys, b.data());
       EXPECT_LE(max_rel(a, b), 1e-5) << heads << " heads, " << keys << " keys";
+      // The avx512 scan gives the avx2 scan's scores bit for bit (both tiers pick the same keys).
+      if (GetParam().isa == kernels::Isa::Avx512) {
+        const Tier avx2{"avx2", kernels::Isa::Avx2, false};
+        ASSERT_TRUE(test::enter_tier(avx2));
+        std::vector<float> c(a.size());
+        kernels::cpu::indexer_scores(q8.data(), w.data(), heads, view, keys, c.data());
+        ASSERT_TRUE(test::enter_tier(GetParam()));
+        EXPECT_TRUE(std::equal(a.begin(), a.end(), c.begin())) << heads << " heads, " << keys << " keys";
+      }
     }
 }
 

@@ -33,7 +33,7 @@ int num_threads();
 bool use_avx2();  // the tier in use has the AVX2 kernels (every tier but generic)
 
 // The kernels the avx512 tier runs in place of the avx2 ones; everything else in the tier
-// is the avx2 code. One table per build of avx512_linear.cpp: the native one, and in the
+// is the avx2 code. One table per build of avx512.cpp: the native one, and in the
 // tests the same source built on an emulation of the intrinsics, so that the tier's logic is
 // checked on machines without AVX-512 too.
 struct Avx512Kernels {
@@ -47,6 +47,9 @@ struct Avx512Kernels {
   // accumulate. Each output sums k in order: bitwise the avx2 GEMM.
   void (*gemm_panels2)(const float* pk0, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr0, int nr1,
                        bool accumulate);
+  // The indexer scan of keys [t0, t1) of one contiguous run (indexer_scores' inner kernel):
+  // qT [128][hp] for hp a multiple of 16, w [hp]; every score bitwise the avx2 kernel's.
+  void (*indexer_lanes)(const float* qT, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1, float* out);
 };
 constexpr int kTokBuf = 24;  // tokens whose inputs a GEMV call prepares at once
 const Avx512Kernels& avx512_native();

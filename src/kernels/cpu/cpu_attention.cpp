@@ -143,6 +143,7 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexK
     return;
   }
   const int hp = (n_heads + 7) / 8 * 8;
+  const bool wide = isa() == Isa::Avx512 && hp % 16 == 0;  // the avx512 scan: whole registers of 16 heads
   alignas(32) float qT[128 * 64];
   alignas(32) float wp[64];
   for (int h = 0; h < hp; ++h) {
@@ -160,7 +161,8 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexK
     const int t1 = std::min({n_keys, t0 + kChunk, (run + 1) * span});
     if (t0 >= t1) return;
     const int64_t slot = keys.slot(t0);
-    indexer_scores_lanes(qT, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
+    if (wide) avx512_kernels().indexer_lanes(qT, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
+    else indexer_scores_lanes(qT, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
   };
   const int n_chunks = runs * per_run;
   if (n_chunks == 1 || omp_get_level() > 0) {  // one chunk, or one query per thread in a step

@@ -1,5 +1,5 @@
-// The avx512 tier's matrix products: the decode GEMV (fp8 and bf16, one to many tokens) and
-// the prefill GEMM's micro-kernel, in 512-bit registers. The numerics are the avx2 kernels'
+// The avx512 tier's kernels: the decode GEMV (fp8 and bf16, one to many tokens), the
+// prefill GEMM's micro-kernel and the lightning indexer's scan, in 512-bit registers. The numerics are the avx2 kernels'
 // (cpu_linear.cpp): weights placed exactly as f32 bits, f32 FMAs; only the GEMV's lane split
 // differs (64 weights per fp8 load instead of 32), and the GEMM sums every output in the
 // same k order, so its results are bitwise the avx2 GEMM's.
@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/simd.h"
 
 #ifdef DSA_AVX512_EMULATED
 #define SIMDE_ENABLE_NATIVE_ALIASES
@@ -21,12 +22,16 @@
 #include <immintrin.h>
 // After the includes: only the functions defined below are compiled for AVX-512, never an
 // inline function of a header that other files share (the linker keeps one copy of those).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 // GCC 12's AVX-512 headers build some vectors from a self-initialized "undefined" one
 // (_mm512_undefined_ps), which -Wmaybe-uninitialized reports wherever they are inlined.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #define DSA_AVX512_NS avx512
 #endif
@@ -327,10 +332,64 @@ void gemm_panels2(const float* pk0, const float* pk1, int kc, const float* xp, i
   }
 }
 
+// ---- lightning indexer scan ---------------------------------------------------------
+// The avx2 scan (cpu_attention.cpp) with 16 heads per register: dot_j[h] = Σ_d qT[d][h] *
+// k_j[d] as one FMA chain per (key, head) in d order, keys widened to 2^-120 times their
+// values with integer ops (fp8x8_bits), then each key's ReLU-weighted head sum
+// in the avx2 kernel's 8-lane order: every score is bitwise the avx2 tier's, so both tiers
+// select the same keys. Twelve keys per block: 12 x NG accumulators in flight.
+constexpr int kIndexKeys = 12;
+
+template <int NG>
+void index_dots(const float* qT, size_t ldq, const float (*kb)[128], float* s, size_t lds) {
+  __m512 a[kIndexKeys][NG];
+#pragma GCC unroll 12
+  for (int j = 0; j < kIndexKeys; ++j)
+    for (int g = 0; g < NG; ++g) a[j][g] = _mm512_setzero_ps();
+  for (int d = 0; d < 128; ++d, qT += ldq) {
+    __m512 q[NG];
+    for (int g = 0; g < NG; ++g) q[g] = _mm512_loadu_ps(qT + 16 * g);
+#pragma GCC unroll 12
+    for (int j = 0; j < kIndexKeys; ++j) {
+      const __m512 kv = _mm512_set1_ps(kb[j][d]);
+      for (int g = 0; g < NG; ++g) a[j][g] = _mm512_fmadd_ps(q[g], kv, a[j][g]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int j = 0; j < kIndexKeys; ++j)
+    for (int g = 0; g < NG; ++g) _mm512_storeu_ps(s + size_t(j) * lds + 16 * size_t(g), a[j][g]);
+}
+
+// Keys [t0, t1) of one contiguous run: qT [128][hp] (2^64 times q's e4m3 values, hp a
+// multiple of 16, padded heads zero), w [hp] (the head weights times 2^56), out[t].
+void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1, float* out) {
+  alignas(64) float kb[kIndexKeys][128];
+  alignas(64) float dots[kIndexKeys * 64];  // [key][hp]
+  for (int t = t0; t < t1; t += kIndexKeys) {
+    const int cnt = std::min(kIndexKeys, t1 - t);
+    for (int j = 0; j < kIndexKeys; ++j) {
+      const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
+      for (int c = 0; c < 128; c += 8) _mm256_storeu_ps(&kb[j][c], fp8x8_bits(src + c));
+    }
+    int g = 0;
+    for (; g + 32 <= hp; g += 32) index_dots<2>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
+    if (g < hp) index_dots<1>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
+    const __m256 zero = _mm256_setzero_ps();
+    for (int j = 0; j < cnt; ++j) {
+      __m256 acc = zero;
+      for (int h = 0; h < hp; h += 8)
+        acc = _mm256_fmadd_ps(_mm256_max_ps(_mm256_loadu_ps(dots + j * hp + h), zero), _mm256_loadu_ps(w + h), acc);
+      out[t + j] = hsum8(acc) * k_scale[t + j];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsa::kernels::cpu::DSA_AVX512_NS
 
-#ifndef DSA_AVX512_EMULATED
+#if !defined(DSA_AVX512_EMULATED) && defined(__clang__)
+#pragma clang attribute pop
+#elif !defined(DSA_AVX512_EMULATED)
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
@@ -338,12 +397,12 @@ void gemm_panels2(const float* pk0, const float* pk1, int kc, const float* xp, i
 namespace dsa::kernels::cpu {
 #ifdef DSA_AVX512_EMULATED
 const Avx512Kernels& avx512_emulated_kernels() {
-  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2};
+  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::indexer_lanes};
   return k;
 }
 #else
 const Avx512Kernels& avx512_native() {
-  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2};
+  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::indexer_lanes};
   return k;
 }
 #endif
