@@ -93,9 +93,11 @@ constexpr double kAvx2FlopsPerIter = 10 * 8 * 2;
 
 // The same in 512-bit registers (the avx512 tier's peak): 12 chains, as two FMA ports with
 // up to 6 cycles of latency need. GCC 12's headers trip -Wmaybe-uninitialized on AVX-512
-// intrinsics (see avx512_linear.cpp).
+// intrinsics (see avx512.cpp).
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 __attribute__((target("avx512f"))) double fma_kernel_avx512(int64_t iters) {
   __m512 a0 = _mm512_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
   const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
