@@ -156,6 +156,43 @@ void Server::detokenize(const httplib::Request& req, httplib::Response& res) {
   res.set_content(json{{"prompt", model_.tok->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
+// A non-streamed reply. One that is ready within kWholeReplyWait goes back whole, with its
+// status. A longer one becomes a chunked body that sends a space (whitespace before a JSON
+// value is part of the JSON grammar) four times a second until the reply object follows: a client
+// gone shows as a failed write and cancels the request, as a stream's keep-alive comments
+// do. Its status is 200 from the first space on, so an engine failure after that point
+// arrives as the OpenAI error object in the body.
+void Server::whole_reply(httplib::Response& res, const std::shared_ptr<Exchange>& ex, const std::shared_ptr<Job>& job) {
+  const auto t0 = Clock::now();
+  while (!ex->done() && Clock::now() - t0 < kWholeReplyWait) ex->poll(std::chrono::milliseconds(50));
+  if (ex->done()) {
+    if (!ex->error().empty()) throw ApiError(503, ex->error());
+    res.set_content(ex->response().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    return;
+  }
+  res.set_chunked_content_provider(
+      "application/json",
+      [ex, job](size_t, httplib::DataSink& sink) {  // the exchange refers to the job: both live on
+        auto last = Clock::now();
+        while (!ex->done()) {
+          ex->poll(std::chrono::milliseconds(50));
+          if (Clock::now() - last < std::chrono::milliseconds(250)) continue;
+          last = Clock::now();
+          if (!sink.write(" ", 1)) {
+            ex->cancel();
+            return false;
+          }
+        }
+        const std::string err = ex->error();
+        const json body = err.empty() ? ex->response() : ApiError(503, err).body();
+        const std::string out = body.dump(-1, ' ', false, json::error_handler_t::replace);
+        if (!sink.write(out.data(), out.size())) return false;
+        sink.done();
+        return true;
+      },
+      [ex](bool) { ex->cancel(); });
+}
+
 void Server::generate(const httplib::Request&, httplib::Response& res, Job job, const char* prefix) {
   if (draining_) throw ApiError(503, "the server is shutting down");
   char idbuf[32];
@@ -168,9 +205,7 @@ void Server::generate(const httplib::Request&, httplib::Response& res, Job job, 
     throw ApiError(400, e.what());
   }
   if (!job_p->stream) {
-    while (!ex->done()) ex->poll(std::chrono::milliseconds(200));
-    if (!ex->error().empty()) throw ApiError(503, ex->error());
-    res.set_content(ex->response().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    whole_reply(res, ex, job_p);
     return;
   }
   res.set_header("Cache-Control", "no-cache");

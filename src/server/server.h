@@ -4,6 +4,7 @@
 // output back; the engine thread alone runs the model. The server sees the engine only
 // through the scheduler's request API.
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,8 @@ struct Response;
 }  // namespace httplib
 
 namespace dsa::server {
+
+class Exchange;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -54,6 +57,8 @@ private:
   void tokenize(const httplib::Request& req, httplib::Response& res);
   void detokenize(const httplib::Request& req, httplib::Response& res);
   void generate(const httplib::Request& req, httplib::Response& res, Job job, const char* id_prefix);
+  static constexpr std::chrono::milliseconds kWholeReplyWait{1000};
+  static void whole_reply(httplib::Response& res, const std::shared_ptr<Exchange>& ex, const std::shared_ptr<Job>& job);
 };
 
 }  // namespace dsa::server

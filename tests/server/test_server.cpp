@@ -396,6 +396,42 @@ TEST(Serve, ADisconnectMidStreamCancelsTheRequest) {
   EXPECT_TRUE(s.healthy());
 }
 
+// A non-streamed reply that takes longer than a second goes out as spaces, four a second,
+// then the reply object (still one JSON value): a client that waits gets all its tokens, and
+// one that gives up shows as a failed write, so its request is cancelled and its blocks freed.
+TEST(Serve, ADisconnectDuringAWholeReplyCancelsTheRequest) {
+  Options o;
+  o.ctx = 3072;
+  o.max_seqs = 2;
+  TestServer s(test::tiny_model_dir(), o);
+  const int n = 3000;
+  const json b = {{"prompt", "wait for it"}, {"max_tokens", n}, {"ignore_eos", true}};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto whole = s.client().Post("/v1/completions", b.dump(), "application/json");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(whole->status, 200);
+  ASSERT_GT(took, 1.5) << "the reply came too fast to take the chunked path; raise n";
+  EXPECT_EQ(whole->body.front(), ' ') << took << " s";
+  EXPECT_EQ(json::parse(whole->body).at("usage").at("completion_tokens").get<int>(), n);
+  {
+    httplib::Client c = s.client();
+    c.set_read_timeout(0, 500000);
+    auto r = c.Post("/v1/completions", b.dump(), "application/json");
+    EXPECT_FALSE(r) << "the client should have timed out";
+  }
+  double aborted = -1;
+  for (int i = 0; i < 200; ++i) {
+    const std::string m = s.metrics();
+    aborted = metric(m, "dsa:request_success_total{model_name=\"m\",finished_reason=\"abort\"}");
+    if (aborted >= 1 && metric(m, "dsa:num_requests_running") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(aborted, 1);
+  EXPECT_EQ(metric(s.metrics(), "dsa:cache_blocks_used"), 0);
+  EXPECT_TRUE(s.healthy());
+}
+
 TEST(Serve, ModelsTokenizeDetokenizeAndMetrics) {
   TestServer s(test::tiny_model_dir());
   auto models = s.client().Get("/v1/models");
