@@ -374,13 +374,7 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
     int g = 0;
     for (; g + 32 <= hp; g += 32) index_dots<2>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
     if (g < hp) index_dots<1>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
-    const __m256 zero = _mm256_setzero_ps();
-    for (int j = 0; j < cnt; ++j) {
-      __m256 acc = zero;
-      for (int h = 0; h < hp; h += 8)
-        acc = _mm256_fmadd_ps(_mm256_max_ps(_mm256_loadu_ps(dots + j * hp + h), zero), _mm256_loadu_ps(w + h), acc);
-      out[t + j] = hsum8(acc) * k_scale[t + j];
-    }
+    for (int j = 0; j < cnt; ++j) out[t + j] = relu_weighted_sum(dots + j * hp, w, hp) * k_scale[t + j];
   }
 }
 

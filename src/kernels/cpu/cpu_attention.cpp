@@ -123,13 +123,7 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
       scores_8tok(qT + 8 * g16, size_t(hp), rows, 128, dots + 8 * g16, size_t(hp));
       scores_8tok(qT + 8 * g16, size_t(hp), rows + 4, 128, dots + 4 * hp + 8 * g16, size_t(hp));
     }
-    const __m256 zero = _mm256_setzero_ps();
-    for (int j = 0; j < cnt; ++j) {
-      __m256 acc = zero;
-      for (int g = 0; g < hp; g += 8)
-        acc = _mm256_fmadd_ps(_mm256_max_ps(_mm256_load_ps(dots + j * hp + g), zero), _mm256_loadu_ps(w + g), acc);
-      out[t + j] = hsum8(acc) * k_scale[t + j];
-    }
+    for (int j = 0; j < cnt; ++j) out[t + j] = relu_weighted_sum(dots + j * hp, w, hp) * k_scale[t + j];
   }
 }
 

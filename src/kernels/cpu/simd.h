@@ -24,6 +24,15 @@ __attribute__((target("avx2,fma"))) inline __m256 fp8x8_bits(const uint8_t* p) {
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u))));
 }
 
+// A lightning-indexer key's score before its key scale: Σ_h relu(dots[h]) * w[h] over hp
+// heads (a multiple of 8) in 8-lane groups, then the lanes: the order of every tier's scan.
+__attribute__((target("avx2,fma"))) inline float relu_weighted_sum(const float* dots, const float* w, int hp) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 acc = zero;
+  for (int h = 0; h < hp; h += 8) acc = _mm256_fmadd_ps(_mm256_max_ps(_mm256_loadu_ps(dots + h), zero), _mm256_loadu_ps(w + h), acc);
+  return hsum8(acc);
+}
+
 // exp for 8 lanes (Cephes' expf scheme): x = n ln2 + r with |r| <= ln2/2, a degree-6
 // polynomial for e^r, 2^n through the exponent bits. About 1 ulp over the softmax's
 // range (x <= 0); below -87.3 it returns ~1e-38 instead of 0, which no softmax notices.
