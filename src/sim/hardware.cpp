@@ -149,6 +149,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   known_keys(j, {"name", "description", "sources", "bf16_tflops", "fp8_tflops", "fp4_tflops", "memory_bandwidth_gbps", "memory_gib",
                  "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "inter_node_bandwidth_gbps",
                  "inter_node_latency_us", "launch_overhead_us", "dequant_flops_per_weight", "pack_flops_per_weight",
+                 "decode_gemv_efficiency", "decode_gemv_flops_per_weight",
                  "memory_usable_fraction", "memory_reserve_gib", "price_per_hour", "efficiency"},
              where);
   Hardware h;
@@ -171,6 +172,8 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   h.launch_overhead_us = num(j, "launch_overhead_us", 0, where);
   h.dequant_flops_per_weight = num(j, "dequant_flops_per_weight", 0, where);
   h.pack_flops_per_weight = num(j, "pack_flops_per_weight", 0, where);
+  h.decode_gemv_efficiency = num(j, "decode_gemv_efficiency", 0, where);
+  h.decode_gemv_flops_per_weight = num(j, "decode_gemv_flops_per_weight", 0, where);
   h.memory_usable_fraction = num(j, "memory_usable_fraction", h.memory_usable_fraction, where);
   h.memory_reserve_gib = num(j, "memory_reserve_gib", h.memory_reserve_gib, where);
   h.price_per_hour = num(j, "price_per_hour", 0, where);
@@ -219,6 +222,7 @@ std::string hardware_to_json(const Hardware& h) {
             {"intra_node_latency_us", h.intra_node_latency_us}, {"inter_node_bandwidth_gbps", h.inter_node_bandwidth_gbps},
             {"inter_node_latency_us", h.inter_node_latency_us}, {"launch_overhead_us", h.launch_overhead_us},
             {"dequant_flops_per_weight", h.dequant_flops_per_weight}, {"pack_flops_per_weight", h.pack_flops_per_weight},
+            {"decode_gemv_efficiency", h.decode_gemv_efficiency}, {"decode_gemv_flops_per_weight", h.decode_gemv_flops_per_weight},
             {"memory_usable_fraction", h.memory_usable_fraction}, {"memory_reserve_gib", h.memory_reserve_gib},
             {"price_per_hour", h.price_per_hour},
             {"efficiency", {{"gemm", h.eff.gemm}, {"attention_dense", h.eff.attention_dense},
@@ -235,12 +239,12 @@ std::string hardware_to_json(const Hardware& h) {
 Hardware local_hardware_from(int threads, double bw, double gflops, const KernelRates& k) {
   Hardware h;
   h.name = "local";
-  char desc[512];
+  char desc[640];
   std::snprintf(desc, sizeof desc,
                 "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f (rows of %d) / "
-                "fp8 %.1f GB/s, GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
+                "fp8 %.1f GB/s (%.0f GFLOP/s with %d tokens), GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
                 "prefill %.1f / causal prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
-                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_fp8_gbps, k.gemm_small_gflops, kGemmSmallRows,
+                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_fp8_gbps, k.gemv_fp8_tokens_gflops, kGemvTokens, k.gemm_small_gflops, kGemmSmallRows,
                 k.gemm_large_gflops, kGemmLargeRows, k.indexer_gflops, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.causal_prefill_gflops,
                 k.topk_keys_per_s / 1e6, k.elementwise_gbps, k.call_overhead_us);
   h.description = desc;
@@ -283,6 +287,21 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   // Below zero the fp8 GEMV streams as fast as memory allows: no widening term.
   h.dequant_flops_per_weight = std::clamp(pe / gemv_weights_per_s - 2.0, 0.0, per_call);
   h.pack_flops_per_weight = per_call - h.dequant_flops_per_weight;
+  // Decode-role products: s per weight = a + b * tokens, from the one-token and the
+  // kGemvTokens-token probes (b: what each further token costs, its FMAs, x loads and its
+  // share of the re-widening its token group pays; a: streaming and widening the weight once);
+  // as an efficiency and FLOP-equivalents per weight, e = 2 / (b P) and 2a / b. A straight
+  // line through the two probes: between them and past them (64 tokens) it stays within the
+  // plan-versus-bench tolerance on the development machine (docs/PLAN.md). Noise that leaves
+  // b or a non-positive keeps the GEMM costing.
+  if (k.gemv_fp8_tokens_gflops > 0) {
+    const double t1 = 1.0 / gemv_weights_per_s, tn = 2.0 * kGemvTokens / (k.gemv_fp8_tokens_gflops * 1e9);
+    const double b = (tn - t1) / (kGemvTokens - 1), a = t1 - b;
+    if (b > 0 && a > 0) {
+      h.decode_gemv_efficiency = frac(2.0 / (b * P));
+      h.decode_gemv_flops_per_weight = 2.0 * a / b;
+    }
+  }
   h.eff.indexer = frac(k.indexer_gflops * 1e9 / P);
   h.eff.topk = frac(k.topk_keys_per_s / P);
   h.eff.attention_sparse_decode = h.eff.attention_dense = frac(k.sparse_decode_gflops * 1e9 / P);

@@ -56,6 +56,12 @@ struct Hardware {
   // loop (the CPU GEMM path, from kPackedGemmMinRows rows on; a GEMV streams and packs
   // nothing), in the same FLOP-equivalents.
   double pack_flops_per_weight = 0;
+  // Decode-phase weight products where they run a GEMV whose cost grows with the tokens it
+  // carries (the CPU engine's decode-role kernels: batch-invariant, never the packed GEMM):
+  // the FMA work at this efficiency plus decode_gemv_flops_per_weight FLOP-equivalents per
+  // low-precision weight (its widening and loads). 0: decode products are costed as GEMMs.
+  double decode_gemv_efficiency = 0;
+  double decode_gemv_flops_per_weight = 0;
   double memory_usable_fraction = 0.92;  // allocator headroom / fragmentation
   double memory_reserve_gib = 4;         // runtime context, communication buffers, graphs
   double price_per_hour = 0;             // $ per device-hour (a rental assumption)

@@ -295,14 +295,28 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
     fp8_ws[j].scale = scales.data();
     fp8_calls[j] = {&fp8_ws[j], x.data(), &fp8_y[down ? size_t(fp8_up) * 512 + (k - size_t(fp8_up)) * 2048 : k * 512]};
   }
+  // One expert layer's products: the next of the sets of calls, up projections then down.
+  auto expert_layer = [&](std::vector<LinearJob>& calls, size_t& next) {
+    LinearJob* set = &calls[(next++ % fp8_sets) * fp8_per_set];
+    linear_multi(set, fp8_up);
+    linear_multi(set + fp8_up, fp8_down);
+  };
   size_t gemv_fp8_call = 0;
-  probes.push_back({[&] {
-                      LinearJob* set = &fp8_calls[(gemv_fp8_call++ % fp8_sets) * fp8_per_set];
-                      linear_multi(set, fp8_up);
-                      linear_multi(set + fp8_up, fp8_down);
-                    },
-                    6, {}});
+  probes.push_back({[&] { expert_layer(fp8_calls, gemv_fp8_call); }, 6, {}});
   const size_t p_gemv_fp8 = probes.size() - 1;
+  // The same products for kGemvTokens tokens per job (a batched decode step): compute-bound,
+  // so with the one-token probe it gives the decode-role kernels' cost per weight and token.
+  std::vector<float> xt(size_t(kGemvTokens) * 2048), yt(size_t(kGemvTokens) * fp8_y.size());
+  fill_floats(xt.data(), xt.size(), 3);
+  std::vector<LinearJob> fp8_token_calls(fp8_calls);
+  for (size_t j = 0; j < fp8_token_calls.size(); ++j) {
+    fp8_token_calls[j].x = xt.data();
+    fp8_token_calls[j].y = yt.data() + size_t(fp8_calls[j].y - fp8_y.data()) * kGemvTokens;
+    fp8_token_calls[j].n = kGemvTokens;
+  }
+  size_t gemv_tokens_call = 0;
+  probes.push_back({[&] { expert_layer(fp8_token_calls, gemv_tokens_call); }, 2, {}});
+  const size_t p_gemv_tokens = probes.size() - 1;
 
   // Packed GEMMs on fp8 [1024 x 2048] weights (2 MiB each: compute-bound at these row
   // counts). 512 rows: one GEMM split across the threads (a dense prefill projection). 48
@@ -512,6 +526,7 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   auto sec = [&](size_t i) { return median_of_round_means(probes[i]); };
   r.gemv_bf16_gbps = double(gemv_bf16.bytes()) / sec(p_gemv_bf16) / 1e9;
   r.gemv_fp8_gbps = double(fp8_per_set) * double(fp8_ws[0].bytes()) / sec(p_gemv_fp8) / 1e9;
+  r.gemv_fp8_tokens_gflops = 2.0 * kGemvTokens * double(fp8_per_set) * 512.0 * 2048.0 / sec(p_gemv_tokens) / 1e9;
   r.gemm_large_gflops = 2.0 * kGemmLargeRows * 1024.0 * 2048.0 / sec(p_gemm_large) / 1e9;
   r.gemm_small_gflops = 2.0 * experts * kGemmSmallRows * 1024.0 * 2048.0 / sec(p_gemm_small) / 1e9;
   r.indexer_gflops = 2.0 * ix_heads * 128.0 * ix_keys / sec(p_indexer) / 1e9;

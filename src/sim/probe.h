@@ -28,6 +28,8 @@ struct KernelRates {
   int gemv_bf16_cols = 0;         // its row length: the planned model's hidden size (its lm_head's rows)
   double gemv_fp8_gbps = 0;       // one-token linear_multi over sixteen fp8 [512 x 2048] and one over eight
                                   // [2048 x 512] matrices (an expert layer's mix, 24 MiB, from DRAM)
+  double gemv_fp8_tokens_gflops = 0;  // the same linear_multi calls with kGemvTokens tokens per job (a
+                                      // batched decode step's products, the decode-role kernels)
   double gemm_small_gflops = 0;   // eight fp8 [1024 x 2048] GEMMs of kGemmSmallRows rows in a parallel
                                   // loop, one per thread (prefill experts, as the engine runs them)
   double gemm_large_gflops = 0;   // one such GEMM of kGemmLargeRows rows across the threads (a dense projection)
@@ -40,7 +42,7 @@ struct KernelRates {
   double elementwise_gbps = 0;    // norms, RoPE, indexer quantization, silu * up and cache writes of a
                                   // kEltTokens-token chunk, in the operator table's bytes per second
 };
-constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256;
+constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256, kGemvTokens = 16;
 // gemv_bf16_cols: the bf16 GEMV probe's row length. The GEMV pays a fixed cost per row on top
 // of its bytes (about 26 ns per row on two threads of the development machine: rows of 1024
 // stream at 22 GB/s where rows of 8192 reach 29), so the probe streams rows as long as those

@@ -80,10 +80,14 @@ OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt) {
   // Per-weight extra work: widening (every low-precision weight streamed) and, from
   // kPackedGemmMinRows rows per weight on, panel packing. Rows per weight = FLOPs / 2 per
   // weight element (for MoE experts: tokens per expert hit).
-  double per_weight = hw.dequant_flops_per_weight;
-  if (op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
+  // Decode-phase products on a profile that measured its decode GEMV: that kernel's cost
+  // (it never packs, whatever the tokens per weight).
+  const bool gemv = op.phase == Phase::Decode && op.cls == OpClass::Gemm && hw.decode_gemv_efficiency > 0;
+  double per_weight = gemv ? hw.decode_gemv_flops_per_weight : hw.dequant_flops_per_weight;
+  if (!gemv && op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
   const double work = op.flops + op.weight_elems * per_weight;
-  t.compute_us = work / (hw.peak_flops(op.bits) * efficiency(hw, op) * hw.eff.sustained) * 1e6;
+  const double eff = gemv ? hw.decode_gemv_efficiency : efficiency(hw, op);
+  t.compute_us = work / (hw.peak_flops(op.bits) * eff * hw.eff.sustained) * 1e6;
   const double mem_eff = op.cls == OpClass::Memory ? hw.eff.elementwise : hw.eff.memory;
   t.memory_us = op.bytes / (hw.memory_bandwidth_gbps * 1e9 * mem_eff) * 1e6;
   t.time_us = std::max(t.compute_us, t.memory_us) + hw.launch_overhead_us * op.count;

@@ -282,6 +282,9 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   k.gemm_small_gflops = 96.0 / ((96.0 + 32) / 50e9) / 1e9;    // 48 rows: (96 + 32) / 50e9 s per weight
   k.gemm_large_gflops = 1024.0 / ((1024.0 + 32) / 50e9) / 1e9;  // 512 rows
   k.gemv_fp8_gbps = 50.0 / (2 + 8) * (1 + 4.0 / 16384);  // (2 + d) / 50e9 s per weight, 1 + 4/128^2 bytes each
+  // The decode GEMV: a + b n s per weight for n tokens, b = 2 / (0.25 x 100e9) = 8e-11 s,
+  // a = 2e-10 - b = 1.2e-10 s (so one token matches the GEMV above): 2a / b = 3.
+  k.gemv_fp8_tokens_gflops = 2.0 * kGemvTokens / (1.2e-10 + kGemvTokens * 8e-11) / 1e9;
   k.indexer_gflops = 10;
   k.topk_keys_per_s = 50e6;
   k.sparse_decode_gflops = 20;
@@ -294,6 +297,8 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.gemm, 0.5, 1e-12);
   EXPECT_NEAR(h.dequant_flops_per_weight, 8, 1e-9);
   EXPECT_NEAR(h.pack_flops_per_weight, 24, 1e-9);
+  EXPECT_NEAR(h.decode_gemv_efficiency, 0.25, 1e-9);
+  EXPECT_NEAR(h.decode_gemv_flops_per_weight, 3, 1e-6);
   EXPECT_NEAR(h.eff.indexer, 0.1, 1e-12);
   EXPECT_NEAR(h.eff.topk, 5e-4, 1e-15);
   EXPECT_NEAR(h.eff.attention_sparse_decode, 0.2, 1e-12);
@@ -303,14 +308,25 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.elementwise, 0.05, 1e-12);
   EXPECT_EQ(h.eff.sustained, 1.0);  // the probes already time the kernels as the engine runs them
   EXPECT_EQ(h.peak_flops(8), 100e9);
-  // The profile then reproduces its own probes: the 512-row GEMM and the fp8 GEMV.
+  // The profile then reproduces its own probes: the 512-row GEMM (prefill), the fp8 GEMV of
+  // one token and of kGemvTokens tokens (decode).
   Op g = make_op("g", OpClass::Gemm, 8, 1);
+  g.phase = Phase::Prefill;
   g.weight_elems = 1024.0 * 2048;
   g.flops = 2.0 * 512 * g.weight_elems;
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemm_large_gflops * 1e9) * 1e6, 1e-6);
+  g.phase = Phase::Decode;
   g.flops = 2.0 * g.weight_elems;
   g.bytes = g.weight_elems * (1 + 4.0 / 16384);
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.bytes / (k.gemv_fp8_gbps * 1e9) * 1e6, 1e-6);
+  g.flops = 2.0 * kGemvTokens * g.weight_elems;
+  EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemv_fp8_tokens_gflops * 1e9) * 1e6, 1e-6);
+  g.flops = 2.0 * 4 * g.weight_elems;  // four tokens: (2 x 4 + 3) / 25e9 s per weight
+  EXPECT_NEAR(time_op(g, h, nullptr).compute_us, 11.0 / 25e9 * g.weight_elems * 1e6, 1e-6);
+  // Without that probe decode products are costed as the GEMM model says.
+  KernelRates old = k;
+  old.gemv_fp8_tokens_gflops = 0;
+  EXPECT_EQ(local_hardware_from(2, 20, 100, old).decode_gemv_efficiency, 0);
   // A bf16 GEMV faster than the read probe sets the bandwidth itself.
   KernelRates fast = k;
   fast.gemv_bf16_gbps = 25;
