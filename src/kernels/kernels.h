@@ -65,8 +65,8 @@ Backend backend();
 
 // Instruction-set tiers of the cpu backend, chosen at run time (one binary runs on every
 // x86-64 machine): generic (portable loops), avx2 (AVX2 + FMA + F16C), avx512 (F, BW, VL,
-// DQ: the decode GEMV and the prefill GEMM in 512-bit registers, the other kernels the
-// avx2 ones). The best tier the CPU and the OS allow runs unless DSA_ISA names a lower
+// DQ: the decode GEMV, the prefill GEMM and the indexer scan in 512-bit registers, the other
+// kernels the avx2 ones). The best tier the CPU and the OS allow runs unless DSA_ISA names a lower
 // one. Each tier keeps the batch invariance of the products below; tiers differ from each
 // other only in summation order.
 enum class Isa { Generic, Avx2, Avx512 };
