@@ -100,7 +100,7 @@ inline float block_scale(const Linear& w, int r, int c0) {
 // subnormals). A word shift by 8 brings b2 up the same way, and a lane shift by 16 does b1
 // and b0 from the same two shifted vectors: five shifts and four ANDs per 32 weights.
 // The four vectors hold bytes 3, 2, 1, 0 of every lane, so x is permuted to match
-// (prescale_x). The caller scales x by 2^64 so products stay far from the subnormal range
+// (prescale_x_into). The caller scales x by 2^64 so products stay far from the subnormal range
 // (the FMA forms them exactly), and undoes both factors with the block scale.
 struct Fp8x32 {
   __m256 b3, b2, b1, b0;  // weights 4i+3, 4i+2, 4i+1, 4i for lane i
@@ -192,14 +192,8 @@ inline void prescale_x_into(const float* x, int n, float* b) {
   for (; c < n; ++c) b[c] = x[c] * kFp8XScale;
 }
 
-inline const float* prescale_x(const float* x, int n) {
-  float* b = x_buffer(t_xscaled, size_t(n));
-  prescale_x_into(x, n, b);
-  return b;
-}
-
 // x split per 16 columns into its even and odd columns, [x0 x2 .. x14 | x1 x3 .. x15], the
-// lane order gemv_bf16_avx2 produces; a per-thread buffer grown once, then reused.
+// lane order gemv_bf16_avx2 produces.
 inline void deinterleave_x_into(const float* x, int n, float* b) {
   int c = 0;
   for (; c + 16 <= n; c += 16)
@@ -210,16 +204,10 @@ inline void deinterleave_x_into(const float* x, int n, float* b) {
   for (; c < n; ++c) b[c] = x[c];
 }
 
-inline const float* deinterleave_x(const float* x, int n) {
-  float* b = x_buffer(t_xdeint, size_t(n));
-  deinterleave_x_into(x, n, b);
-  return b;
-}
-
 // bf16 rows, 16 weights per 32-byte load: each 32-bit lane holds two bf16 values, the odd
 // column in its high half (masking the low half leaves it as an f32) and the even column
 // in its low half (one shift up makes it an f32). Two integer ops per 16 weights instead
-// of widening shuffles; xd is x deinterleaved to match (deinterleave_x). Four rows share
+// of widening shuffles; xd is x deinterleaved to match (deinterleave_x_into). Four rows share
 // the x loads.
 __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const float* x, const float* xd, float* y, int base,
                                                        int r0, int r1) {
