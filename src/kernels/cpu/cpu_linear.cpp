@@ -305,6 +305,9 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
   int r = r0;
   // Two rows at a time share each x load (2 x NT x 2 accumulators), while they fit in the
   // sixteen registers with the four weight vectors (NT <= 2); one row at a time otherwise.
+  // The x vectors are pinned in registers: left to itself the compiler folds each into
+  // both rows' FMAs as a memory operand, and loads, not FMAs, then bound the loop
+  // (1.5x slower with the weights in cache).
   for (; NT <= 2 && r + 2 <= r1; r += 2) {
     const uint16_t* w0 = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
     const uint16_t* w1 = w0 + size_t(K);
@@ -319,7 +322,9 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
       const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi_mask));
       for (int t = 0; t < NT; ++t) {
         const float* xd = xp + size_t(t) * size_t(K) + c;
-        const __m256 xe = _mm256_loadu_ps(xd), xo = _mm256_loadu_ps(xd + 8);
+        __m256 xe = _mm256_loadu_ps(xd), xo = _mm256_loadu_ps(xd + 8);
+        in_register(xe);
+        in_register(xo);
         a[t][0] = _mm256_fmadd_ps(e0, xe, a[t][0]);
         a[t][1] = _mm256_fmadd_ps(o0, xo, a[t][1]);
         b[t][0] = _mm256_fmadd_ps(e1, xe, b[t][0]);
@@ -365,12 +370,14 @@ __attribute__((target("avx2,fma"))) void gemv_prepared_avx2(const Linear& w, con
 }
 
 // Rows [r0, r1) for any number of tokens: x [n, cols], y [n, ldy] (row r at y[r - base]).
-// Tokens go in groups of three (the registers hold three tokens' accumulators); with more
+// Tokens go in groups of three for fp8 (the registers hold three tokens' accumulators
+// beside the widened weights) and of two for bf16 (two rows then share each x vector,
+// which three tokens' one-row kernel cannot: 1.4-1.6x the FLOP rate); with more
 // than one group the rows go in blocks of kRowBlock, each block's weights read from memory
 // once and from cache by the later groups, and the inputs of up to kTokPrepared tokens are
 // put in the kernels' lane order once for all row blocks. Every kernel sums a row the same
 // way (the one-token order), so the grouping changes no output bit.
-constexpr int kTokGroup = 3, kRowBlock = 64, kTokPrepared = kTokBuf;
+constexpr int kTokGroupFp8 = 3, kTokGroupBf16 = 2, kRowBlock = 64, kTokPrepared = kTokBuf;
 __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const float* x, int n, float* y, size_t ldy, int base,
                                                          int r0, int r1) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
@@ -384,12 +391,14 @@ __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const
       if (fp8) prescale_x_into(xi, w.cols, xb + size_t(i) * cols);
       else deinterleave_x_into(xi, w.cols, xb + size_t(i) * cols);
     }
-    const int rb_step = cnt <= kTokGroup ? r1 - r0 : kRowBlock;
+    // Up to three tokens run as one group in either dtype (one pass, nothing to reuse).
+    const int group = cnt <= 3 ? cnt : fp8 ? kTokGroupFp8 : kTokGroupBf16;
+    const int rb_step = cnt <= group ? r1 - r0 : kRowBlock;
     for (int rb = r0; rb < r1; rb += rb_step) {
       const int re = std::min(r1, rb + rb_step);
         // Groups as even as possible (4 tokens: 2 + 2, not 3 + 1): each pass over the block
       // does about the same work per weight loaded.
-      const int groups = (cnt + kTokGroup - 1) / kTokGroup;
+      const int groups = (cnt + group - 1) / group;
       for (int gi = 0, g = 0; gi < groups; ++gi) {
         const int k = (cnt - g) / (groups - gi);
         gemv_prepared_avx2(w, x + size_t(t0 + g) * cols, xb + size_t(g) * cols, k, y + size_t(t0 + g) * ldy, ldy, base, rb, re);

@@ -6,6 +6,10 @@
 
 namespace dsa::kernels::cpu {
 
+// Makes v opaque to the optimizer so it stays in a register: a vector several FMAs share
+// is otherwise folded into each of them as a memory operand (one load per use).
+__attribute__((target("avx2,fma"))) inline void in_register(__m256& v) { __asm__("" : "+x"(v)); }
+
 // Sum of the eight lanes.
 __attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
