@@ -6,12 +6,14 @@
 #include <cmath>
 #include <filesystem>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "runtime/dist.h"
 #include "runtime/engine.h"
 
 namespace dsa::cli {
@@ -148,6 +150,34 @@ struct CacheFlags {
     o.block_size = block_size;
     if (!mem.empty()) o.cache_bytes = parse_bytes(mem, "--cache-mem");
     if (tokens > 0) o.cache_tokens = tokens;
+  }
+};
+
+// --ep: expert parallelism over the ranks of an MPI job (mpirun -np N dsa ... --ep N). Rank 0
+// writes the command's output; the other ranks compute beside it and stay silent on stdout.
+struct ParallelFlags {
+  int ep = 1;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--ep", ep, "Expert-parallel ranks: run under mpirun -np N with --ep N; each rank holds 1/N of the routed experts")
+        ->capture_default_str()
+        ->check(int_in(1, 4096));
+  }
+  // Joins the MPI job and checks the layout against it, before any weight is read.
+  ExpertShard shard() const {
+    dist::init();
+    const int n = dist::size();
+    if (n > 1 && ep == 1)
+      throw Error("started as " + std::to_string(n) + " MPI processes: say how to split the model over them (--ep " + std::to_string(n) + ")");
+    if (ep != n) {
+      throw Error("--ep " + std::to_string(ep) + ": expected " + (n > 1 ? "the job's " + std::to_string(n) + " processes" : "1 outside mpirun") +
+                  (n > 1 ? "" : " (start it as mpirun -np " + std::to_string(ep) + " dsa ... --ep " + std::to_string(ep) + ")"));
+    }
+    if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("rank " + std::to_string(dist::rank()) + ": cannot silence stdout");
+    ExpertShard s;
+    s.rank = dist::rank();
+    s.ranks = n;
+    s.sum = n > 1 ? &dist::sum : nullptr;
+    return s;
   }
 };
 

@@ -26,6 +26,7 @@ struct Args {
   int prompt = 512, gen = 128, depth = 0, threads = 0, repeat = 3, batch = 1;
   bool json = false;
   uint64_t seed = 1;
+  dsa::cli::ParallelFlags par;
 };
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -142,7 +143,8 @@ void run(const Args& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   const int threads = omp_get_max_threads();
   const double t0 = now();
-  auto m = Model::load(a.model, false, !a.json);
+  const ExpertShard shard = a.par.shard();
+  auto m = Model::load(a.model, false, !a.json && shard.rank == 0, true, shard);
   const double load_s = now() - t0;
   const ModelConfig& c = m->config;
 
@@ -337,6 +339,7 @@ void setup_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode speed against this machine's bandwidth and FMA peak");
   cmd->add_option("--model", a->model, "Model directory");
+  a->par.add(cmd);
   cmd->require_subcommand(0, 1);
   cmd->add_option("-p,--prompt", a->prompt, "Prefill tokens (0: skip)")->capture_default_str()->check(dsa::cli::int_in(0, dsa::cli::kMaxTokens));
   cmd->add_option("-n,--gen", a->gen, "Decode tokens (0: skip)")->capture_default_str()->check(dsa::cli::int_in(0, dsa::cli::kMaxTokens));

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <map>
 
+#include "cli_util.h"
 #include "command.h"
 #include "kernels/kernels.h"
 #include "model/weights.h"
@@ -17,12 +18,15 @@ std::string human(double b) {
   return s;
 }
 
-void run(const std::string& dir) {
+void run(const std::string& dir, int ep) {
   using namespace dsa;
   // Shapes and names only: the weights stay mapped on demand (a real checkpoint is hundreds
   // of GB; inspecting it must not read them).
   auto m = Model::load(dir, true, /*verbose=*/false, /*prefetch=*/false);
   const ModelConfig& c = m->config;
+  ExpertShard layout;
+  layout.ranks = ep;
+  layout.validate(c);
   std::map<std::string, uint64_t> by_dtype;
   uint64_t total = 0;
   for (const auto& [name, t] : m->files.tensors()) {
@@ -52,13 +56,23 @@ void run(const std::string& dir) {
   std::printf("schedule:     %s (%d full, %d shared; F = own indexer, S = reuses the previous full layer)\n",
               c.indexer_schedule_str().c_str(), full, c.num_hidden_layers - full);
   std::printf("cache/token:  %d B with fp8 latent (656-byte layout), %d B with bf16 latent (main layers)\n", fp8, bf16);
+  if (ep > 1) {
+    // Routed experts split in contiguous ranges; everything else on every rank.
+    std::printf("--ep %d:       %d routed experts per rank, bytes read per rank:\n", ep, c.n_routed_experts / ep);
+    for (int r = 0; r < ep; ++r) {
+      layout.rank = r;
+      std::printf("  rank %-4d   %s\n", r, human(double(shard_bytes(m->files, c, layout))).c_str());
+    }
+  }
 }
 
 void setup_inspect(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("inspect", "Summarize a checkpoint: family, layers, parameters, bytes by dtype, cache per token");
+  auto ep = std::make_shared<int>(1);
   cmd->add_option("--model", *dir, "Model directory (config.json + safetensors)")->required();
-  cmd->callback([dir] { run(*dir); });
+  cmd->add_option("--ep", *ep, "Also print the bytes each of N expert-parallel ranks reads")->check(dsa::cli::int_in(1, 4096));
+  cmd->callback([dir, ep] { run(*dir, *ep); });
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ struct Args {
   int prompt_len = -1, batch_with = 0;
   uint64_t batch_seed = 1;
   bool mtp = false, dump = false;
+  dsa::cli::ParallelFlags par;
 };
 
 void run(const Args& a) {
@@ -35,7 +36,8 @@ void run(const Args& a) {
     if (!fs::is_directory(parent)) throw Error("--out: directory '" + parent.string() + "' does not exist");
   }
 
-  auto model = Model::load(a.model, a.mtp);
+  const ExpertShard shard = a.par.shard();
+  auto model = Model::load(a.model, a.mtp, false, true, shard);
   const ModelConfig& c = model->config;
   if (a.mtp && !model->weights.mtp) throw Error("--mtp: the model has no MTP layer (num_nextn_predict_layers = 0)");
   if (T > c.max_position_embeddings)
@@ -60,6 +62,7 @@ void run(const Args& a) {
   if (a.mtp) out.push_back(make_blob_f32("mtp.logits", {T - 1, r.vocab}, r.mtp_logits.data()));
   for (const auto& [name, f] : r.floats) out.push_back(make_blob_f32(name, f.shape, f.v.data()));
   for (const auto& [name, i] : r.ints) out.push_back(make_blob_i32(name, i.shape, i.v.data()));
+  if (shard.rank != 0) return;  // rank 0 writes the file
   write_safetensors(a.out, out, {{"format", "dsa.logits"}});
   std::fprintf(stderr, "wrote %s: logits [%d, %d]%s\n", a.out.c_str(), T, r.vocab, a.mtp ? " and mtp.logits" : "");
 }
@@ -81,6 +84,7 @@ void setup_logits(CLI::App& app) {
       ->check(dsa::cli::int_in(0, 1024));
   cmd->add_option("--batch-seed", a->batch_seed, "Seed of the --batch-with sequences")->capture_default_str();
   cmd->add_option("--out", a->out, "Output .safetensors file (written only on success)")->required();
+  a->par.add(cmd);
   cmd->callback([a] { run(*a); });
 }
 

@@ -21,6 +21,7 @@ struct Args {
   std::string model, prompt, ids, prompts, kv_cache = "fp8";
   int n = 256, ctx = 0, batch = 512, parallel = 0;
   bool print_ids = false, chat = false, thinking = false, ignore_eos = false, mtp = false;
+  dsa::cli::ParallelFlags par;
   std::vector<std::string> stop;
   dsa::cli::SamplingFlags sampling;
   dsa::cli::CacheFlags cache;
@@ -137,7 +138,8 @@ void run(Args& a) {
   const SamplerParams sp = a.sampling.resolve();
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/!a.print_ids);
+  const ExpertShard shard = a.par.shard();
+  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/!a.print_ids && shard.rank == 0, /*prefetch=*/true, shard);
   const ModelConfig& c = model->config;
   std::optional<Tokenizer> tok;
   // --print-ids with --prompts reads id lines (no tokenizer); with -p text, the tokenizer.
@@ -201,6 +203,7 @@ void setup_run(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("run", "Generate completions: text in, streamed text out (or ids in, ids out)");
   cmd->add_option("--model", a->model, "Model directory (config.json, safetensors, tokenizer.json)")->required();
+  a->par.add(cmd);
   cmd->add_option("-p,--prompt", a->prompt, "Prompt text");
   cmd->add_option("--ids", a->ids, "Prompt as comma-separated token ids (no tokenizer needed; with --print-ids)");
   cmd->add_option("--prompts", a->prompts,

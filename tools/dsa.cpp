@@ -14,6 +14,7 @@
 #include "core/numa.h"
 #include "core/threads.h"
 #include "kernels/kernels.h"
+#include "runtime/dist.h"
 
 namespace dsa::cli {
 
@@ -25,6 +26,18 @@ std::vector<Entry>& registry() {
 Registrar::Registrar(int order, Setup setup) { registry().push_back({order, setup}); }
 
 }  // namespace dsa::cli
+
+namespace {
+
+// One error line; in an MPI job it names the rank and ends every rank (no rank is left
+// waiting in a collective for this one).
+int fail(const std::string& message) {
+  if (dsa::dist::active()) dsa::dist::abort_job(message);
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // One thread per physical core unless OMP_NUM_THREADS says otherwise (-t overrides both
@@ -81,15 +94,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const dsa::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of memory: the request needs more memory than this machine has "
-                         "(a smaller --ctx, --depth, prompt or --batch needs less)\n");
-    return 1;
+    return fail("out of memory: the request needs more memory than this machine has "
+                "(a smaller --ctx, --depth, prompt or --batch needs less)");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
+  dsa::dist::finalize();
   return 0;
 }

@@ -68,16 +68,23 @@ std::string read_text_file(const std::string& path, const std::string& what, siz
   return s;
 }
 
-void MmapFile::populate() const {
-  if (!data_) return;
+void MmapFile::populate() const { populate(data_, size_); }
+
+void MmapFile::populate(const uint8_t* p, size_t n) const {
+  if (!data_ || n == 0) return;
+  DSA_CHECK(p >= data_ && p + n <= data_ + size_, "MmapFile::populate: range outside the mapping of " + path_);
+  // madvise wants a page-aligned start.
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t lead = size_t(p - data_) % page;
+  uint8_t* start = const_cast<uint8_t*>(p - lead);
+  const size_t len = n + lead;
 #ifdef MADV_POPULATE_READ
-  if (::madvise(const_cast<uint8_t*>(data_), size_, MADV_POPULATE_READ) == 0) return;
+  if (::madvise(start, len, MADV_POPULATE_READ) == 0) return;
 #endif
   // Kernels before 5.14: start readahead, then touch one byte per page.
-  ::madvise(const_cast<uint8_t*>(data_), size_, MADV_WILLNEED);
-  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  ::madvise(start, len, MADV_WILLNEED);
   volatile uint8_t sink = 0;
-  for (size_t i = 0; i < size_; i += page) sink = sink ^ data_[i];
+  for (size_t i = 0; i < len; i += page) sink = sink ^ start[i];
   (void)sink;
 }
 

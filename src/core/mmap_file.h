@@ -23,6 +23,8 @@ public:
   // slower with the file cached and several times slower with it on disk (random reads
   // instead of one sequential pass). Nothing is copied or converted.
   void populate() const;
+  // The same for the pages of [p, p + n), a range inside the mapping.
+  void populate(const uint8_t* p, size_t n) const;
 
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }

@@ -52,6 +52,19 @@ void SafeTensors::populate(const std::function<void(size_t, size_t)>& progress) 
   }
 }
 
+void SafeTensors::populate(const std::function<bool(const std::string&)>& keep,
+                           const std::function<void(size_t, size_t)>& progress) const {
+  size_t done = 0;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    for (const auto& [name, t] : tensors_)
+      if (t.file == files_[i]->path() && keep(name)) {
+        files_[i]->populate(t.data, t.nbytes);
+        done += t.nbytes;
+      }
+    if (progress) progress(i + 1, done);
+  }
+}
+
 const TensorInfo* SafeTensors::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

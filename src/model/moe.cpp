@@ -72,12 +72,14 @@ static const float* gather_tokens(Workspace& ws, const float* xn, int e, int k, 
 }
 
 // out row t = the routing-weighted sum of token t's k expert outputs, slots in order
-// (the reference's summation order).
-static void combine_token(Workspace& ws, float* out, int t, int k, int H) {
+// (the reference's summation order); on an expert-parallel rank, of the slots whose
+// experts it owns (the ranks' partial rows are summed afterwards).
+static void combine_token(Workspace& ws, const ExpertShard& shard, int E, float* out, int t, int k, int H) {
   out += size_t(t) * size_t(H);
   std::fill(out, out + H, 0.0f);
   for (int j = 0; j < k; ++j) {
     const int r = t * k + j;
+    if (!shard.owns(ws.expert_ids[size_t(r)], E)) continue;
     const float wt = ws.expert_w[size_t(r)];
     const float* dj = &ws.d[size_t(ws.expert_pos[size_t(r)]) * size_t(H)];
     for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
@@ -114,9 +116,10 @@ static int route_and_group(const Step& st, const MoeWeights& w, const float* xn,
   for (int e = 0; e < E; ++e)
     for (int j = 0; j < ws.expert_count[size_t(e)]; ++j)
       ws.expert_pos[size_t(ws.expert_rows[size_t(ws.expert_offset[size_t(e)] + j)])] = ws.expert_offset[size_t(e)] + j;
+  // Every rank routes every token (the router is replicated); each runs only its own experts.
   int n_active = 0;
   for (int e = 0; e < E; ++e)
-    if (ws.expert_count[size_t(e)] > 0) ws.expert_active[size_t(n_active++)] = e;
+    if (ws.expert_count[size_t(e)] > 0 && st.m.shard.owns(e, E)) ws.expert_active[size_t(n_active++)] = e;
   return n_active;
 }
 
@@ -133,7 +136,8 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
-  const int S = w.has_shared ? w.shared_experts.gate_proj.rows : 0;
+  const bool shared = w.has_shared && st.m.shard.rank == 0;  // the shared expert runs on rank 0
+  const int S = shared ? w.shared_experts.gate_proj.rows : 0;
   const size_t routed = size_t(n) * size_t(k);  // grouped rows; the shared expert's follow
   kernels::LinearJob jobs[2 * kMaxRoutedExperts + 2];
   int nj = 0;
@@ -144,7 +148,7 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
     jobs[nj++] = {&ex.gate_proj, xg, &ws.g[size_t(off) * size_t(I)], cnt};
     jobs[nj++] = {&ex.up_proj, xg, &ws.u[size_t(off) * size_t(I)], cnt};
   }
-  if (w.has_shared) {
+  if (shared) {
     jobs[nj++] = {&w.shared_experts.gate_proj, xn, &ws.g[routed * size_t(I)], n};
     jobs[nj++] = {&w.shared_experts.up_proj, xn, &ws.u[routed * size_t(I)], n};
   }
@@ -155,12 +159,12 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
     const int e = ws.expert_active[size_t(a)], cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
     jobs[nj++] = {&w.experts[size_t(e)].down_proj, &ws.g[size_t(off) * size_t(I)], &ws.d[size_t(off) * size_t(H)], cnt};
   }
-  if (w.has_shared) jobs[nj++] = {&w.shared_experts.down_proj, &ws.g[routed * size_t(I)], &ws.d[routed * size_t(H)], n};
+  if (shared) jobs[nj++] = {&w.shared_experts.down_proj, &ws.g[routed * size_t(I)], &ws.d[routed * size_t(H)], n};
   run_jobs(jobs, nj);
   // Weighted combine per token, then the shared expert.
   for (int t = 0; t < n; ++t) {
-    combine_token(ws, out, t, k, H);
-    if (w.has_shared) {
+    combine_token(ws, st.m.shard, c.n_routed_experts, out, t, k, H);
+    if (shared) {
       float* o = out + size_t(t) * size_t(H);
       const float* ds = &ws.d[(routed + size_t(t)) * size_t(H)];
       for (int h = 0; h < H; ++h) o[h] += ds[h];
@@ -191,8 +195,8 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
 
   // Weighted combine per token (each output row written by one thread).
 #pragma omp parallel for schedule(static)
-  for (int t = 0; t < n; ++t) combine_token(ws, out, t, k, H);
-  if (w.has_shared) {
+  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, out, t, k, H);
+  if (w.has_shared && st.m.shard.rank == 0) {
     mlp_block(w.shared_experts, ws, n, false, xn, ws.d.data());
     for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
   }
@@ -206,6 +210,15 @@ void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bo
   const int n_active = route_and_group(st, w, xn, layer, t0, n);
   if (decode) experts_decode(st, w, xn, out, n, n_active);
   else experts_prefill(st, w, xn, out, n, n_active);
+  // Expert parallelism: one all-reduce of the partial outputs, n x hidden floats. The
+  // alternative, dispatching each token to the ranks of its experts and combining back
+  // (all-to-all), moves k x hidden per token and pays off only when attention is split
+  // by sequence across ranks; with attention on every rank every token is already
+  // everywhere, and the reduce is the one collective.
+  if (st.m.shard.ranks > 1) {
+    DSA_CHECK(st.m.shard.sum, "moe: an expert-parallel model without its all-reduce");
+    st.m.shard.sum(out, size_t(n) * H);
+  }
 }
 
 }  // namespace dsa

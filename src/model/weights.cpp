@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -193,11 +194,39 @@ ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, b
   return w;
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose, bool prefetch) {
+bool ExpertShard::foreign(const std::string& tensor, int n_experts) const {
+  if (ranks <= 1) return false;
+  const size_t at = tensor.find(".mlp.experts.");
+  if (at == std::string::npos) return false;
+  const char* p = tensor.c_str() + at + 13;
+  char* end = nullptr;
+  const long e = std::strtol(p, &end, 10);
+  return end != p && e >= 0 && e < n_experts && !owns(int(e), n_experts);
+}
+
+void ExpertShard::validate(const ModelConfig& c) const {
+  if (ranks <= 1) return;
+  if (c.n_routed_experts == 0)
+    throw Error("--ep " + std::to_string(ranks) + ": the model has no routed experts to split (n_routed_experts = 0)");
+  if (c.n_routed_experts % ranks != 0)
+    throw Error("--ep " + std::to_string(ranks) + ": does not divide the model's " + std::to_string(c.n_routed_experts) +
+                " routed experts");
+}
+
+size_t shard_bytes(const SafeTensors& files, const ModelConfig& c, const ExpertShard& shard) {
+  size_t n = 0;
+  for (const auto& [name, t] : files.tensors())
+    if (!shard.foreign(name, c.n_routed_experts)) n += t.nbytes;
+  return n;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose, bool prefetch, const ExpertShard& shard) {
   if (!std::filesystem::exists(dir)) throw Error("model directory '" + dir + "' does not exist");
   if (!std::filesystem::is_directory(dir)) throw Error("'" + dir + "' is not a directory (expected the model folder holding config.json)");
   auto m = std::make_unique<Model>();
   m->config = ModelConfig::from_file(dir);
+  shard.validate(m->config);
+  m->shard = shard;
   if (verbose) std::fprintf(stderr, "loading %s: mapping safetensors ...\n", dir.c_str());
   m->files = SafeTensors::open(dir);
   if (verbose) std::fprintf(stderr, "loading %s: %zu file(s), %zu tensors, binding weights ...\n", dir.c_str(), m->files.num_files(), m->files.tensors().size());
@@ -205,12 +234,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool v
   if (prefetch) {
     // Only what fits: a checkpoint larger than the machine's memory would evict its own
     // first pages while reading the last ones; it is then read on demand, as mapped.
-    const size_t total = m->files.total_bytes();
+    const size_t total = shard_bytes(m->files, m->config, shard);
     const double ram = physical_memory_bytes();
     if (double(total) < 0.9 * ram) {
       const bool tty = verbose && ::isatty(STDERR_FILENO);
       const size_t n = m->files.num_files();
-      m->files.populate([&](size_t files_done, size_t bytes_done) {
+      const int E = m->config.n_routed_experts;
+      auto mine = [&](const std::string& name) { return !shard.foreign(name, E); };
+      m->files.populate(mine, [&](size_t files_done, size_t bytes_done) {
         if (tty)
           std::fprintf(stderr, "\rloading %s: reading weights %zu/%zu file(s), %.2f/%.2f GB", dir.c_str(), files_done, n,
                        double(bytes_done) / 1e9, double(total) / 1e9);

@@ -86,6 +86,48 @@ TEST(Loader, ShardedBf16AndFp8CheckpointsLoadAndAgree) {
   for (float v : rc.logits) ASSERT_TRUE(std::isfinite(v));
 }
 
+// Expert-parallel ranks: each reads the same share of the routed experts and all of the
+// rest; the routed experts are split exactly (nothing read twice, nothing left out).
+TEST(Loader, ExpertShardsSplitTheRoutedExpertsAndShareTheRest) {
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    auto m = Model::load(test::golden_dir() + "/" + name + "/model", true, false, false);
+    const int E = m->config.n_routed_experts;
+    if (E < 2) continue;
+    size_t total = 0, experts = 0;
+    for (const auto& [tname, t] : m->files.tensors()) {
+      total += t.nbytes;
+      if (tname.find(".mlp.experts.") != std::string::npos) experts += t.nbytes;
+    }
+    ASSERT_GT(experts, 0u);
+    for (int ranks : {2, E}) {
+      if (E % ranks != 0) continue;
+      ExpertShard s;
+      s.ranks = ranks;
+      EXPECT_NO_THROW(s.validate(m->config));
+      size_t sum = 0;
+      for (int r = 0; r < ranks; ++r) {
+        s.rank = r;
+        const size_t b = shard_bytes(m->files, m->config, s);
+        EXPECT_EQ(b, total - experts + experts / size_t(ranks)) << "rank " << r << " of " << ranks;
+        sum += b;
+      }
+      EXPECT_EQ(sum, size_t(ranks) * (total - experts) + experts);
+    }
+    ExpertShard two;
+    two.ranks = 2;
+    two.rank = 1;
+    EXPECT_TRUE(two.foreign("model.layers.3.mlp.experts.0.up_proj.weight", E));
+    EXPECT_FALSE(two.foreign("model.layers.3.mlp.experts." + std::to_string(E - 1) + ".up_proj.weight_scale_inv", E));
+    EXPECT_FALSE(two.foreign("model.layers.3.mlp.shared_experts.up_proj.weight", E));
+    ExpertShard odd;
+    odd.ranks = E + 1;
+    EXPECT_THROW(odd.validate(m->config), Error);
+  }
+}
+
 TEST(Loader, MissingTensorIsNamed) {
   const std::string dir = make("missing", "tiny", "fp8", 1);
   auto bl = blobs_of(dir + "/model.safetensors");

@@ -1,0 +1,113 @@
+#include "runtime/dist.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "core/error.h"
+
+#ifdef DSA_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace dsa::dist {
+namespace {
+
+int g_rank = 0, g_size = 1;
+bool g_active = false;
+
+// The job size the launcher exported, 0 when no launcher started this process. Open MPI
+// sets OMPI_COMM_WORLD_SIZE; PMI_SIZE covers MPICH-style launchers.
+int launcher_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* v = std::getenv(var);
+    if (!v) continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < 1 || n > 1 << 20)
+      throw Error(std::string("MPI environment: ") + var + "='" + v + "' is not a process count");
+    return int(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool built_with_mpi() {
+#ifdef DSA_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+void init() {
+  if (g_active) return;
+  const int n = launcher_size();
+  if (n <= 1) return;
+#ifdef DSA_HAVE_MPI
+  int provided = 0;
+  // Only the main thread calls MPI (the OpenMP workers never do).
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    throw Error("MPI_Init_thread failed: cannot join the mpirun job");
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  // Errors end the job (MPI_ERRORS_ARE_FATAL): a rank that dies takes the others with it
+  // instead of leaving them in a collective.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+  g_active = true;
+  if (g_size != n)
+    abort_job("MPI environment: the launcher announced " + std::to_string(n) + " processes, MPI_COMM_WORLD has " + std::to_string(g_size));
+#else
+  throw Error("started by mpirun as " + std::to_string(n) +
+              " processes, but this dsa was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+}
+
+bool active() { return g_active; }
+int rank() { return g_rank; }
+int size() { return g_size; }
+
+void sum(float* data, size_t n) {
+  if (!g_active) return;
+#ifdef DSA_HAVE_MPI
+  constexpr size_t kMaxCount = size_t(std::numeric_limits<int>::max());
+  for (size_t off = 0; off < n; off += kMaxCount)
+    MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+#else
+  (void)data;
+  (void)n;
+#endif
+}
+
+void barrier() {
+#ifdef DSA_HAVE_MPI
+  if (g_active) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+}
+
+double max_over_ranks(double v) {
+#ifdef DSA_HAVE_MPI
+  if (g_active) MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+#endif
+  return v;
+}
+
+void abort_job(const std::string& message) {
+  std::fprintf(stderr, "error: rank %d of %d: %s\n", g_rank, g_size, message.c_str());
+  std::fflush(stderr);
+#ifdef DSA_HAVE_MPI
+  if (g_active) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  std::exit(1);
+}
+
+void finalize() {
+#ifdef DSA_HAVE_MPI
+  if (g_active) MPI_Finalize();
+#endif
+  g_active = false;
+}
+
+}  // namespace dsa::dist

@@ -1,0 +1,195 @@
+// Expert parallelism under mpirun (Open MPI on localhost, two ranks): every golden case's
+// logits against the single-process run and the golden reference, greedy `dsa run` ids,
+// and the layouts and failures that must end in one clear error instead of a hang.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fixtures.h"
+#include "io/safetensors.h"
+#include "runtime/dist.h"
+
+namespace fs = std::filesystem;
+using namespace dsa;
+
+namespace {
+
+// A clear skip, never a silent pass, where this build cannot run MPI jobs.
+#define DSA_NEED_MPI()                                                                                           \
+  do {                                                                                                           \
+    if (!dist::built_with_mpi()) GTEST_SKIP() << "dsa was built without MPI (install libopenmpi-dev and rebuild)"; \
+    if (test::shell("command -v mpirun >/dev/null 2>&1").code != 0) GTEST_SKIP() << "mpirun not found (install openmpi-bin)"; \
+  } while (0)
+
+// Two ranks on this machine, one thread each; `timeout` turns a hang into a failure.
+std::string mpirun(int np) {
+  return "timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np " + std::to_string(np) + " ";
+}
+
+struct Case {
+  std::string dir, ids, args;  // args: --ids ... --prompt-len ... --kv-cache ...
+  bool fp8 = false, mtp = false;
+};
+
+Case read_case(const std::string& name) {
+  Case c;
+  c.dir = test::golden_dir() + "/" + name;
+  std::ifstream in(c.dir + "/case.json");
+  const auto cj = nlohmann::json::parse(in);
+  for (int32_t id : cj.at("ids").get<std::vector<int32_t>>()) {
+    if (!c.ids.empty()) c.ids += ',';
+    c.ids += std::to_string(id);
+  }
+  c.fp8 = cj.at("kv_cache").get<std::string>() == "fp8";
+  c.mtp = SafeTensors::open(c.dir + "/expected.safetensors").has("mtp.logits");
+  c.args = " --model " + c.dir + "/model --ids " + c.ids + " --prompt-len " + std::to_string(cj.at("prompt_len").get<int>()) +
+           " --kv-cache " + (c.fp8 ? "fp8" : "f32") + (c.mtp ? " --mtp" : "");
+  return c;
+}
+
+std::vector<float> floats(const SafeTensors& st, const std::string& name) {
+  const TensorInfo& t = st.get(name);
+  std::vector<float> v(size_t(t.numel()));
+  std::memcpy(v.data(), t.data, v.size() * 4);
+  return v;
+}
+
+// max |a - b| over max |b| (finite entries of b; an infinite entry must match).
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double mx = 0, err = 0;
+  for (size_t i = 0; i < b.size() && i < a.size(); ++i) {
+    if (!std::isfinite(b[i])) {
+      EXPECT_EQ(a[i], b[i]) << "entry " << i;
+      continue;
+    }
+    mx = std::max(mx, double(std::fabs(b[i])));
+    err = std::max(err, std::fabs(double(a[i]) - b[i]));
+  }
+  return err / std::max(mx, 1e-30);
+}
+
+TEST(Mpi, ExpertParallelLogitsMatchOneProcessOnEveryGoldenCase) {
+  DSA_NEED_MPI();
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    const Case c = read_case(name);
+    const std::string one = test::scratch(name + "_one.safetensors"), ep = test::scratch(name + "_ep2.safetensors");
+    const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + " logits" + c.args + " --ep 2 --out " + ep + " 2>&1");
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    const SafeTensors a = SafeTensors::open(one), b = SafeTensors::open(ep), want = SafeTensors::open(c.dir + "/expected.safetensors");
+    for (const std::string t : {"logits", "mtp.logits"}) {
+      if (t == "mtp.logits" && !c.mtp) continue;
+      SCOPED_TRACE(t);
+      const auto got = floats(b, t);
+      // The ranks' partial sums are added in another order than one process adds the
+      // slots: not bitwise, within 1e-5; and within the golden README's bound.
+      const double e1 = rel_err(got, floats(a, t)), eg = rel_err(got, floats(want, t));
+      EXPECT_LE(e1, 1e-5) << "against one process";
+      EXPECT_LE(eg, c.fp8 ? 3e-2 : 1e-4) << "against the golden reference";
+      std::printf("[ mpi ] %-24s %-10s ep2 vs one process %.2e, vs golden %.2e\n", name.c_str(), t.c_str(), e1, eg);
+    }
+  }
+}
+
+TEST(Mpi, GreedyRunGivesTheOneProcessIds) {
+  DSA_NEED_MPI();
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    const Case c = read_case(name);
+    const std::string run = " run --model " + c.dir + "/model --ids " + c.ids + " --print-ids -n 6 --greedy --ignore-eos";
+    const auto r1 = test::shell(test::dsa_binary() + run + " 2>/dev/null");
+    ASSERT_EQ(r1.code, 0);
+    const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + run + " --ep 2 2>/dev/null");
+    ASSERT_EQ(r2.code, 0);
+    EXPECT_FALSE(r1.out.empty());
+    EXPECT_EQ(r2.out, r1.out) << "rank 0 prints the ids once, the other rank nothing";
+  }
+}
+
+TEST(Mpi, LayoutsThatDoNotFitAreOneClearError) {
+  DSA_NEED_MPI();
+  const auto cases = test::golden_cases();
+  ASSERT_FALSE(cases.empty());
+  const Case c = read_case(cases.front());
+  const std::string out = test::scratch("layout.safetensors");
+  const std::string logits = test::dsa_binary() + " logits" + c.args + " --out " + out;
+  // Not under mpirun.
+  auto r = test::shell(logits + " --ep 2 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("mpirun -np 2"), std::string::npos) << r.out;
+  // Two processes without a layout, and a layout for another job size.
+  r = test::shell(mpirun(2) + logits + " 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--ep 2"), std::string::npos) << r.out;
+  r = test::shell(mpirun(2) + logits + " --ep 4 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("the job's 2 processes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank "), std::string::npos) << "the error names the rank: " << r.out;
+  EXPECT_FALSE(fs::exists(out)) << "nothing written";
+}
+
+TEST(Mpi, ExpertsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
+  DSA_NEED_MPI();
+  const auto cases = test::golden_cases();
+  ASSERT_FALSE(cases.empty());
+  const Case c = read_case(cases.front());
+  std::ifstream in(c.dir + "/model/config.json");
+  const int experts = nlohmann::json::parse(in).value("n_routed_experts", 0);
+  ASSERT_GT(experts, 1);
+  int np = 2;
+  while (experts % np == 0) ++np;  // a job size that does not divide the experts
+  ASSERT_LE(np, 8) << "test needs a small non-divisor of " << experts;
+  const auto r = test::shell(mpirun(np) + test::dsa_binary() + " logits" + c.args + " --ep " + std::to_string(np) + " --out " +
+                             test::scratch("uneven.safetensors") + " 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("does not divide the model's " + std::to_string(experts) + " routed experts"), std::string::npos) << r.out;
+}
+
+// `dsa bench comm`: one point per requested size, its bytes those of tokens x hidden floats.
+TEST(Mpi, BenchCommTimesTheAllReduceAtEachSize) {
+  DSA_NEED_MPI();
+  const auto r = test::shell(mpirun(2) + test::dsa_binary() + " bench comm --hidden 96 --tokens 1,16 --repeat 5 --json 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);  // rank 0 alone prints
+  EXPECT_EQ(j.at("ranks"), 2);
+  ASSERT_EQ(j.at("points").size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& p = j["points"][i];
+    EXPECT_EQ(p.at("bytes").get<size_t>(), size_t(i == 0 ? 1 : 16) * 96 * 4);
+    EXPECT_GT(p.at("median_us").get<double>(), 0.0);
+    EXPECT_GE(p.at("p90_us").get<double>(), p.at("median_us").get<double>());
+  }
+  const auto one = test::shell(test::dsa_binary() + " bench comm 2>&1");
+  EXPECT_NE(one.code, 0);
+  EXPECT_NE(one.out.find("mpirun -np N"), std::string::npos) << one.out;
+}
+
+// A rank killed mid-run: mpirun ends the job and names it; nothing waits forever.
+TEST(Mpi, AKilledRankEndsTheJob) {
+  DSA_NEED_MPI();
+  const auto cases = test::golden_cases();
+  ASSERT_FALSE(cases.empty());
+  const Case c = read_case(cases.front());
+  const std::string run = test::dsa_binary() + " run --model " + c.dir + "/model --ids " + c.ids +
+                          " --print-ids -n 1000000 --ctx 4096 --ignore-eos --ep 2";
+  // On rank 1 a background shell kills the command (exec'd in its place) after a second.
+  const std::string wrapper = "sh -c '[ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && (sleep 1; kill -9 $$) & exec " + run + " >/dev/null'";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = test::shell(mpirun(2) + wrapper + " 2>&1");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "the job hung until the timeout: " << r.out;
+  EXPECT_LT(s, 120) << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << "the message names the rank: " << r.out;
+}
+
+}  // namespace
