@@ -71,13 +71,20 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return err / std::max(mx, 1e-30);
 }
 
-TEST(Mpi, ExpertParallelLogitsMatchOneProcessOnEveryGoldenCase) {
-  DSA_NEED_MPI();
+// check(name, case) on every golden case the README lists (a missing one fails).
+template <class F>
+void for_every_case(F check) {
   const auto cases = test::golden_cases();
   ASSERT_TRUE(test::golden_cases_complete(cases));
   for (const auto& name : cases) {
     SCOPED_TRACE(name);
-    const Case c = read_case(name);
+    check(name, read_case(name));
+  }
+}
+
+TEST(Mpi, ExpertParallelLogitsMatchOneProcessOnEveryGoldenCase) {
+  DSA_NEED_MPI();
+  for_every_case([](const std::string& name, const Case& c) {
     const std::string one = test::scratch(name + "_one.safetensors"), ep = test::scratch(name + "_ep2.safetensors");
     const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
     ASSERT_EQ(r1.code, 0) << r1.out;
@@ -95,16 +102,12 @@ TEST(Mpi, ExpertParallelLogitsMatchOneProcessOnEveryGoldenCase) {
       EXPECT_LE(eg, c.fp8 ? 3e-2 : 1e-4) << "against the golden reference";
       std::printf("[ mpi ] %-24s %-10s ep2 vs one process %.2e, vs golden %.2e\n", name.c_str(), t.c_str(), e1, eg);
     }
-  }
+  });
 }
 
 TEST(Mpi, GreedyRunGivesTheOneProcessIds) {
   DSA_NEED_MPI();
-  const auto cases = test::golden_cases();
-  ASSERT_TRUE(test::golden_cases_complete(cases));
-  for (const auto& name : cases) {
-    SCOPED_TRACE(name);
-    const Case c = read_case(name);
+  for_every_case([](const std::string&, const Case& c) {
     const std::string run = " run --model " + c.dir + "/model --ids " + c.ids + " --print-ids -n 6 --greedy --ignore-eos";
     const auto r1 = test::shell(test::dsa_binary() + run + " 2>/dev/null");
     ASSERT_EQ(r1.code, 0);
@@ -112,7 +115,7 @@ TEST(Mpi, GreedyRunGivesTheOneProcessIds) {
     ASSERT_EQ(r2.code, 0);
     EXPECT_FALSE(r1.out.empty());
     EXPECT_EQ(r2.out, r1.out) << "rank 0 prints the ids once, the other rank nothing";
-  }
+  });
 }
 
 TEST(Mpi, LayoutsThatDoNotFitAreOneClearError) {
