@@ -163,7 +163,7 @@ struct ParallelFlags {
         ->check(int_in(1, 4096));
   }
   // Joins the MPI job and checks the layout against it, before any weight is read.
-  ExpertShard shard() const {
+  RankShard shard() const {
     dist::init();
     const int n = dist::size();
     if (n > 1 && ep == 1)
@@ -173,10 +173,11 @@ struct ParallelFlags {
                   (n > 1 ? "" : " (start it as mpirun -np " + std::to_string(ep) + " dsa ... --ep " + std::to_string(ep) + ")"));
     }
     if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("rank " + std::to_string(dist::rank()) + ": cannot silence stdout");
-    ExpertShard s;
+    RankShard s;
     s.rank = dist::rank();
     s.ranks = n;
     s.sum = n > 1 ? &dist::sum : nullptr;
+    s.gather_columns = n > 1 ? &dist::gather_columns : nullptr;
     return s;
   }
 };

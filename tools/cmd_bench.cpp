@@ -143,7 +143,7 @@ void run(const Args& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   const int threads = omp_get_max_threads();
   const double t0 = now();
-  const ExpertShard shard = a.par.shard();
+  const RankShard shard = a.par.shard();
   auto m = Model::load(a.model, false, !a.json && shard.rank == 0, true, shard);
   const double load_s = now() - t0;
   const ModelConfig& c = m->config;

@@ -24,7 +24,7 @@ void run(const std::string& dir, int ep) {
   // of GB; inspecting it must not read them).
   auto m = Model::load(dir, true, /*verbose=*/false, /*prefetch=*/false);
   const ModelConfig& c = m->config;
-  ExpertShard layout;
+  RankShard layout;
   layout.ranks = ep;
   layout.validate(c);
   std::map<std::string, uint64_t> by_dtype;

@@ -36,7 +36,7 @@ void run(const Args& a) {
     if (!fs::is_directory(parent)) throw Error("--out: directory '" + parent.string() + "' does not exist");
   }
 
-  const ExpertShard shard = a.par.shard();
+  const RankShard shard = a.par.shard();
   auto model = Model::load(a.model, a.mtp, false, true, shard);
   const ModelConfig& c = model->config;
   if (a.mtp && !model->weights.mtp) throw Error("--mtp: the model has no MTP layer (num_nextn_predict_layers = 0)");

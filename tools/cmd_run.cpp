@@ -138,7 +138,7 @@ void run(Args& a) {
   const SamplerParams sp = a.sampling.resolve();
 
   const auto t0 = std::chrono::steady_clock::now();
-  const ExpertShard shard = a.par.shard();
+  const RankShard shard = a.par.shard();
   auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/!a.print_ids && shard.rank == 0, /*prefetch=*/true, shard);
   const ModelConfig& c = model->config;
   std::optional<Tokenizer> tok;

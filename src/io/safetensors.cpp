@@ -52,15 +52,17 @@ void SafeTensors::populate(const std::function<void(size_t, size_t)>& progress) 
   }
 }
 
-void SafeTensors::populate(const std::function<bool(const std::string&)>& keep,
+void SafeTensors::populate(const std::function<std::pair<size_t, size_t>(const std::string&, const TensorInfo&)>& part,
                            const std::function<void(size_t, size_t)>& progress) const {
   size_t done = 0;
   for (size_t i = 0; i < files_.size(); ++i) {
-    for (const auto& [name, t] : tensors_)
-      if (t.file == files_[i]->path() && keep(name)) {
-        files_[i]->populate(t.data, t.nbytes);
-        done += t.nbytes;
-      }
+    for (const auto& [name, t] : tensors_) {
+      if (t.file != files_[i]->path()) continue;
+      const auto [off, len] = part(name, t);
+      DSA_CHECK(off + len <= t.nbytes, "SafeTensors::populate: a range outside tensor " + name);
+      files_[i]->populate(t.data + off, len);
+      done += len;
+    }
     if (progress) progress(i + 1, done);
   }
 }

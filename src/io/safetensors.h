@@ -42,9 +42,9 @@ public:
   // Maps every file's pages now (MmapFile::populate), one file at a time; `progress` is
   // called after each with the files and bytes done so far.
   void populate(const std::function<void(size_t files_done, size_t bytes_done)>& progress = {}) const;
-  // Only the tensors `keep` accepts (an expert-parallel rank reads its own); bytes_done
-  // counts those tensors.
-  void populate(const std::function<bool(const std::string& tensor)>& keep,
+  // Only the byte range `part` gives each tensor ({offset, length} within it: an
+  // expert-parallel rank reads its own); bytes_done counts those ranges.
+  void populate(const std::function<std::pair<size_t, size_t>(const std::string& tensor, const TensorInfo& t)>& part,
                 const std::function<void(size_t files_done, size_t bytes_done)>& progress) const;
 
 private:

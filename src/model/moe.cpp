@@ -74,7 +74,7 @@ static const float* gather_tokens(Workspace& ws, const float* xn, int e, int k, 
 // out row t = the routing-weighted sum of token t's k expert outputs, slots in order
 // (the reference's summation order); on an expert-parallel rank, of the slots whose
 // experts it owns (the ranks' partial rows are summed afterwards).
-static void combine_token(Workspace& ws, const ExpertShard& shard, int E, float* out, int t, int k, int H) {
+static void combine_token(Workspace& ws, const RankShard& shard, int E, float* out, int t, int k, int H) {
   out += size_t(t) * size_t(H);
   std::fill(out, out + H, 0.0f);
   for (int j = 0; j < k; ++j) {

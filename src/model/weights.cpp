@@ -194,17 +194,26 @@ ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, b
   return w;
 }
 
-bool ExpertShard::foreign(const std::string& tensor, int n_experts) const {
-  if (ranks <= 1) return false;
+std::pair<size_t, size_t> RankShard::owned_bytes(const std::string& tensor, const TensorInfo& t, const ModelConfig& c) const {
+  if (ranks <= 1) return {0, t.nbytes};
   const size_t at = tensor.find(".mlp.experts.");
-  if (at == std::string::npos) return false;
-  const char* p = tensor.c_str() + at + 13;
-  char* end = nullptr;
-  const long e = std::strtol(p, &end, 10);
-  return end != p && e >= 0 && e < n_experts && !owns(int(e), n_experts);
+  if (at != std::string::npos) {
+    const char* p = tensor.c_str() + at + 13;
+    char* end = nullptr;
+    const long e = std::strtol(p, &end, 10);
+    const bool foreign = end != p && e >= 0 && e < c.n_routed_experts && !owns(int(e), c.n_routed_experts);
+    return {0, foreign ? 0 : t.nbytes};
+  }
+  // The heads' weights (not their block scales): this rank's vocabulary rows.
+  const bool head = tensor == "lm_head.weight" || tensor == "model.layers." + std::to_string(c.num_hidden_layers) + ".shared_head.head.weight";
+  if (head && splits_head(c.vocab_size) && t.shape.size() == 2 && t.shape[0] == c.vocab_size) {
+    const size_t row = t.nbytes / size_t(c.vocab_size), per = size_t(c.vocab_size / ranks);
+    return {size_t(rank) * per * row, per * row};
+  }
+  return {0, t.nbytes};
 }
 
-void ExpertShard::validate(const ModelConfig& c) const {
+void RankShard::validate(const ModelConfig& c) const {
   if (ranks <= 1) return;
   if (c.n_routed_experts == 0)
     throw Error("--ep " + std::to_string(ranks) + ": the model has no routed experts to split (n_routed_experts = 0)");
@@ -213,14 +222,14 @@ void ExpertShard::validate(const ModelConfig& c) const {
                 " routed experts");
 }
 
-size_t shard_bytes(const SafeTensors& files, const ModelConfig& c, const ExpertShard& shard) {
+size_t shard_bytes(const SafeTensors& files, const ModelConfig& c, const RankShard& shard) {
   size_t n = 0;
   for (const auto& [name, t] : files.tensors())
-    if (!shard.foreign(name, c.n_routed_experts)) n += t.nbytes;
+    n += shard.owned_bytes(name, t, c).second;
   return n;
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose, bool prefetch, const ExpertShard& shard) {
+std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool verbose, bool prefetch, const RankShard& shard) {
   if (!std::filesystem::exists(dir)) throw Error("model directory '" + dir + "' does not exist");
   if (!std::filesystem::is_directory(dir)) throw Error("'" + dir + "' is not a directory (expected the model folder holding config.json)");
   auto m = std::make_unique<Model>();
@@ -239,8 +248,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool v
     if (double(total) < 0.9 * ram) {
       const bool tty = verbose && ::isatty(STDERR_FILENO);
       const size_t n = m->files.num_files();
-      const int E = m->config.n_routed_experts;
-      auto mine = [&](const std::string& name) { return !shard.foreign(name, E); };
+      auto mine = [&](const std::string& name, const TensorInfo& t) { return shard.owned_bytes(name, t, m->config); };
       m->files.populate(mine, [&](size_t files_done, size_t bytes_done) {
         if (tty)
           std::fprintf(stderr, "\rloading %s: reading weights %zu/%zu file(s), %.2f/%.2f GB", dir.c_str(), files_done, n,

@@ -76,35 +76,41 @@ struct ModelWeights {
 // This process's part of an expert-parallel layout (a constant of the loaded model). Routed
 // expert e belongs to rank e * ranks / n_routed_experts: contiguous ranges, so that when
 // the ranks divide n_group each rank holds whole expert groups and a DeepSeek token, which
-// picks at most topk_group groups, touches at most that many ranks. Everything else
-// (attention, dense layers, the shared expert's weights, the head) is on every rank.
-struct ExpertShard {
+// picks at most topk_group groups, touches at most that many ranks. The head (lm_head and
+// the MTP layer's) is split by vocabulary rows when the ranks divide the vocabulary: it is
+// the largest tensor every rank would otherwise read each step. Everything else (attention,
+// dense layers, the shared expert, the embedding) is on every rank.
+struct RankShard {
   int rank = 0, ranks = 1;
-  // Adds the ranks' partial MoE outputs in place (every rank receives the sum); the
-  // runtime sets it when ranks > 1.
+  // Adds the ranks' partial MoE outputs in place (every rank receives the sum).
   void (*sum)(float* data, size_t n) = nullptr;
+  // Each rank's [rows, cols / ranks] block of head logits into its columns of out [rows, cols]
+  // on every rank. Both set by the runtime when ranks > 1.
+  void (*gather_columns)(const float* part, int rows, int cols, float* out) = nullptr;
   bool owns(int expert, int n_experts) const { return int(int64_t(expert) * ranks / n_experts) == rank; }
-  // The tensor belongs to another rank (a routed expert's weights or scales).
-  bool foreign(const std::string& tensor, int n_experts) const;
+  bool splits_head(int vocab) const { return ranks > 1 && vocab % ranks == 0; }
+  // The bytes of a tensor this rank reads: all of it, none (another rank's expert) or its
+  // rows of a head.
+  std::pair<size_t, size_t> owned_bytes(const std::string& tensor, const TensorInfo& t, const ModelConfig& c) const;
   // Throws when the layout does not fit the model (checked before any weight is read).
   void validate(const ModelConfig& c) const;
 };
 
 // Bytes of the checkpoint's tensors a rank of `shard` maps and reads.
-size_t shard_bytes(const SafeTensors& files, const ModelConfig& c, const ExpertShard& shard);
+size_t shard_bytes(const SafeTensors& files, const ModelConfig& c, const RankShard& shard);
 
 // A loaded model: config, the mapped files and the bound weights.
 struct Model {
   ModelConfig config;
   SafeTensors files;
   ModelWeights weights;
-  ExpertShard shard;
+  RankShard shard;
 
   // prefetch: map every weight page at load (with progress when verbose) when the files fit
   // in this machine's memory, so that the first tokens do not pay a page fault per 64 KB.
   // With shard.ranks > 1 only this rank's tensors are read (the others stay mapped, unread).
   static std::unique_ptr<Model> load(const std::string& dir, bool load_mtp = true, bool verbose = false, bool prefetch = true,
-                                     const ExpertShard& shard = {});
+                                     const RankShard& shard = {});
   uint64_t parameter_count() const;  // tensors bound from the files (weights, not scales)
 };
 

@@ -99,6 +99,7 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   if (opt.mtp) mtp_cat.resize(T * 2 * H);
   h_rows.resize(size_t(opt.max_logit_rows) * H);
   logits.resize(size_t(opt.max_logit_rows) * size_t(cfg.vocab_size));
+  if (opt.head_ranks > 1) logits_part.resize(size_t(opt.max_logit_rows) * size_t(cfg.vocab_size / opt.head_ranks));
 }
 
 }  // namespace dsa

@@ -17,6 +17,7 @@ struct WorkspaceOptions {
   int max_ctx = 4096;       // longest sequence (RoPE tables, indexer scores, one layer's f32 latents)
   bool mtp = false;         // also size the MTP layer's buffers
   bool chunk_latents = true;  // room to dequantize one layer's cache for a chunk after a prefix
+  int head_ranks = 1;         // ranks splitting the head's vocabulary rows (RankShard::splits_head)
 };
 
 struct Workspace {
@@ -65,6 +66,7 @@ struct Workspace {
   // Output
   std::vector<float> h_rows;                 // [max_logit_rows, hidden] the rows whose logits are returned
   std::vector<float> logits;                 // [max_logit_rows, vocab]
+  std::vector<float> logits_part;            // [max_logit_rows, vocab / head_ranks] this rank's columns
   std::vector<int32_t> logit_first;          // [max_seqs] each sequence's first row in logits
 };
 

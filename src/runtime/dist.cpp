@@ -81,6 +81,25 @@ void sum(float* data, size_t n) {
 #endif
 }
 
+void gather_columns(const float* part, int rows, int cols, float* out) {
+  const int per = cols / g_size;
+  if (!g_active) {
+    std::copy_n(part, size_t(rows) * size_t(cols), out);
+    return;
+  }
+#ifdef DSA_HAVE_MPI
+  // Rank r's contiguous block lands strided in columns [r * per, (r + 1) * per): a vector
+  // type of rows x per floats with a stride of cols, resized so that rank r starts r * per in.
+  MPI_Datatype block, placed;
+  MPI_Type_vector(rows, per, cols, MPI_FLOAT, &block);
+  MPI_Type_create_resized(block, 0, MPI_Aint(per) * MPI_Aint(sizeof(float)), &placed);
+  MPI_Type_commit(&placed);
+  MPI_Allgather(part, rows * per, MPI_FLOAT, out, 1, placed, MPI_COMM_WORLD);
+  MPI_Type_free(&placed);
+  MPI_Type_free(&block);
+#endif
+}
+
 void barrier() {
 #ifdef DSA_HAVE_MPI
   if (g_active) MPI_Barrier(MPI_COMM_WORLD);

@@ -15,6 +15,9 @@ int rank();
 int size();
 // data[0:n] summed over the ranks, in place on every rank.
 void sum(float* data, size_t n);
+// Each rank's [rows, cols / size()] block into its columns of out [rows, cols], on every
+// rank (cols a multiple of size()).
+void gather_columns(const float* part, int rows, int cols, float* out);
 void barrier();
 double max_over_ranks(double v);  // the largest v any rank passes (every rank receives it)
 // Ends the job on every rank: the message on stderr, naming this rank, then MPI_Abort (the

@@ -29,8 +29,9 @@ double available_memory_bytes() {
   return 0;
 }
 
-WorkspaceOptions workspace_options(const EngineOptions& o) {
+WorkspaceOptions workspace_options(const Model& m, const EngineOptions& o) {
   WorkspaceOptions w;
+  w.head_ranks = m.shard.splits_head(m.config.vocab_size) ? m.shard.ranks : 1;
   w.max_tokens = o.max_step_tokens;
   w.max_seqs = o.max_seqs;
   w.max_logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : 2 * o.max_seqs;
@@ -88,7 +89,7 @@ Engine::Engine(const Model& m, const EngineOptions& opt)
       opt_(checked(m, opt)),
       kv_(m.config, KvCacheOptions{opt_.block_size, pool_blocks(m, opt_), opt_.cache, opt_.mtp}),
       pool_(kv_.n_blocks(), opt_.block_size),
-      ws_(m.config, workspace_options(opt_)) {
+      ws_(m.config, workspace_options(m, opt_)) {
   batch_.resize(size_t(opt_.max_seqs));
   order_.resize(size_t(opt_.max_seqs));
   placed_.resize(size_t(opt_.max_seqs));

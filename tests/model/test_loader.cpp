@@ -88,7 +88,7 @@ TEST(Loader, ShardedBf16AndFp8CheckpointsLoadAndAgree) {
 
 // Expert-parallel ranks: each reads the same share of the routed experts and all of the
 // rest; the routed experts are split exactly (nothing read twice, nothing left out).
-TEST(Loader, ExpertShardsSplitTheRoutedExpertsAndShareTheRest) {
+TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
   const auto cases = test::golden_cases();
   ASSERT_TRUE(test::golden_cases_complete(cases));
   for (const auto& name : cases) {
@@ -96,33 +96,40 @@ TEST(Loader, ExpertShardsSplitTheRoutedExpertsAndShareTheRest) {
     auto m = Model::load(test::golden_dir() + "/" + name + "/model", true, false, false);
     const int E = m->config.n_routed_experts;
     if (E < 2) continue;
-    size_t total = 0, experts = 0;
+    size_t total = 0, experts = 0, heads = 0;
+    const std::string mtp_head = "model.layers." + std::to_string(m->config.num_hidden_layers) + ".shared_head.head.weight";
     for (const auto& [tname, t] : m->files.tensors()) {
       total += t.nbytes;
       if (tname.find(".mlp.experts.") != std::string::npos) experts += t.nbytes;
+      if (tname == "lm_head.weight" || tname == mtp_head) heads += t.nbytes;
     }
+    ASSERT_GT(heads, 0u);
     ASSERT_GT(experts, 0u);
     for (int ranks : {2, E}) {
       if (E % ranks != 0) continue;
-      ExpertShard s;
+      RankShard s;
       s.ranks = ranks;
       EXPECT_NO_THROW(s.validate(m->config));
+      // The heads split by vocabulary rows where the ranks divide the vocabulary.
+      const size_t head_share = s.splits_head(m->config.vocab_size) ? heads / size_t(ranks) : heads;
       size_t sum = 0;
       for (int r = 0; r < ranks; ++r) {
         s.rank = r;
         const size_t b = shard_bytes(m->files, m->config, s);
-        EXPECT_EQ(b, total - experts + experts / size_t(ranks)) << "rank " << r << " of " << ranks;
+        EXPECT_EQ(b, total - experts - heads + experts / size_t(ranks) + head_share) << "rank " << r << " of " << ranks;
         sum += b;
       }
-      EXPECT_EQ(sum, size_t(ranks) * (total - experts) + experts);
+      EXPECT_EQ(sum, size_t(ranks) * (total - experts - heads) + experts + size_t(ranks) * head_share);
     }
-    ExpertShard two;
+    RankShard two;
     two.ranks = 2;
     two.rank = 1;
-    EXPECT_TRUE(two.foreign("model.layers.3.mlp.experts.0.up_proj.weight", E));
-    EXPECT_FALSE(two.foreign("model.layers.3.mlp.experts." + std::to_string(E - 1) + ".up_proj.weight_scale_inv", E));
-    EXPECT_FALSE(two.foreign("model.layers.3.mlp.shared_experts.up_proj.weight", E));
-    ExpertShard odd;
+    TensorInfo t;
+    t.nbytes = 4096;
+    EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.experts.0.up_proj.weight", t, m->config).second, 0u);
+    EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.experts." + std::to_string(E - 1) + ".up_proj.weight_scale_inv", t, m->config).second, 4096u);
+    EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.shared_experts.up_proj.weight", t, m->config).second, 4096u);
+    RankShard odd;
     odd.ranks = E + 1;
     EXPECT_THROW(odd.validate(m->config), Error);
   }
