@@ -86,8 +86,9 @@ TEST(Loader, ShardedBf16AndFp8CheckpointsLoadAndAgree) {
   for (float v : rc.logits) ASSERT_TRUE(std::isfinite(v));
 }
 
-// Expert-parallel ranks: each reads the same share of the routed experts and all of the
-// rest; the routed experts are split exactly (nothing read twice, nothing left out).
+// Expert-parallel ranks: each reads the same share of the routed experts and of the heads'
+// vocabulary rows, and all of the rest; experts and heads are split exactly (nothing read
+// twice, nothing left out).
 TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
   const auto cases = test::golden_cases();
   ASSERT_TRUE(test::golden_cases_complete(cases));
