@@ -119,10 +119,10 @@ const float* head_logits(const Step& st, const Linear& head, const float* h) {
     ws.logit_first[size_t(s)] = rows;
     rows += q.logits;
   }
-  const RankShard& sh = st.m.shard;
   if (ws.opt.head_ranks > 1) {
     // Vocabulary-parallel head: this rank's rows of it, then every rank's columns gathered
     // (each logit is its row's dot product either way: the same bits as one process).
+    const RankShard& sh = st.m.shard;
     DSA_CHECK(sh.gather_columns && ws.opt.head_ranks == sh.ranks, "forward: a split head without its gather");
     const int V = head.rows, per = V / sh.ranks;
     kernels::linear_decode(head, ws.h_rows.data(), rows, ws.logits_part.data(), sh.rank * per, per);

@@ -123,6 +123,10 @@ static int route_and_group(const Step& st, const MoeWeights& w, const float* xn,
   return n_active;
 }
 
+// The shared expert runs once per token: on rank 0 of an expert-parallel job, whose
+// partial output carries it into the all-reduce.
+static bool runs_shared_expert(const Step& st, const MoeWeights& w) { return w.has_shared && st.m.shard.rank == 0; }
+
 // Runs jobs through linear_multi, at most kMaxLinearJobs per call (each output the same
 // whichever call computes it).
 static void run_jobs(const kernels::LinearJob* jobs, int nj) {
@@ -136,7 +140,7 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
-  const bool shared = w.has_shared && st.m.shard.rank == 0;  // the shared expert runs on rank 0
+  const bool shared = runs_shared_expert(st, w);
   const int S = shared ? w.shared_experts.gate_proj.rows : 0;
   const size_t routed = size_t(n) * size_t(k);  // grouped rows; the shared expert's follow
   kernels::LinearJob jobs[2 * kMaxRoutedExperts + 2];
@@ -196,7 +200,7 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
   // Weighted combine per token (each output row written by one thread).
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, out, t, k, H);
-  if (w.has_shared && st.m.shard.rank == 0) {
+  if (runs_shared_expert(st, w)) {
     mlp_block(w.shared_experts, ws, n, false, xn, ws.d.data());
     for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
   }
