@@ -547,7 +547,14 @@ TEST(Serve, SigtermDrainsAndExitsZero) {
   auto running = std::async(std::launch::async, [&] {
     return c.Post("/v1/completions", json{{"prompt", "drain me"}, {"max_tokens", 64}, {"ignore_eos", true}}.dump(), "application/json");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // SIGTERM once the request runs: a fixed sleep raced the request on a loaded machine (not
+  // yet admitted, it found the server already gone).
+  httplib::Client probe("127.0.0.1", port);
+  for (int i = 0; i < 400; ++i) {
+    auto m = probe.Get("/metrics");
+    if (m && m->status == 200 && metric(m->body, "dsa:num_requests_running") >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ::kill(pid, SIGTERM);
   auto r = running.get();
   ASSERT_TRUE(r);
