@@ -153,31 +153,53 @@ struct CacheFlags {
   }
 };
 
-// --ep: expert parallelism over the ranks of an MPI job (mpirun -np N dsa ... --ep N). Rank 0
-// writes the command's output; the other ranks compute beside it and stay silent on stdout.
+// --ep / --pp / --tp: the layout of an MPI job (mpirun -np N dsa ...) over its N ranks:
+// pp pipeline stages of N / pp ranks, which split the experts (--ep) or the attention
+// heads (--tp) or both among themselves. Rank 0 writes the command's output; the other
+// ranks compute beside it and stay silent on stdout.
 struct ParallelFlags {
-  int ep = 1;
+  int ep = 1, pp = 1, tp = 1;
   void add(CLI::App* cmd) {
-    cmd->add_option("--ep", ep, "Expert-parallel ranks: run under mpirun -np N with --ep N; each rank holds 1/N of the routed experts")
+    cmd->add_option("--ep", ep, "Expert-parallel ranks per pipeline stage: each holds 1/EP of the routed experts")
+        ->capture_default_str()
+        ->check(int_in(1, 4096));
+    cmd->add_option("--pp", pp, "Pipeline stages: each holds a contiguous 1/PP of the layers")->capture_default_str()->check(int_in(1, 4096));
+    cmd->add_option("--tp", tp, "Tensor-parallel ranks per pipeline stage: each holds 1/TP of the attention heads")
         ->capture_default_str()
         ->check(int_in(1, 4096));
   }
-  // Joins the MPI job and checks the layout against it, before any weight is read.
+  // Joins the MPI job and checks the layout against it, before any weight is read (the
+  // model's own limits are checked by Model::load, also before).
   RankShard shard() const {
     dist::init();
     const int n = dist::size();
-    if (n > 1 && ep == 1)
-      throw Error("started as " + std::to_string(n) + " MPI processes: say how to split the model over them (--ep " + std::to_string(n) + ")");
-    if (ep != n) {
-      throw Error("--ep " + std::to_string(ep) + ": expected " + (n > 1 ? "the job's " + std::to_string(n) + " processes" : "1 outside mpirun") +
-                  (n > 1 ? "" : " (start it as mpirun -np " + std::to_string(ep) + " dsa ... --ep " + std::to_string(ep) + ")"));
+    if (n > 1 && ep == 1 && pp == 1 && tp == 1) {
+      const std::string k = std::to_string(n);
+      throw Error("started as " + k + " MPI processes: say how to split the model over them (--ep " + k + ", --pp " + k + " or --tp " + k + ")");
     }
-    if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("rank " + std::to_string(dist::rank()) + ": cannot silence stdout");
     RankShard s;
     s.rank = dist::rank();
     s.ranks = n;
-    s.sum = n > 1 ? &dist::sum : nullptr;
-    s.gather_columns = n > 1 ? &dist::gather_columns : nullptr;
+    s.ep = ep;
+    s.pp = pp;
+    s.tp = tp;
+    const int64_t want = int64_t(pp) * std::max(ep, tp);
+    if (n == 1 && want > 1)
+      throw Error(s.describe() + ": expected " + std::to_string(want) + " processes, this is 1 outside mpirun (start it as mpirun -np " +
+                  std::to_string(want) + " dsa ...)");
+    if (ep > 1 && tp > 1 && ep != tp)
+      throw Error(s.describe() + ": expert and tensor parallelism split the same ranks of a stage, so --ep and --tp are 1 or equal");
+    if (want != n)
+      throw Error(s.describe() + ": expected " + std::to_string(want) + " processes (pp x max(ep, tp)), the job has " + std::to_string(n));
+    if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("rank " + std::to_string(dist::rank()) + ": cannot silence stdout");
+    if (n > 1) {
+      dist::set_stage_size(s.group());
+      s.sum = &dist::sum;
+      s.gather_columns = &dist::gather_columns;
+      s.send = &dist::send;
+      s.recv = &dist::recv;
+      s.broadcast = &dist::broadcast;
+    }
     return s;
   }
 };

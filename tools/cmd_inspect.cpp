@@ -18,15 +18,45 @@ std::string human(double b) {
   return s;
 }
 
-void run(const std::string& dir, int ep) {
+struct Layout {
+  int ep = 1, pp = 1, tp = 1;
+};
+
+// The layout's rank 0, checked against the model.
+dsa::RankShard layout_shard(const dsa::Model& m, const Layout& l) {
+  dsa::RankShard s;
+  s.ep = l.ep;
+  s.pp = l.pp;
+  s.tp = l.tp;
+  s.ranks = l.pp * std::max(l.ep, l.tp);
+  s.mtp_uses_main_embedding = m.shard.mtp_uses_main_embedding;
+  s.validate(m.config);
+  return s;
+}
+
+// The bytes each rank of the layout reads, with what it holds.
+void print_layout(const dsa::Model& m, const Layout& l) {
+  using namespace dsa;
+  const ModelConfig& c = m.config;
+  RankShard s = layout_shard(m, l);
+  std::printf("layout:       %s = %d ranks%s%s, bytes read per rank:\n", s.describe().c_str(), s.ranks,
+              l.ep > 1 ? (", " + std::to_string(c.n_routed_experts / l.ep) + " routed experts each").c_str() : "",
+              l.tp > 1 ? (", " + std::to_string(c.num_attention_heads / l.tp) + " attention heads each").c_str() : "");
+  const int L = c.num_hidden_layers;
+  for (int r = 0; r < s.ranks; ++r) {
+    s.rank = r;
+    std::printf("  rank %-4d   %-10s layers %d-%d%s\n", r, human(double(shard_bytes(m.files, c, s))).c_str(), s.first_layer(L),
+                s.end_layer(L) - 1, s.last_stage() && c.num_nextn_predict_layers ? " + MTP" : "");
+  }
+}
+
+void run(const std::string& dir, const Layout& layout) {
   using namespace dsa;
   // Shapes and names only: the weights stay mapped on demand (a real checkpoint is hundreds
   // of GB; inspecting it must not read them).
   auto m = Model::load(dir, true, /*verbose=*/false, /*prefetch=*/false);
   const ModelConfig& c = m->config;
-  RankShard layout;
-  layout.ranks = ep;
-  layout.validate(c);
+  layout_shard(*m, layout);  // a layout that does not fit fails before anything is printed
   std::map<std::string, uint64_t> by_dtype;
   uint64_t total = 0;
   for (const auto& [name, t] : m->files.tensors()) {
@@ -56,23 +86,19 @@ void run(const std::string& dir, int ep) {
   std::printf("schedule:     %s (%d full, %d shared; F = own indexer, S = reuses the previous full layer)\n",
               c.indexer_schedule_str().c_str(), full, c.num_hidden_layers - full);
   std::printf("cache/token:  %d B with fp8 latent (656-byte layout), %d B with bf16 latent (main layers)\n", fp8, bf16);
-  if (ep > 1) {
-    // Routed experts split in contiguous ranges; everything else on every rank.
-    std::printf("--ep %d:       %d routed experts per rank, bytes read per rank:\n", ep, c.n_routed_experts / ep);
-    for (int r = 0; r < ep; ++r) {
-      layout.rank = r;
-      std::printf("  rank %-4d   %s\n", r, human(double(shard_bytes(m->files, c, layout))).c_str());
-    }
-  }
+  if (layout.ep * layout.pp * layout.tp > 1) print_layout(*m, layout);
 }
 
 void setup_inspect(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("inspect", "Summarize a checkpoint: family, layers, parameters, bytes by dtype, cache per token");
-  auto ep = std::make_shared<int>(1);
+  auto l = std::make_shared<Layout>();
   cmd->add_option("--model", *dir, "Model directory (config.json + safetensors)")->required();
-  cmd->add_option("--ep", *ep, "Also print the bytes each of N expert-parallel ranks reads")->check(dsa::cli::int_in(1, 4096));
-  cmd->callback([dir, ep] { run(*dir, *ep); });
+  cmd->add_option("--ep", l->ep, "With --pp/--tp: a layout's expert-parallel ranks per stage; prints each rank's bytes")
+      ->check(dsa::cli::int_in(1, 4096));
+  cmd->add_option("--pp", l->pp, "The layout's pipeline stages")->check(dsa::cli::int_in(1, 4096));
+  cmd->add_option("--tp", l->tp, "The layout's tensor-parallel ranks per stage")->check(dsa::cli::int_in(1, 4096));
+  cmd->callback([dir, l] { run(*dir, *l); });
 }
 
 }  // namespace

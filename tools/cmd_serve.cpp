@@ -2,6 +2,7 @@
 // batching, chunked prefill, prefix caching, preemption). SIGINT / SIGTERM stop admitting,
 // let running requests finish for --drain-timeout seconds, cancel the rest and exit 0.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +24,7 @@ struct Args {
   double drain_timeout = 30;
   bool mtp = false;
   dsa::cli::CacheFlags cache;
+  dsa::cli::ParallelFlags par;
 };
 
 void serve(Args& a) {
@@ -34,11 +36,13 @@ void serve(Args& a) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/true);
+  // Under mpirun rank 0 serves and drives the engine; the other ranks' engines follow its
+  // calls (mpirun forwards SIGINT/SIGTERM to them too: blocked above, the leader's drain
+  // ends them).
+  const RankShard shard = a.par.shard();
+  const bool leader = shard.rank == 0;
+  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/leader, /*prefetch=*/true, shard);
   const ModelConfig& c = model->config;
-  std::optional<Tokenizer> tok;
-  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json")) tok.emplace(Tokenizer::from_dir(a.model));
-  else std::fprintf(stderr, "no tokenizer.json: serving token ids only (/v1/completions with id prompts)\n");
 
   EngineOptions eo;
   eo.cache = cli::parse_cache_type(a.kv_cache);
@@ -48,6 +52,14 @@ void serve(Args& a) {
   eo.mtp = a.mtp;
   a.cache.apply(eo);
   Engine engine(*model, eo);
+  if (!leader) {
+    engine.follow();
+    return;
+  }
+  engine.lead();
+  std::optional<Tokenizer> tok;
+  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json")) tok.emplace(Tokenizer::from_dir(a.model));
+  else std::fprintf(stderr, "no tokenizer.json: serving token ids only (/v1/completions with id prompts)\n");
   std::fprintf(stderr, "%s\n", engine.capacity().describe().c_str());
 
   server::Metrics metrics;
@@ -77,6 +89,9 @@ void serve(Args& a) {
   server::Server srv(sched, metrics, info, o);
   const int port = srv.bind();
   std::fprintf(stderr, "serving '%s' on http://%s:%d (OpenAI API under /v1, chat page at /)\n", info.name.c_str(), a.host.c_str(), port);
+  if (shard.ranks > 1)
+    std::fprintf(stderr, "%d ranks (%s); rank 0 is pid %d: SIGTERM it to drain (signalling mpirun ends the job at once)\n", shard.ranks,
+                 shard.describe().c_str(), int(::getpid()));
   std::fflush(stderr);
 
   std::thread waiter([&] {
@@ -90,6 +105,7 @@ void serve(Args& a) {
     sched.stop();  // also when listening fails
   });
   sched.run();  // the engine on this thread, whose OpenMP pool loaded the model
+  engine.stop_followers();
   srv.stop();
   http.join();
   pthread_kill(waiter.native_handle(), SIGTERM);  // wakes it if no signal came
@@ -119,6 +135,7 @@ void setup_serve(CLI::App& app) {
   cmd->add_option("--kv-cache", a->kv_cache, "f32, bf16, fp8 or fp8-656")->capture_default_str();
   cmd->add_flag("--mtp", a->mtp, dsa::cli::kMtpHelp);
   a->cache.add(cmd);
+  a->par.add(cmd);
   cmd->callback([a] { serve(*a); });
 }
 

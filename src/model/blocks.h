@@ -15,9 +15,10 @@ struct Step {
   int first(int s) const { return ws.seq_first[size_t(s)]; }
 };
 
-// y = x · Wᵀ over the step's tokens (x [n, cols], y [n, rows]): the decode-role rows
-// [0, nd) through the GEMV order, the rest through the GEMM (kernels.h).
-void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y);
+// y = x · W[row0 : row0 + nrows]ᵀ over the step's tokens (x [n, cols], y [n, nrows]; nrows
+// < 0: all rows): the decode-role rows [0, nd) through the GEMV order, the rest through the
+// GEMM (kernels.h).
+void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y, int row0 = 0, int nrows = -1);
 
 void attention_block(const Step& st, const LayerWeights& w, int layer, int cache_layer);
 void indexer_block(const Step& st, const LayerWeights& w, int layer, int cache_layer);

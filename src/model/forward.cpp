@@ -11,9 +11,10 @@
 
 namespace dsa {
 
-void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y) {
-  if (nd > 0) kernels::linear_decode(w, x, nd, y);
-  if (n > nd) kernels::linear(w, x + size_t(nd) * size_t(w.cols), n - nd, y + size_t(nd) * size_t(w.rows));
+void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y, int row0, int nrows) {
+  const int rows = nrows < 0 ? w.rows : nrows;
+  if (nd > 0) kernels::linear_decode(w, x, nd, y, row0, rows);
+  if (n > nd) kernels::linear(w, x + size_t(nd) * size_t(w.cols), n - nd, y + size_t(nd) * size_t(rows), row0, rows);
 }
 
 void mlp_block(const MlpWeights& w, Workspace& ws, int n, bool decode, const float* in, float* out) {
@@ -103,34 +104,67 @@ int prepare_step(const Model& m, const KvCache& kv, Workspace& ws, const Batch& 
   return rows;
 }
 
-// The requested rows of `h` ([n, hidden]) through `head` into ws.logits, in sequence order,
-// every row by the GEMV order whatever its role: one row (a decode token's, a chunk's last)
-// is what the lm_head is mostly asked for (the GEMM would unpack all of it for one row), and
-// a row then never depends on how many rows its chunk asked for. ws.logit_first says where
-// each sequence's rows are.
+// ws.h_rows [rows, hidden] through `head` into ws.logits [rows, vocab], every row by the
+// GEMV order whatever its role: one row (a decode token's, a chunk's last) is what the
+// lm_head is mostly asked for (the GEMM would unpack all of it for one row), and a row then
+// never depends on how many rows its chunk asked for.
+void head_rows(const Step& st, const Linear& head, int rows) {
+  Workspace& ws = st.ws;
+  if (ws.opt.head_ranks > 1) {
+    // Vocabulary-parallel head: this rank's rows of it, then every member's columns gathered
+    // (each logit is its row's dot product either way: the same bits as one process).
+    const RankShard& sh = st.m.shard;
+    DSA_CHECK(sh.gather_columns && ws.opt.head_ranks == sh.group(), "forward: a split head without its gather");
+    const int V = head.rows, per = V / sh.group();
+    kernels::linear_decode(head, ws.h_rows.data(), rows, ws.logits_part.data(), sh.member() * per, per);
+    sh.gather_columns(ws.logits_part.data(), rows, V, ws.logits.data());
+  } else {
+    kernels::linear_decode(head, ws.h_rows.data(), rows, ws.logits.data());
+  }
+}
+
+// The requested rows of `h` ([n, hidden]) through `head` into ws.logits, in sequence order;
+// ws.logit_first says where each sequence's rows are. Under pipeline parallelism only the
+// last stage computes them (h is null on the others) and broadcasts them to every rank, so
+// that every rank samples the same tokens.
 const float* head_logits(const Step& st, const Linear& head, const float* h) {
   Workspace& ws = st.ws;
+  const RankShard& sh = st.m.shard;
   const size_t H = size_t(st.m.config.hidden_size);
   int rows = 0;
   for (int s = 0; s < st.b.n_seqs; ++s) {
     const SeqStep& q = st.b.seqs[s];
     const int from = st.first(s) + (q.logits == 1 ? q.n - 1 : 0);
-    std::copy_n(h + size_t(from) * H, size_t(q.logits) * H, &ws.h_rows[size_t(rows) * H]);
+    if (h) std::copy_n(h + size_t(from) * H, size_t(q.logits) * H, &ws.h_rows[size_t(rows) * H]);
     ws.logit_first[size_t(s)] = rows;
     rows += q.logits;
   }
-  if (ws.opt.head_ranks > 1) {
-    // Vocabulary-parallel head: this rank's rows of it, then every rank's columns gathered
-    // (each logit is its row's dot product either way: the same bits as one process).
-    const RankShard& sh = st.m.shard;
-    DSA_CHECK(sh.gather_columns && ws.opt.head_ranks == sh.ranks, "forward: a split head without its gather");
-    const int V = head.rows, per = V / sh.ranks;
-    kernels::linear_decode(head, ws.h_rows.data(), rows, ws.logits_part.data(), sh.rank * per, per);
-    sh.gather_columns(ws.logits_part.data(), rows, V, ws.logits.data());
-  } else {
-    kernels::linear_decode(head, ws.h_rows.data(), rows, ws.logits.data());
+  if (h) head_rows(st, head, rows);
+  if (sh.pp > 1) {
+    DSA_CHECK(sh.broadcast, "forward: a pipeline-parallel model without its broadcast");
+    sh.broadcast(ws.logits.data(), size_t(rows) * size_t(head.rows), sh.ranks - sh.group());
   }
   return ws.logits.data();
+}
+
+// Pipeline parallelism: what a stage hands the next (the same member of the next stage)
+// for the step's tokens: the residual stream and, when the next stage's first layer reuses
+// the previous layer's top-k instead of running an indexer of its own, that top-k.
+void pipeline_transfer(const Step& st, int boundary_layer, bool send) {
+  const RankShard& sh = st.m.shard;
+  const ModelConfig& c = st.m.config;
+  Workspace& ws = st.ws;
+  DSA_CHECK(sh.send && sh.recv, "forward: a pipeline-parallel model without its transfers");
+  const size_t n = size_t(st.n);
+  auto move = [&](void* p, size_t bytes) {
+    if (send) sh.send(p, bytes, sh.rank + sh.group());
+    else sh.recv(p, bytes, sh.rank - sh.group());
+  };
+  move(ws.x.data(), n * size_t(c.hidden_size) * sizeof(float));
+  if (!c.is_indexer_full(boundary_layer)) {
+    move(ws.topk.data(), n * size_t(c.index_topk) * sizeof(int32_t));
+    move(ws.topk_n.data(), n * sizeof(int32_t));
+  }
 }
 
 }  // namespace
@@ -138,18 +172,27 @@ const float* head_logits(const Step& st, const Linear& head, const float* h) {
 const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b) {
   const ModelConfig& c = m.config;
   const ModelWeights& w = m.weights;
+  const RankShard& sh = m.shard;
   int n = 0, nd = 0;
   prepare_step(m, kv, ws, b, b.ids, &n, &nd);
   const Step st{m, kv, ws, b, n, nd};
-  kernels::embed(w.embed_tokens, b.ids, n, ws.x.data());
-  for (int l = 0; l < c.num_hidden_layers; ++l) decoder_layer(st, w.layers[size_t(l)], l, l);
-  kernels::rmsnorm(ws.x.data(), w.norm, n, c.hidden_size, float(c.rms_norm_eps), ws.h_final.data());
-  return head_logits(st, w.lm_head, ws.h_final.data());
+  const int L = c.num_hidden_layers, l0 = sh.first_layer(L), l1 = sh.end_layer(L);
+  if (sh.first_stage()) kernels::embed(w.embed_tokens, b.ids, n, ws.x.data());
+  else pipeline_transfer(st, l0, false);
+  for (int l = l0; l < l1; ++l) decoder_layer(st, w.layers[size_t(l)], l, l);
+  const bool last = sh.last_stage();
+  if (last) kernels::rmsnorm(ws.x.data(), w.norm, n, c.hidden_size, float(c.rms_norm_eps), ws.h_final.data());
+  else pipeline_transfer(st, l1, true);
+  const float* logits = head_logits(st, w.lm_head, last ? ws.h_final.data() : nullptr);
+  // The MTP layer's inputs on every rank too: callers hand them back to forward_mtp from
+  // whichever rank drives the steps.
+  if (sh.pp > 1 && ws.opt.mtp) sh.broadcast(ws.h_final.data(), size_t(n) * size_t(c.hidden_size), sh.ranks - sh.group());
+  return logits;
 }
 
 const float* forward_mtp(const Model& m, KvCache& kv, Workspace& ws, const Batch& b, const float* h) {
   const ModelConfig& c = m.config;
-  if (!m.weights.mtp || !ws.opt.mtp || kv.n_layers() <= c.num_hidden_layers)
+  if (!m.weights.mtp || !ws.opt.mtp || (m.shard.last_stage() && kv.n_layers() <= c.num_hidden_layers))
     throw Error("forward_mtp: the model, workspace or cache has no MTP layer");
   const MtpWeights& w = *m.weights.mtp;
   const int H = c.hidden_size, L = c.num_hidden_layers;
@@ -157,6 +200,7 @@ const float* forward_mtp(const Model& m, KvCache& kv, Workspace& ws, const Batch
   int n = 0, nd = 0;
   prepare_step(m, kv, ws, b, b.ids, &n, &nd);
   const Step st{m, kv, ws, b, n, nd};
+  if (!m.shard.last_stage()) return head_logits(st, w.shared_head_head, nullptr);  // the MTP layer's stage computes them
 
   // x = eh_proj([enorm(embed(next)) ; hnorm(h)]), the embedding zeroed at position 0 as
   // vLLM does (SGLang keeps it; llama.cpp feeds the pre-norm hidden state instead).

@@ -30,11 +30,19 @@ T* zeroed(size_t n, const char* what) {
 }
 }  // namespace
 
-size_t KvCache::bytes_per_token(const ModelConfig& cfg, CacheType type, bool mtp) {
-  const size_t latent = latent_format(cfg, type).token_bytes();
+namespace {
+bool held(const ModelConfig& cfg, const KvCacheOptions& opt, int l) {
+  const int L = cfg.num_hidden_layers;
+  return l >= L ? opt.mtp : l >= opt.first_layer && (opt.end_layer < 0 || l < opt.end_layer);
+}
+}  // namespace
+
+size_t KvCache::bytes_per_token(const ModelConfig& cfg, const KvCacheOptions& opt) {
+  const size_t latent = latent_format(cfg, opt.type).token_bytes();
   size_t b = 0;
-  const int n = cfg.num_hidden_layers + (mtp ? 1 : 0);
-  for (int l = 0; l < n; ++l) b += latent + (cfg.is_indexer_full(l) ? 132 : 0);
+  const int n = cfg.num_hidden_layers + (opt.mtp ? 1 : 0);
+  for (int l = 0; l < n; ++l)
+    if (held(cfg, opt, l)) b += latent + (cfg.is_indexer_full(l) ? 132 : 0);
   return b;
 }
 
@@ -44,6 +52,7 @@ KvCache::KvCache(const ModelConfig& cfg, const KvCacheOptions& opt) : opt_(opt),
   const int n = cfg.num_hidden_layers + (opt.mtp ? 1 : 0);
   layers_.resize(size_t(n));
   for (int l = 0; l < n; ++l) {
+    if (!held(cfg, opt, l)) continue;
     Layer& L = layers_[size_t(l)];
     L.mla.reset(zeroed<uint8_t>(slots * proto_.token_bytes(), "latent cache"));
     if (cfg.is_indexer_full(l)) {
@@ -56,7 +65,8 @@ KvCache::KvCache(const ModelConfig& cfg, const KvCacheOptions& opt) : opt_(opt),
 size_t KvCache::bytes() const {
   const size_t slots = size_t(opt_.n_blocks) * size_t(opt_.block_size);
   size_t b = 0;
-  for (const Layer& L : layers_) b += slots * (proto_.token_bytes() + (L.index_k ? 132 : 0));
+  for (const Layer& L : layers_)
+    if (L.mla) b += slots * (proto_.token_bytes() + (L.index_k ? 132 : 0));
   return b;
 }
 
@@ -74,6 +84,7 @@ void fill_cache_synthetic(const ModelConfig& cfg, KvCache& kv, const int32_t* bl
   // is the same whatever the thread count.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int l = 0; l < kv.n_layers(); ++l) {
+    if (!kv.holds(l)) continue;
     uint64_t x = (seed * 0x9e3779b97f4a7c15ull + 1) ^ (uint64_t(l + 1) * 0xbf58476d1ce4e5b9ull);
     auto next = [&x] {  // xorshift64*: cheap and plenty for filler values
       x ^= x >> 12; x ^= x << 25; x ^= x >> 27;

@@ -19,19 +19,24 @@ struct KvCacheOptions {
   int n_blocks = 0;
   CacheType type = CacheType::FP8;
   bool mtp = false;     // also hold the MTP layer's caches
+  // The main layers held, [first_layer, end_layer) (end_layer < 0: to the last): a pipeline
+  // stage holds its own layers' caches only.
+  int first_layer = 0, end_layer = -1;
 };
 
 class KvCache {
 public:
   KvCache(const ModelConfig& cfg, const KvCacheOptions& opt);
 
-  // Bytes one token takes in every layer's caches (what a block costs, per token).
-  static size_t bytes_per_token(const ModelConfig& cfg, CacheType type, bool mtp);
+  // Bytes one token takes in the caches of the layers `opt` holds (what a block costs, per
+  // token; opt's block size and count do not matter).
+  static size_t bytes_per_token(const ModelConfig& cfg, const KvCacheOptions& opt);
 
   const KvCacheOptions& options() const { return opt_; }
   int block_size() const { return opt_.block_size; }
   int n_blocks() const { return opt_.n_blocks; }
-  int n_layers() const { return int(layers_.size()); }
+  int n_layers() const { return int(layers_.size()); }  // main layers + the MTP layer when held
+  bool holds(int layer) const { return layers_[size_t(layer)].mla != nullptr; }
   size_t bytes() const;
 
   // Layer `layer`'s latent cache seen through a sequence's block table.

@@ -22,6 +22,9 @@ void project(const Step& st, const LayerWeights& w) {
   const IndexerWeights& ix = w.indexer;
   const int n = st.n, nd = st.nd, np = n - nd;
   const size_t H = size_t(c.hidden_size), Q = size_t(c.q_lora_rank);
+  // Tensor parallelism: this rank's heads are rows [q0, q0 + qn) of q_b.
+  const int qk = c.qk_head_dim(), q0 = st.m.shard.head0(c.num_attention_heads) * qk, qn = st.m.shard.n_heads(c.num_attention_heads) * qk;
+  const bool all_heads = qn == a.q_b_proj.rows;
   if (nd > 0) {
     const kernels::LinearJob on_x[] = {{&a.q_a_proj, ws.xn.data(), ws.qa.data(), nd},
                                        {&a.kv_a_proj_with_mqa, ws.xn.data(), ws.kva.data(), nd},
@@ -39,13 +42,16 @@ void project(const Step& st, const LayerWeights& w) {
     }
   }
   kernels::rmsnorm(ws.qa.data(), a.q_a_layernorm, n, c.q_lora_rank, float(c.rms_norm_eps), ws.qr.data());
-  if (nd > 0) {
+  if (nd > 0 && all_heads) {
     const kernels::LinearJob on_qr[] = {{&a.q_b_proj, ws.qr.data(), ws.q.data(), nd}, {&ix.wq_b, ws.qr.data(), ws.iq.data(), nd}};
     kernels::linear_multi(on_qr, w.has_indexer ? 2 : 1);
+  } else if (nd > 0) {
+    kernels::linear_decode(a.q_b_proj, ws.qr.data(), nd, ws.q.data(), q0, qn);
+    if (w.has_indexer) kernels::linear_decode(ix.wq_b, ws.qr.data(), nd, ws.iq.data());
   }
   if (np > 0) {
     const float* qp = ws.qr.data() + size_t(nd) * Q;
-    kernels::linear(a.q_b_proj, qp, np, ws.q.data() + size_t(nd) * size_t(a.q_b_proj.rows));
+    kernels::linear(a.q_b_proj, qp, np, ws.q.data() + size_t(nd) * size_t(qn), q0, qn);
     if (w.has_indexer) kernels::linear(ix.wq_b, qp, np, ws.iq.data() + size_t(nd) * size_t(ix.wq_b.rows));
   }
 }
@@ -55,16 +61,17 @@ void project(const Step& st, const LayerWeights& w) {
 void absorbed_query(const Step& st, const MlaWeights& a, const MlaCacheView& view, int i) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
-  const int nh = c.num_attention_heads, nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int nh = st.m.shard.n_heads(c.num_attention_heads), nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int qk = c.qk_head_dim(), Lr = c.kv_lora_rank, K = c.index_topk;
+  const int kv0 = st.m.shard.head0(c.num_attention_heads) * (nope + vd);  // this rank's first head in kv_b
   const float* qi = &ws.q[size_t(i) * size_t(nh) * size_t(qk)];
   float* qlat = &ws.q_lat[size_t(i) * size_t(nh) * size_t(Lr)];
   float* qpe = &ws.q_pe[size_t(i) * size_t(nh) * size_t(R)];
   float* olat = &ws.o_lat[size_t(i) * size_t(nh) * size_t(Lr)];
-  kernels::linear_t_heads(a.kv_b_proj, qi, qk, nh, nope + vd, 0, nope, qlat);
+  kernels::linear_t_heads(a.kv_b_proj, qi, qk, nh, nope + vd, kv0, nope, qlat);
   for (int h = 0; h < nh; ++h) std::memcpy(qpe + size_t(h) * size_t(R), qi + size_t(h) * size_t(qk) + size_t(nope), size_t(R) * sizeof(float));
   kernels::mla_sparse_decode(view, qlat, qpe, nh, &ws.topk[size_t(i) * size_t(K)], ws.topk_n[size_t(i)], float(c.softmax_scale()), olat);
-  kernels::linear_heads(a.kv_b_proj, olat, nh, nope + vd, nope, vd, &ws.attn[size_t(i) * size_t(nh) * size_t(vd)], vd);
+  kernels::linear_heads(a.kv_b_proj, olat, nh, nope + vd, kv0 + nope, vd, &ws.attn[size_t(i) * size_t(nh) * size_t(vd)], vd);
 }
 
 // The decode tokens [0, nd), one query at a time: several of them one per thread, a single
@@ -92,15 +99,15 @@ void absorbed_queries(const Step& st, const MlaWeights& a, int cache_layer, int 
 void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& cache, int t0, int n, int pos0) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
-  const int nh = c.num_attention_heads, nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim, vd = c.v_head_dim;
-  const int qk = c.qk_head_dim(), Lr = c.kv_lora_rank, K = c.index_topk;
+  const int nh = st.m.shard.n_heads(c.num_attention_heads), nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int qk = c.qk_head_dim(), Lr = c.kv_lora_rank, K = c.index_topk, h0 = st.m.shard.head0(c.num_attention_heads);
   DSA_CHECK(ws.kv.size() >= size_t(n) * size_t(nope + Lr + vd), "kv scratch too small for the absorbed path");
   float* qn = ws.kv.data();                             // [n, nope] one head's q_nope
   float* lat = ws.kv.data() + size_t(n) * size_t(nope);  // [n, kv_lora] one head's latents
   auto row = [&](int i, int h) { return (size_t(t0 + i) * size_t(nh) + size_t(h)); };
   for (int h = 0; h < nh; ++h) {
     for (int i = 0; i < n; ++i) std::memcpy(qn + size_t(i) * size_t(nope), &ws.q[row(i, h) * size_t(qk)], size_t(nope) * sizeof(float));
-    kernels::linear_t(a.kv_b_proj, qn, n, lat, h * (nope + vd), nope);
+    kernels::linear_t(a.kv_b_proj, qn, n, lat, (h0 + h) * (nope + vd), nope);
     for (int i = 0; i < n; ++i) {
       std::memcpy(&ws.q_lat[row(i, h) * size_t(Lr)], lat + size_t(i) * size_t(Lr), size_t(Lr) * sizeof(float));
       std::memcpy(&ws.q_pe[row(i, h) * size_t(R)], &ws.q[row(i, h) * size_t(qk) + size_t(nope)], size_t(R) * sizeof(float));
@@ -131,9 +138,31 @@ void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& 
   float* ov = lat + size_t(n) * size_t(Lr);  // [n, v] one head's output, after the latents
   for (int h = 0; h < nh; ++h) {
     for (int i = 0; i < n; ++i) std::memcpy(lat + size_t(i) * size_t(Lr), &ws.o_lat[row(i, h) * size_t(Lr)], size_t(Lr) * sizeof(float));
-    kernels::linear(a.kv_b_proj, lat, n, ov, h * (nope + vd) + nope, vd);
+    kernels::linear(a.kv_b_proj, lat, n, ov, (h0 + h) * (nope + vd) + nope, vd);
     for (int i = 0; i < n; ++i) std::memcpy(&ws.attn[(size_t(t0 + i) * size_t(nh) + size_t(h)) * size_t(vd)], ov + size_t(i) * size_t(vd), size_t(vd) * sizeof(float));
   }
+}
+
+// o_proj over the heads' outputs. Tensor parallelism gathers every rank's heads and then
+// splits o_proj by output rows, gathering those too: two all-gathers instead of the usual
+// one all-reduce of o_proj's partial sums over split input columns. Each rank receives
+// (heads * v + hidden) * (tp - 1) / tp floats per token against a ring all-reduce's
+// 2 * hidden * (tp - 1) / tp (1.6x for DeepSeek-V3.2; at decode's few tokens latency, not
+// bytes, sets the cost), but every output is computed whole in one process's order (the
+// logits are the same bits at any --tp) and the kernels need no column-strided weights.
+void output_projection(const Step& st, const MlaWeights& a) {
+  const ModelConfig& c = st.m.config;
+  Workspace& ws = st.ws;
+  const RankShard& sh = st.m.shard;
+  if (sh.tp <= 1) {
+    linear_by_role(a.o_proj, ws.attn.data(), st.n, st.nd, ws.proj.data());
+    return;
+  }
+  DSA_CHECK(sh.gather_columns && ws.opt.tp == sh.tp, "attention: a tensor-parallel model without its gather");
+  const int H = c.hidden_size, per = H / sh.tp;
+  sh.gather_columns(ws.attn.data(), st.n, c.num_attention_heads * c.v_head_dim, ws.attn_all.data());
+  linear_by_role(a.o_proj, ws.attn_all.data(), st.n, st.nd, ws.proj_part.data(), sh.member() * per, per);
+  sh.gather_columns(ws.proj_part.data(), st.n, H, ws.proj.data());
 }
 
 }  // namespace
@@ -142,7 +171,7 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const MlaWeights& a = w.self_attn;
-  const int nh = c.num_attention_heads, nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim;
+  const int nh = st.m.shard.n_heads(c.num_attention_heads), nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim;
   const int qk = c.qk_head_dim(), Lr = c.kv_lora_rank, K = c.index_topk, n = st.n;
   const float eps = float(c.rms_norm_eps);
   auto cos_at = [&](int pos) { return &ws.rope_cos[size_t(pos) * size_t(R / 2)]; };
@@ -182,7 +211,7 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
     const SeqStep& q = st.b.seqs[s];
     if (!q.decode) prefill_attention(st, a, st.kv.mla(cache_layer, q.blocks), st.first(s), q.n, q.pos0);
   }
-  linear_by_role(a.o_proj, ws.attn.data(), n, st.nd, ws.proj.data());
+  output_projection(st, a);
 }
 
 }  // namespace dsa

@@ -123,9 +123,9 @@ static int route_and_group(const Step& st, const MoeWeights& w, const float* xn,
   return n_active;
 }
 
-// The shared expert runs once per token: on rank 0 of an expert-parallel job, whose
+// The shared expert runs once per token: on member 0 of an expert-parallel stage, whose
 // partial output carries it into the all-reduce.
-static bool runs_shared_expert(const Step& st, const MoeWeights& w) { return w.has_shared && st.m.shard.rank == 0; }
+static bool runs_shared_expert(const Step& st, const MoeWeights& w) { return w.has_shared && st.m.shard.runs_shared_expert(); }
 
 // Runs jobs through linear_multi, at most kMaxLinearJobs per call (each output the same
 // whichever call computes it).
@@ -219,7 +219,7 @@ void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bo
   // (all-to-all), moves k x hidden per token and pays off only when attention is split
   // by sequence across ranks; with attention on every rank every token is already
   // everywhere, and the reduce is the one collective.
-  if (st.m.shard.ranks > 1) {
+  if (st.m.shard.ep > 1) {
     DSA_CHECK(st.m.shard.sum, "moe: an expert-parallel model without its all-reduce");
     st.m.shard.sum(out, size_t(n) * H);
   }

@@ -194,32 +194,75 @@ ModelWeights ModelWeights::bind(const ModelConfig& cfg, const SafeTensors& st, b
   return w;
 }
 
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Rows [row0, row0 + n) of a 2-D tensor with `rows` rows (its weight, not its block scales).
+std::pair<size_t, size_t> row_range(const TensorInfo& t, int64_t rows, int64_t row0, int64_t n) {
+  if (t.shape.size() != 2 || t.shape[0] != rows) return {0, t.nbytes};
+  const size_t row = t.nbytes / size_t(rows);
+  return {size_t(row0) * row, size_t(n) * row};
+}
+
+}  // namespace
+
 std::pair<size_t, size_t> RankShard::owned_bytes(const std::string& tensor, const TensorInfo& t, const ModelConfig& c) const {
   if (ranks <= 1) return {0, t.nbytes};
+  const int L = c.num_hidden_layers, layer = layer_of(tensor);
+  const size_t none = 0;
+  if (tensor == "model.embed_tokens.weight")
+    return {0, first_stage() || (last_stage() && mtp_uses_main_embedding) ? t.nbytes : none};
+  if (layer >= 0 && !owns_layer(layer, L)) return {0, 0};
+  if (layer < 0 && !last_stage()) return {0, 0};  // model.norm, lm_head
   const size_t at = tensor.find(".mlp.experts.");
   if (at != std::string::npos) {
     const char* p = tensor.c_str() + at + 13;
     char* end = nullptr;
     const long e = std::strtol(p, &end, 10);
     const bool foreign = end != p && e >= 0 && e < c.n_routed_experts && !owns(int(e), c.n_routed_experts);
-    return {0, foreign ? 0 : t.nbytes};
+    return {0, foreign ? none : t.nbytes};
   }
-  // The heads' weights (not their block scales): this rank's vocabulary rows.
-  const bool head = tensor == "lm_head.weight" || tensor == "model.layers." + std::to_string(c.num_hidden_layers) + ".shared_head.head.weight";
-  if (head && splits_head(c.vocab_size) && t.shape.size() == 2 && t.shape[0] == c.vocab_size) {
-    const size_t row = t.nbytes / size_t(c.vocab_size), per = size_t(c.vocab_size / ranks);
-    return {size_t(rank) * per * row, per * row};
+  const bool head = tensor == "lm_head.weight" || tensor == "model.layers." + std::to_string(L) + ".shared_head.head.weight";
+  if (head && splits_head(c.vocab_size)) {
+    const int64_t per = c.vocab_size / group();
+    return row_range(t, c.vocab_size, member() * per, per);
+  }
+  if (tp > 1 && tensor.find(".self_attn.") != std::string::npos) {
+    const int64_t h0 = head0(c.num_attention_heads), nh = n_heads(c.num_attention_heads);
+    const int64_t qk = c.qk_head_dim(), kvb = c.qk_nope_head_dim + c.v_head_dim, H = c.hidden_size;
+    if (ends_with(tensor, ".self_attn.q_b_proj.weight") || ends_with(tensor, ".self_attn.q_proj.weight"))
+      return row_range(t, int64_t(c.num_attention_heads) * qk, h0 * qk, nh * qk);
+    if (ends_with(tensor, ".self_attn.kv_b_proj.weight"))
+      return row_range(t, int64_t(c.num_attention_heads) * kvb, h0 * kvb, nh * kvb);
+    if (ends_with(tensor, ".self_attn.o_proj.weight")) return row_range(t, H, member() * (H / tp), H / tp);
   }
   return {0, t.nbytes};
 }
 
 void RankShard::validate(const ModelConfig& c) const {
-  if (ranks <= 1) return;
-  if (c.n_routed_experts == 0)
-    throw Error("--ep " + std::to_string(ranks) + ": the model has no routed experts to split (n_routed_experts = 0)");
-  if (c.n_routed_experts % ranks != 0)
-    throw Error("--ep " + std::to_string(ranks) + ": does not divide the model's " + std::to_string(c.n_routed_experts) +
-                " routed experts");
+  const auto flag = [](const char* name, int v) { return std::string("--") + name + " " + std::to_string(v); };
+  if (ep < 1 || tp < 1 || pp < 1) throw Error("parallel layout: --ep, --tp and --pp must be positive");
+  const int g = std::max(ep, tp);
+  if ((ep != 1 && ep != g) || (tp != 1 && tp != g))
+    throw Error(flag("ep", ep) + " with " + flag("tp", tp) + ": expert and tensor parallelism split the same ranks of a stage, so each is 1 or the other's size");
+  if (int64_t(pp) * g != ranks)
+    throw Error("parallel layout " + describe() + " needs " + std::to_string(int64_t(pp) * g) + " processes, the job has " + std::to_string(ranks));
+  if (ep > 1 && c.n_routed_experts == 0)
+    throw Error(flag("ep", ep) + ": the model has no routed experts to split (n_routed_experts = 0)");
+  if (ep > 1 && c.n_routed_experts % ep != 0)
+    throw Error(flag("ep", ep) + ": does not divide the model's " + std::to_string(c.n_routed_experts) + " routed experts");
+  if (pp > c.num_hidden_layers)
+    throw Error(flag("pp", pp) + ": more pipeline stages than the model's " + std::to_string(c.num_hidden_layers) + " layers");
+  if (tp > 1 && (c.num_attention_heads % tp != 0 || c.hidden_size % tp != 0))
+    throw Error(flag("tp", tp) + ": does not divide the model's " + std::to_string(c.num_attention_heads) + " attention heads and hidden size " +
+                std::to_string(c.hidden_size));
+}
+
+std::string RankShard::describe() const {
+  return "ep " + std::to_string(ep) + " x pp " + std::to_string(pp) + " x tp " + std::to_string(tp);
 }
 
 size_t shard_bytes(const SafeTensors& files, const ModelConfig& c, const RankShard& shard) {
@@ -240,15 +283,17 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool load_mtp, bool v
   m->files = SafeTensors::open(dir);
   if (verbose) std::fprintf(stderr, "loading %s: %zu file(s), %zu tensors, binding weights ...\n", dir.c_str(), m->files.num_files(), m->files.tensors().size());
   m->weights = ModelWeights::bind(m->config, m->files, load_mtp);
+  m->shard.mtp_uses_main_embedding =
+      load_mtp && m->weights.mtp && !m->files.has("model.layers." + std::to_string(m->config.num_hidden_layers) + ".embed_tokens.weight");
   if (prefetch) {
     // Only what fits: a checkpoint larger than the machine's memory would evict its own
     // first pages while reading the last ones; it is then read on demand, as mapped.
-    const size_t total = shard_bytes(m->files, m->config, shard);
+    const size_t total = shard_bytes(m->files, m->config, m->shard);
     const double ram = physical_memory_bytes();
     if (double(total) < 0.9 * ram) {
       const bool tty = verbose && ::isatty(STDERR_FILENO);
       const size_t n = m->files.num_files();
-      auto mine = [&](const std::string& name, const TensorInfo& t) { return shard.owned_bytes(name, t, m->config); };
+      auto mine = [&](const std::string& name, const TensorInfo& t) { return m->shard.owned_bytes(name, t, m->config); };
       m->files.populate(mine, [&](size_t files_done, size_t bytes_done) {
         if (tty)
           std::fprintf(stderr, "\rloading %s: reading weights %zu/%zu file(s), %.2f/%.2f GB", dir.c_str(), files_done, n,

@@ -73,27 +73,59 @@ struct ModelWeights {
   static ModelWeights bind(const ModelConfig& cfg, const SafeTensors& st, bool load_mtp);
 };
 
-// This process's part of an expert-parallel layout (a constant of the loaded model). Routed
-// expert e belongs to rank e * ranks / n_routed_experts: contiguous ranges, so that when
-// the ranks divide n_group each rank holds whole expert groups and a DeepSeek token, which
-// picks at most topk_group groups, touches at most that many ranks. The head (lm_head and
-// the MTP layer's) is split by vocabulary rows when the ranks divide the vocabulary: it is
-// the largest tensor every rank would otherwise read each step. Everything else (attention,
-// dense layers, the shared expert, the embedding) is on every rank.
+// This process's part of a parallel layout (a constant of the loaded model). The job's
+// `ranks` form pp pipeline stages of group() ranks each (world rank = stage * group() +
+// member); stage s holds main layers [s * L / pp, (s + 1) * L / pp), the first stage the
+// embedding, the last the final norm, the head and the MTP layer. Within a stage:
+// - ep > 1 (= group()): routed expert e belongs to member e * ep / n_routed_experts:
+//   contiguous ranges, so that when ep divides n_group each member holds whole expert groups
+//   and a DeepSeek token, which picks at most topk_group groups, touches at most that many.
+//   The shared expert runs on member 0; the members' partial MoE outputs are summed.
+// - tp > 1 (= group()): each member holds num_attention_heads / tp heads (their rows of
+//   q_b_proj and kv_b_proj) and hidden / tp rows of o_proj (see mla.cpp). The indexer, q_a,
+//   kv_a and the latent cache are on every member.
+// - group() > 1: the head is split by vocabulary rows when group() divides the vocabulary:
+//   it is the largest tensor every member would otherwise read each step.
+// Everything else of a stage's layers (dense layers, norms, the router) is on every member.
 struct RankShard {
   int rank = 0, ranks = 1;
-  // Adds the ranks' partial MoE outputs in place (every rank receives the sum).
+  int ep = 1, tp = 1, pp = 1;
+  // The MTP layer has no embedding of its own and uses the main one (GLM): the last stage
+  // holds it too. Set by Model::load.
+  bool mtp_uses_main_embedding = false;
+  // Collectives, set by the runtime when ranks > 1 (the model library links no MPI). Over
+  // this rank's stage: the sum of the members' data in place (on every member), and each
+  // member's [rows, cols / group()] block into its columns of out [rows, cols].
   void (*sum)(float* data, size_t n) = nullptr;
-  // Each rank's [rows, cols / ranks] block of head logits into its columns of out [rows, cols]
-  // on every rank. Both set by the runtime when ranks > 1.
   void (*gather_columns)(const float* part, int rows, int cols, float* out) = nullptr;
-  bool owns(int expert, int n_experts) const { return int(int64_t(expert) * ranks / n_experts) == rank; }
-  bool splits_head(int vocab) const { return ranks > 1 && vocab % ranks == 0; }
-  // The bytes of a tensor this rank reads: all of it, none (another rank's expert) or its
-  // rows of a head.
+  // Over the job (world ranks): point to point between stages, and a broadcast from `root`.
+  void (*send)(const void* data, size_t bytes, int to) = nullptr;
+  void (*recv)(void* data, size_t bytes, int from) = nullptr;
+  void (*broadcast)(float* data, size_t n, int root) = nullptr;
+
+  int group() const { return ranks / pp; }
+  int stage() const { return rank / group(); }
+  int member() const { return rank % group(); }
+  bool first_stage() const { return stage() == 0; }
+  bool last_stage() const { return stage() == pp - 1; }
+  int first_layer(int n_layers) const { return int(int64_t(stage()) * n_layers / pp); }
+  int end_layer(int n_layers) const { return int(int64_t(stage() + 1) * n_layers / pp); }
+  // Main layer l (l == n_layers: the MTP layer, on the last stage) is on this rank's stage.
+  bool owns_layer(int l, int n_layers) const {
+    return l >= n_layers ? last_stage() : l >= first_layer(n_layers) && l < end_layer(n_layers);
+  }
+  bool owns(int expert, int n_experts) const { return ep <= 1 || int(int64_t(expert) * ep / n_experts) == member(); }
+  bool runs_shared_expert() const { return ep <= 1 || member() == 0; }
+  bool splits_head(int vocab) const { return group() > 1 && vocab % group() == 0; }
+  int head0(int n_heads) const { return tp > 1 ? member() * (n_heads / tp) : 0; }   // first local head
+  int n_heads(int n_heads) const { return tp > 1 ? n_heads / tp : n_heads; }        // local heads
+  // The bytes of a tensor this rank reads: all of it, none (another stage's layer, another
+  // member's expert) or its rows (the head, the tensor-parallel attention weights).
   std::pair<size_t, size_t> owned_bytes(const std::string& tensor, const TensorInfo& t, const ModelConfig& c) const;
-  // Throws when the layout does not fit the model (checked before any weight is read).
+  // Throws when the layout does not fit the job or the model (checked before any weight is
+  // read), naming the flag.
   void validate(const ModelConfig& c) const;
+  std::string describe() const;  // "ep 2 x pp 1 x tp 1"
 };
 
 // Bytes of the checkpoint's tensors a rank of `shard` maps and reads.

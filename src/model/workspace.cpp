@@ -72,6 +72,10 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   kv.resize(T * std::max(nh * (nope + v), nope + L + v));
   q_lat.resize(T * nh * L); o_lat.resize(T * nh * L); q_pe.resize(T * nh * R);
   attn.resize(T * nh * v);
+  if (opt.tp > 1) {
+    attn_all.resize(T * nh * v);
+    proj_part.resize(T * H / size_t(opt.tp));
+  }
   // A prefill chunk after a cached prefix dequantizes one layer's latents once for all of
   // its queries (f32 [max_ctx, kv_lora + rope]).
   if (opt.chunk_latents && opt.max_tokens >= 4) lat_f32.resize(C * (L + R));

@@ -18,6 +18,7 @@ struct WorkspaceOptions {
   bool mtp = false;         // also size the MTP layer's buffers
   bool chunk_latents = true;  // room to dequantize one layer's cache for a chunk after a prefix
   int head_ranks = 1;         // ranks splitting the head's vocabulary rows (RankShard::splits_head)
+  int tp = 1;                 // tensor-parallel ranks splitting the attention heads (RankShard::tp)
 };
 
 struct Workspace {
@@ -41,7 +42,8 @@ struct Workspace {
   std::vector<float> kv;                     // [T, heads * (nope + v)] prefill expansion
   std::vector<float> q_lat, o_lat;           // [T, heads * kv_lora] absorbed decode
   std::vector<float> q_pe;                   // [T, heads * rope] query rope parts, contiguous
-  std::vector<float> attn;                   // [T, heads * v]
+  std::vector<float> attn;                   // [T, heads * v] (this rank's heads under tensor parallelism)
+  std::vector<float> attn_all, proj_part;    // tensor parallelism: [T, heads * v] every rank's, [T, hidden / tp]
   std::vector<float> lat_f32;                // [max_ctx, kv_lora + rope] one layer's cache in f32 (chunked prefill)
   std::vector<float> proj;                   // [T, hidden]
   // Indexer

@@ -1,9 +1,11 @@
 #include "runtime/dist.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <thread>
 
 #include "core/error.h"
 
@@ -14,8 +16,14 @@
 namespace dsa::dist {
 namespace {
 
-int g_rank = 0, g_size = 1;
+int g_rank = 0, g_size = 1, g_stage_size = 1;
 bool g_active = false;
+#ifdef DSA_HAVE_MPI
+MPI_Comm g_stage = MPI_COMM_NULL;  // the caller's pipeline stage (MPI_COMM_WORLD until split)
+
+// MPI counts are ints: larger transfers go in pieces of at most this many elements.
+constexpr size_t kMaxCount = size_t(std::numeric_limits<int>::max());
+#endif
 
 // The job size the launcher exported, 0 when no launcher started this process. Open MPI
 // sets OMPI_COMM_WORLD_SIZE; PMI_SIZE covers MPICH-style launchers.
@@ -56,6 +64,8 @@ void init() {
   // Errors end the job (MPI_ERRORS_ARE_FATAL): a rank that dies takes the others with it
   // instead of leaving them in a collective.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+  g_stage = MPI_COMM_WORLD;
+  g_stage_size = g_size;
   g_active = true;
   if (g_size != n)
     abort_job("MPI environment: the launcher announced " + std::to_string(n) + " processes, MPI_COMM_WORLD has " + std::to_string(g_size));
@@ -69,12 +79,24 @@ bool active() { return g_active; }
 int rank() { return g_rank; }
 int size() { return g_size; }
 
-void sum(float* data, size_t n) {
-  if (!g_active) return;
+void set_stage_size(int group) {
+  if (!g_active || group == g_stage_size) return;
+  if (group < 1 || g_size % group != 0) abort_job("pipeline stages of " + std::to_string(group) + " ranks do not divide the job");
 #ifdef DSA_HAVE_MPI
-  constexpr size_t kMaxCount = size_t(std::numeric_limits<int>::max());
+  MPI_Comm stage = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, g_rank / group, g_rank, &stage);
+  MPI_Comm_set_errhandler(stage, MPI_ERRORS_ARE_FATAL);
+  if (g_stage != MPI_COMM_WORLD) MPI_Comm_free(&g_stage);
+  g_stage = stage;
+  g_stage_size = group;
+#endif
+}
+
+void sum(float* data, size_t n) {
+  if (!g_active || g_stage_size == 1) return;
+#ifdef DSA_HAVE_MPI
   for (size_t off = 0; off < n; off += kMaxCount)
-    MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, MPI_SUM, g_stage);
 #else
   (void)data;
   (void)n;
@@ -82,8 +104,8 @@ void sum(float* data, size_t n) {
 }
 
 void gather_columns(const float* part, int rows, int cols, float* out) {
-  const int per = cols / g_size;
-  if (!g_active) {
+  const int per = cols / g_stage_size;
+  if (!g_active || g_stage_size == 1) {
     std::copy_n(part, size_t(rows) * size_t(cols), out);
     return;
   }
@@ -94,9 +116,79 @@ void gather_columns(const float* part, int rows, int cols, float* out) {
   MPI_Type_vector(rows, per, cols, MPI_FLOAT, &block);
   MPI_Type_create_resized(block, 0, MPI_Aint(per) * MPI_Aint(sizeof(float)), &placed);
   MPI_Type_commit(&placed);
-  MPI_Allgather(part, rows * per, MPI_FLOAT, out, 1, placed, MPI_COMM_WORLD);
+  MPI_Allgather(part, rows * per, MPI_FLOAT, out, 1, placed, g_stage);
   MPI_Type_free(&placed);
   MPI_Type_free(&block);
+#endif
+}
+
+void send(const void* data, size_t bytes, int to) {
+#ifdef DSA_HAVE_MPI
+  const auto* p = static_cast<const char*>(data);
+  for (size_t off = 0; off < bytes; off += kMaxCount)
+    MPI_Send(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, to, 0, MPI_COMM_WORLD);
+#else
+  (void)data;
+  (void)bytes;
+  (void)to;
+#endif
+}
+
+void recv(void* data, size_t bytes, int from) {
+#ifdef DSA_HAVE_MPI
+  auto* p = static_cast<char*>(data);
+  for (size_t off = 0; off < bytes; off += kMaxCount)
+    MPI_Recv(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, from, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+#else
+  (void)data;
+  (void)bytes;
+  (void)from;
+#endif
+}
+
+void broadcast_bytes(void* data, size_t bytes, int root) {
+  if (!g_active) return;
+#ifdef DSA_HAVE_MPI
+  auto* p = static_cast<char*>(data);
+  for (size_t off = 0; off < bytes; off += kMaxCount)
+    MPI_Bcast(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, root, MPI_COMM_WORLD);
+#else
+  (void)data;
+  (void)bytes;
+  (void)root;
+#endif
+}
+
+void broadcast_bytes_idle(void* data, size_t bytes, int root) {
+  if (!g_active) return;
+#ifdef DSA_HAVE_MPI
+  if (bytes > kMaxCount) abort_job("an idle broadcast of " + std::to_string(bytes) + " bytes is beyond one MPI message");
+  MPI_Request req;
+  MPI_Ibcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req);
+  // Spin briefly (a busy server's calls follow each other closely), then sleep between polls:
+  // 200 us at most added to a call that arrives after a pause.
+  for (long polls = 0;; ++polls) {
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (polls > 20000) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+#else
+  (void)data;
+  (void)bytes;
+  (void)root;
+#endif
+}
+
+void broadcast(float* data, size_t n, int root) {
+  if (!g_active) return;
+#ifdef DSA_HAVE_MPI
+  for (size_t off = 0; off < n; off += kMaxCount)
+    MPI_Bcast(data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, root, MPI_COMM_WORLD);
+#else
+  (void)data;
+  (void)n;
+  (void)root;
 #endif
 }
 
@@ -124,6 +216,7 @@ void abort_job(const std::string& message) {
 
 void finalize() {
 #ifdef DSA_HAVE_MPI
+  if (g_active && g_stage != MPI_COMM_WORLD) MPI_Comm_free(&g_stage);
   if (g_active) MPI_Finalize();
 #endif
   g_active = false;

@@ -13,11 +13,23 @@ void init();
 bool active();  // in a job of more than one rank
 int rank();
 int size();
-// data[0:n] summed over the ranks, in place on every rank.
+// Groups the ranks into stages of `group` consecutive ranks (a pipeline layout); until
+// then the whole job is one stage. sum and gather_columns run within the caller's stage.
+void set_stage_size(int group);
+// data[0:n] summed over the stage's ranks, in place on each of them.
 void sum(float* data, size_t n);
-// Each rank's [rows, cols / size()] block into its columns of out [rows, cols], on every
-// rank (cols a multiple of size()).
+// Each stage rank's [rows, cols / stage size] block into its columns of out [rows, cols],
+// on each of them (cols a multiple of the stage size).
 void gather_columns(const float* part, int rows, int cols, float* out);
+// Point to point between world ranks (blocking), and a broadcast from `root` to every rank.
+void send(const void* data, size_t bytes, int to);
+void recv(void* data, size_t bytes, int from);
+void broadcast(float* data, size_t n, int root);
+void broadcast_bytes(void* data, size_t bytes, int root);
+// The same for a broadcast the other ranks may wait on for long (a server's next call): they
+// poll with short sleeps instead of spinning a core, as MPI's blocking calls do. Matches only
+// itself (every rank must call this one, not broadcast_bytes, for the same message).
+void broadcast_bytes_idle(void* data, size_t bytes, int root);
 void barrier();
 double max_over_ranks(double v);  // the largest v any rank passes (every rank receives it)
 // Ends the job on every rank: the message on stderr, naming this rank, then MPI_Abort (the

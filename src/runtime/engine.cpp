@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "runtime/dist.h"
 
 namespace dsa {
 
@@ -31,7 +32,8 @@ double available_memory_bytes() {
 
 WorkspaceOptions workspace_options(const Model& m, const EngineOptions& o) {
   WorkspaceOptions w;
-  w.head_ranks = m.shard.splits_head(m.config.vocab_size) ? m.shard.ranks : 1;
+  w.head_ranks = m.shard.splits_head(m.config.vocab_size) ? m.shard.group() : 1;
+  w.tp = m.shard.tp;
   w.max_tokens = o.max_step_tokens;
   w.max_seqs = o.max_seqs;
   w.max_logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : 2 * o.max_seqs;
@@ -40,6 +42,17 @@ WorkspaceOptions workspace_options(const Model& m, const EngineOptions& o) {
   w.chunk_latents = o.cache != CacheType::F32;
   return w;
 }
+
+// The caches this rank holds: its pipeline stage's layers, the MTP layer on the last stage.
+KvCacheOptions cache_options(const Model& m, const EngineOptions& o, int n_blocks) {
+  const int L = m.config.num_hidden_layers;
+  KvCacheOptions k{o.block_size, n_blocks, o.cache, o.mtp && m.shard.last_stage()};
+  k.first_layer = m.shard.first_layer(L);
+  k.end_layer = m.shard.end_layer(L);
+  return k;
+}
+
+size_t token_bytes(const Model& m, const EngineOptions& o) { return KvCache::bytes_per_token(m.config, cache_options(m, o, 0)); }
 
 EngineOptions checked(const Model& m, EngineOptions o) {
   if (o.block_size < 1 || o.block_size > (1 << 20)) throw Error("engine: block size must be in 1..1048576, got " + std::to_string(o.block_size));
@@ -57,9 +70,11 @@ EngineOptions checked(const Model& m, EngineOptions o) {
 
 int pool_blocks(const Model& m, const EngineOptions& o) {
   int64_t tokens = o.cache_tokens;
-  if (tokens == 0 && o.cache_bytes > 0) tokens = o.cache_bytes / int64_t(KvCache::bytes_per_token(m.config, o.cache, o.mtp));
+  if (tokens == 0 && o.cache_bytes > 0) tokens = o.cache_bytes / int64_t(token_bytes(m, o));
   if (tokens == 0) tokens = default_cache_tokens(m, o);
-  const int64_t blocks = blocks_for(tokens, o.block_size);
+  // Every rank of a job runs the same steps over the same block tables: the pool is the
+  // smallest any rank can hold (their free memory and layers differ).
+  const int64_t blocks = -int64_t(dist::max_over_ranks(-double(blocks_for(tokens, o.block_size))));
   if (blocks < 1) throw Error("engine: the cache holds less than one block of " + std::to_string(o.block_size) + " tokens");
   if (blocks > (int64_t(1) << 30)) throw Error("engine: a cache of " + std::to_string(blocks) + " blocks is beyond what the engine addresses");
   return int(blocks);
@@ -69,10 +84,11 @@ int pool_blocks(const Model& m, const EngineOptions& o) {
 
 int64_t default_cache_tokens(const Model& m, const EngineOptions& o) {
   const int64_t need = blocks_for(o.max_ctx, o.block_size) * o.block_size * o.max_seqs;
-  const double per_token = double(KvCache::bytes_per_token(m.config, o.cache, o.mtp));
+  const double per_token = double(token_bytes(m, o));
   double avail = available_memory_bytes();
   if (avail <= 0) avail = physical_memory_bytes();
-  const double budget = avail - double(m.files.total_bytes()) - std::max(0.1 * avail, double(1 << 30));
+  const double weights = double(shard_bytes(m.files, m.config, m.shard));
+  const double budget = avail - weights - std::max(0.1 * avail, double(1 << 30));
   const int64_t fit = budget > 0 ? int64_t(budget / per_token) : 0;
   return std::max<int64_t>(std::min(need, fit), o.max_ctx);
 }
@@ -87,7 +103,7 @@ std::string EngineCapacity::describe() const {
 Engine::Engine(const Model& m, const EngineOptions& opt)
     : m_(m),
       opt_(checked(m, opt)),
-      kv_(m.config, KvCacheOptions{opt_.block_size, pool_blocks(m, opt_), opt_.cache, opt_.mtp}),
+      kv_(m.config, cache_options(m, opt_, pool_blocks(m, opt_))),
       pool_(kv_.n_blocks(), opt_.block_size),
       ws_(m.config, workspace_options(m, opt_)) {
   batch_.resize(size_t(opt_.max_seqs));
@@ -104,7 +120,7 @@ EngineCapacity Engine::capacity() const {
   c.blocks = kv_.n_blocks();
   c.block_size = kv_.block_size();
   c.tokens = int64_t(c.blocks) * c.block_size;
-  c.bytes_per_token = KvCache::bytes_per_token(m_.config, opt_.cache, opt_.mtp);
+  c.bytes_per_token = token_bytes(m_, opt_);
   c.bytes = kv_.bytes();
   return c;
 }
@@ -130,6 +146,7 @@ uint64_t Engine::block_hash(const Seq& q, int b, const int32_t* tokens) const {
 }
 
 SeqId Engine::add(std::span<const int32_t> prompt, bool mtp) {
+  if (leading_) announce_add(prompt, mtp);
   if (mtp && !opt_.mtp) throw Error("engine: an MTP sequence in an engine built without the MTP layer's caches");
   if (int64_t(prompt.size()) > opt_.max_ctx)
     throw Error("engine: prompt of " + std::to_string(prompt.size()) + " tokens exceeds the context size " + std::to_string(opt_.max_ctx));
@@ -175,6 +192,7 @@ void Engine::publish_ready(Seq& q) {
 }
 
 void Engine::release(SeqId s) {
+  if (leading_) announce_seq(kCallRelease, s, 0);
   Seq& q = seq(s);
   publish_ready(q);  // what is final; unverified drafts are not
   for (int32_t b : q.blocks) pool_.unref(b);
@@ -182,6 +200,7 @@ void Engine::release(SeqId s) {
 }
 
 void Engine::truncate(SeqId s, int n) {
+  if (leading_) announce_seq(kCallTruncate, s, n);
   Seq& q = seq(s);
   if (n < 0 || n > q.len) throw Error("engine: truncate to " + std::to_string(n) + " tokens, the sequence holds " + std::to_string(q.len));
   if (n < q.published * opt_.block_size)
@@ -253,6 +272,7 @@ Batch Engine::batch(int n_items) const {
 }
 
 void Engine::step(std::span<const StepItem> items) {
+  if (leading_) announce_step(items);
   const int n_items = int(items.size());
   if (n_items == 0) throw Error("engine: an empty step");
   if (n_items > opt_.max_seqs)
@@ -308,6 +328,7 @@ void Engine::step(std::span<const StepItem> items) {
 }
 
 void Engine::step_mtp(std::span<const MtpItem> items) {
+  if (leading_) announce_mtp(items);
   const int n_items = int(items.size());
   if (!opt_.mtp) throw Error("engine: an MTP step in an engine built without the MTP layer's caches");
   if (n_items == 0 || n_items > opt_.max_seqs) throw Error("engine: an MTP step needs 1.." + std::to_string(opt_.max_seqs) + " sequences");

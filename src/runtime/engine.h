@@ -108,6 +108,14 @@ public:
   // loops in order); null: none.
   void set_tap(const Tap* tap) { tap_ = tap; }
 
+  // An MPI job driven from one rank (the server): after lead() on rank 0, every later add,
+  // release, truncate, step and step_mtp of this engine also runs on each other rank's
+  // engine, built alike and sitting in follow(), until stop_followers(). Commands that run
+  // the same program on every rank (run, logits, bench) use neither. No-ops outside a job.
+  void lead();
+  void follow();  // returns when the leader calls stop_followers()
+  void stop_followers();
+
   // Benchmarks: fills the sequence's cache to `depth` tokens of synthetic keys (as if
   // prefilled) without running the model; the sequence must be empty. Never published.
   void fill_synthetic(SeqId s, int depth, uint64_t seed);
@@ -133,6 +141,8 @@ private:
   std::vector<SeqId> item_seq_;   // item i's sequence
   std::vector<float> mtp_h_;      // MTP step's hidden rows in forward's order
   const Tap* tap_ = nullptr;
+  bool leading_ = false;
+  std::vector<uint8_t> wire_;     // the call being sent to the followers (or received)
 
   Seq& seq(SeqId s);
   const Seq& seq(SeqId s) const;
@@ -144,6 +154,14 @@ private:
   void order_by_role(int n_items);  // order_ / placed_ from role_: decode items first, stable
   void undo_growth(std::span<const StepItem> items);  // returns the blocks grow_tables took
   Batch batch(int n_items) const;   // the step laid out in ws_.ids and batch_
+  enum Call : int { kCallAdd = 1, kCallRelease, kCallTruncate, kCallStep, kCallMtp, kCallStop };
+  // Leader: each mutating call, sent to the followers before it runs here (engine_follow.cpp).
+  void announce_add(std::span<const int32_t> prompt, bool mtp);
+  void announce_seq(int call, SeqId s, int n);  // release, truncate
+  void announce_step(std::span<const StepItem> items);
+  void announce_mtp(std::span<const MtpItem> items);
+  void send_wire(int call);
+  bool replay();  // follower: receives and runs one call; false at the leader's stop
 };
 
 }  // namespace dsa

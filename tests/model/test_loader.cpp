@@ -109,7 +109,7 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
     for (int ranks : {2, E}) {
       if (E % ranks != 0) continue;
       RankShard s;
-      s.ranks = ranks;
+      s.ranks = s.ep = ranks;
       EXPECT_NO_THROW(s.validate(m->config));
       // The heads split by vocabulary rows where the ranks divide the vocabulary.
       const size_t head_share = s.splits_head(m->config.vocab_size) ? heads / size_t(ranks) : heads;
@@ -123,7 +123,7 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
       EXPECT_EQ(sum, size_t(ranks) * (total - experts - heads) + experts + size_t(ranks) * head_share);
     }
     RankShard two;
-    two.ranks = 2;
+    two.ranks = two.ep = 2;
     two.rank = 1;
     TensorInfo t;
     t.nbytes = 4096;
@@ -131,8 +131,79 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
     EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.experts." + std::to_string(E - 1) + ".up_proj.weight_scale_inv", t, m->config).second, 4096u);
     EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.shared_experts.up_proj.weight", t, m->config).second, 4096u);
     RankShard odd;
-    odd.ranks = E + 1;
+    odd.ranks = odd.ep = E + 1;
     EXPECT_THROW(odd.validate(m->config), Error);
+  }
+}
+
+// Pipeline stages: every tensor is read by exactly one stage (the main embedding by the
+// first, and by the last too when the MTP layer has no embedding of its own), each stage
+// the tensors of its own layers.
+TEST(Loader, PipelineStagesReadDisjointLayers) {
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    auto m = Model::load(test::golden_dir() + "/" + name + "/model", true, false, false);
+    RankShard s = m->shard;
+    s.ranks = s.pp = 2;
+    ASSERT_NO_THROW(s.validate(m->config));
+    const int L = m->config.num_hidden_layers;
+    for (const auto& [tname, t] : m->files.tensors()) {
+      int readers = 0;
+      for (s.rank = 0; s.rank < 2; ++s.rank) {
+        const auto [off, len] = s.owned_bytes(tname, t, m->config);
+        EXPECT_TRUE(len == 0 || (off == 0 && len == t.nbytes)) << tname;
+        readers += len > 0;
+        if (len > 0 && tname.rfind("model.layers.", 0) == 0) {
+          const int l = std::stoi(tname.substr(13));
+          EXPECT_TRUE(l >= s.first_layer(L) && (l < s.end_layer(L) || (l == L && s.last_stage()))) << tname << " on stage " << s.rank;
+        }
+      }
+      const bool shared_embedding = tname == "model.embed_tokens.weight" && s.mtp_uses_main_embedding;
+      EXPECT_EQ(readers, shared_embedding ? 2 : 1) << tname;
+    }
+    RankShard deep = m->shard;
+    deep.ranks = deep.pp = L + 1;
+    EXPECT_THROW(deep.validate(m->config), Error);
+  }
+}
+
+// Tensor-parallel ranks: q_b_proj, kv_b_proj and o_proj split by rows into equal, disjoint
+// ranges covering the tensor; everything else read whole by every rank.
+TEST(Loader, TensorParallelRanksSplitTheAttentionRows) {
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    auto m = Model::load(test::golden_dir() + "/" + name + "/model", true, false, false);
+    RankShard s = m->shard;
+    s.ranks = s.tp = 2;
+    ASSERT_NO_THROW(s.validate(m->config));
+    int split = 0;
+    for (const auto& [tname, t] : m->files.tensors()) {
+      const bool attn_rows = tname.find("q_b_proj.weight") != std::string::npos || tname.find("kv_b_proj.weight") != std::string::npos ||
+                             tname.find("o_proj.weight") != std::string::npos;
+      const bool head = tname == "lm_head.weight" || tname.find("shared_head.head.weight") != std::string::npos;
+      s.rank = 0;
+      const auto a = s.owned_bytes(tname, t, m->config);
+      s.rank = 1;
+      const auto b = s.owned_bytes(tname, t, m->config);
+      if ((attn_rows && tname.find("_scale_inv") == std::string::npos) || head) {
+        EXPECT_EQ(a.first, 0u) << tname;
+        EXPECT_EQ(a.second, b.second) << tname;
+        EXPECT_EQ(b.first, a.second) << tname;
+        EXPECT_EQ(a.second + b.second, t.nbytes) << tname;
+        split += !head;
+      } else {
+        EXPECT_EQ(a, (std::pair<size_t, size_t>{0, t.nbytes})) << tname;
+        EXPECT_EQ(b, a) << tname;
+      }
+    }
+    EXPECT_EQ(split, 3 * (m->config.num_hidden_layers + (m->weights.mtp ? 1 : 0)));
+    RankShard wide = m->shard;
+    wide.ranks = wide.tp = m->config.num_attention_heads + 1;
+    EXPECT_THROW(wide.validate(m->config), Error);
   }
 }
 

@@ -1,15 +1,26 @@
-// Expert parallelism under mpirun (Open MPI on localhost, two ranks): every golden case's
-// logits against the single-process run and the golden reference, greedy `dsa run` ids,
-// and the layouts and failures that must end in one clear error instead of a hang.
+// Parallel layouts under mpirun (Open MPI on localhost, two ranks: expert, pipeline and
+// tensor parallelism): every golden case's logits against the single-process run and the
+// golden reference, greedy `dsa run` ids, and the layouts and failures that must end in one
+// clear error instead of a hang.
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
 
 #include "fixtures.h"
 #include "io/safetensors.h"
 #include "runtime/dist.h"
+#include "tiny_model.h"
+
+extern char** environ;
 
 namespace fs = std::filesystem;
 using namespace dsa;
@@ -82,25 +93,34 @@ void for_every_case(F check) {
   }
 }
 
-TEST(Mpi, ExpertParallelLogitsMatchOneProcessOnEveryGoldenCase) {
+// The two-rank layouts: experts split, layers split, attention heads split.
+const char* const kLayouts[] = {"--ep 2", "--pp 2", "--tp 2"};
+
+TEST(Mpi, ParallelLogitsMatchOneProcessOnEveryGoldenCase) {
   DSA_NEED_MPI();
   for_every_case([](const std::string& name, const Case& c) {
-    const std::string one = test::scratch(name + "_one.safetensors"), ep = test::scratch(name + "_ep2.safetensors");
+    const std::string one = test::scratch(name + "_one.safetensors");
     const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
     ASSERT_EQ(r1.code, 0) << r1.out;
-    const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + " logits" + c.args + " --ep 2 --out " + ep + " 2>&1");
-    ASSERT_EQ(r2.code, 0) << r2.out;
-    const SafeTensors a = SafeTensors::open(one), b = SafeTensors::open(ep), want = SafeTensors::open(c.dir + "/expected.safetensors");
-    for (const std::string t : {"logits", "mtp.logits"}) {
-      if (t == "mtp.logits" && !c.mtp) continue;
-      SCOPED_TRACE(t);
-      const auto got = floats(b, t);
-      // The ranks' partial sums are added in another order than one process adds the
-      // slots: not bitwise, within 1e-5; and within the golden README's bound.
-      const double e1 = rel_err(got, floats(a, t)), eg = rel_err(got, floats(want, t));
-      EXPECT_LE(e1, 1e-5) << "against one process";
-      EXPECT_LE(eg, c.fp8 ? 3e-2 : 1e-4) << "against the golden reference";
-      std::printf("[ mpi ] %-24s %-10s ep2 vs one process %.2e, vs golden %.2e\n", name.c_str(), t.c_str(), e1, eg);
+    const SafeTensors a = SafeTensors::open(one), want = SafeTensors::open(c.dir + "/expected.safetensors");
+    for (const std::string layout : kLayouts) {
+      SCOPED_TRACE(layout);
+      const std::string out = test::scratch(name + "_" + layout.substr(2, 2) + ".safetensors");
+      const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + " logits" + c.args + " " + layout + " --out " + out + " 2>&1");
+      ASSERT_EQ(r2.code, 0) << r2.out;
+      const SafeTensors b = SafeTensors::open(out);
+      for (const std::string t : {"logits", "mtp.logits"}) {
+        if (t == "mtp.logits" && !c.mtp) continue;
+        SCOPED_TRACE(t);
+        const auto got = floats(b, t);
+        // Expert parallelism adds the ranks' partial sums in another order than one process
+        // adds the slots, and tensor parallelism may run another attention kernel for fewer
+        // heads: not always bitwise, within 1e-5; and within the golden README's bound.
+        const double e1 = rel_err(got, floats(a, t)), eg = rel_err(got, floats(want, t));
+        EXPECT_LE(e1, 1e-5) << "against one process";
+        EXPECT_LE(eg, c.fp8 ? 3e-2 : 1e-4) << "against the golden reference";
+        std::printf("[ mpi ] %-24s %-10s %s vs one process %.2e, vs golden %.2e\n", name.c_str(), t.c_str(), layout.c_str(), e1, eg);
+      }
     }
   });
 }
@@ -108,13 +128,15 @@ TEST(Mpi, ExpertParallelLogitsMatchOneProcessOnEveryGoldenCase) {
 TEST(Mpi, GreedyRunGivesTheOneProcessIds) {
   DSA_NEED_MPI();
   for_every_case([](const std::string&, const Case& c) {
-    const std::string run = " run --model " + c.dir + "/model --ids " + c.ids + " --print-ids -n 6 --greedy --ignore-eos";
+    const std::string run = " run --model " + c.dir + "/model --ids " + c.ids + " --print-ids -n 6 --greedy --ignore-eos" + (c.mtp ? " --mtp" : "");
     const auto r1 = test::shell(test::dsa_binary() + run + " 2>/dev/null");
     ASSERT_EQ(r1.code, 0);
-    const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + run + " --ep 2 2>/dev/null");
-    ASSERT_EQ(r2.code, 0);
     EXPECT_FALSE(r1.out.empty());
-    EXPECT_EQ(r2.out, r1.out) << "rank 0 prints the ids once, the other rank nothing";
+    for (const std::string layout : kLayouts) {
+      const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + run + " " + layout + " 2>/dev/null");
+      ASSERT_EQ(r2.code, 0) << layout;
+      EXPECT_EQ(r2.out, r1.out) << layout << ": rank 0 prints the ids once, the other rank nothing";
+    }
   });
 }
 
@@ -135,8 +157,14 @@ TEST(Mpi, LayoutsThatDoNotFitAreOneClearError) {
   EXPECT_NE(r.out.find("--ep 2"), std::string::npos) << r.out;
   r = test::shell(mpirun(2) + logits + " --ep 4 2>&1");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("the job's 2 processes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the job has 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank "), std::string::npos) << "the error names the rank: " << r.out;
+  r = test::shell(mpirun(2) + logits + " --pp 2 --tp 2 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("expected 4 processes"), std::string::npos) << r.out;
+  r = test::shell(mpirun(2) + logits + " --ep 2 --tp 4 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--ep and --tp are 1 or equal"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(out)) << "nothing written";
 }
 
@@ -157,6 +185,22 @@ TEST(Mpi, ExpertsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
   EXPECT_NE(r.out.find("does not divide the model's " + std::to_string(experts) + " routed experts"), std::string::npos) << r.out;
 }
 
+TEST(Mpi, HeadsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
+  DSA_NEED_MPI();
+  const auto cases = test::golden_cases();
+  ASSERT_FALSE(cases.empty());
+  const Case c = read_case(cases.front());
+  std::ifstream in(c.dir + "/model/config.json");
+  const int heads = nlohmann::json::parse(in).value("num_attention_heads", 0);
+  int np = 2;
+  while (heads % np == 0) ++np;
+  ASSERT_LE(np, 8) << "test needs a small non-divisor of " << heads;
+  const auto r = test::shell(mpirun(np) + test::dsa_binary() + " logits" + c.args + " --tp " + std::to_string(np) + " --out " +
+                             test::scratch("uneven_tp.safetensors") + " 2>&1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("does not divide the model's " + std::to_string(heads) + " attention heads"), std::string::npos) << r.out;
+}
+
 // `dsa bench comm`: one point per requested size, its bytes those of tokens x hidden floats.
 TEST(Mpi, BenchCommTimesTheAllReduceAtEachSize) {
   DSA_NEED_MPI();
@@ -174,6 +218,65 @@ TEST(Mpi, BenchCommTimesTheAllReduceAtEachSize) {
   const auto one = test::shell(test::dsa_binary() + " bench comm 2>&1");
   EXPECT_NE(one.code, 0);
   EXPECT_NE(one.out.find("mpirun -np N"), std::string::npos) << one.out;
+}
+
+// `dsa serve` started by `command` (stderr to `log`), until stop(): its port and the pid to
+// signal (rank 0 under mpirun, which prints it).
+struct Served {
+  pid_t pid = 0, signal_pid = 0;
+  int port = 0;
+  Served(const std::string& command, const std::string& log) {
+    const std::string cmd = "exec " + command + " 2>" + log;
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) return;
+    signal_pid = pid;
+    for (int i = 0; i < 1200 && !port; ++i) {
+      std::ifstream in(log);
+      const std::string s((std::istreambuf_iterator<char>(in)), {});
+      std::smatch m;
+      if (std::regex_search(s, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) port = std::stoi(m[1].str());
+      if (std::regex_search(s, m, std::regex(R"(rank 0 is pid (\d+))"))) signal_pid = pid_t(std::stoi(m[1].str()));
+      if (!port) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  std::string chat() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    const nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", "hello there, how are you?"}}}},
+                                 {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    if (!r || r->status != 200) return "(no reply)";
+    return nlohmann::json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>();
+  }
+  int stop() const {  // the exit status after SIGTERM (a drain), -1 if it did not end
+    ::kill(signal_pid, SIGTERM);
+    int st = 0;
+    return ::waitpid(pid, &st, 0) == pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+};
+
+// A chat served under mpirun in each layout: rank 0 serves and its engine's calls run on the
+// other rank too; the reply is the single-process one, and SIGTERM to rank 0 drains the job.
+TEST(Mpi, ServeUnderMpirunRepliesAsOneProcess) {
+  DSA_NEED_MPI();
+  const std::string serve = test::dsa_binary() + " serve --model " + test::tiny_model_dir() + " --port 0 --ctx 512";
+  Served one(serve, test::scratch("serve_one.log"));
+  ASSERT_GT(one.port, 0);
+  const std::string want = one.chat();
+  EXPECT_EQ(one.stop(), 0);
+  ASSERT_NE(want, "(no reply)");
+  for (const std::string layout : kLayouts) {
+    SCOPED_TRACE(layout);
+    const std::string log = test::scratch("serve_" + layout.substr(2, 2) + ".log");
+    Served job(mpirun(2) + serve + " " + layout, log);
+    ASSERT_GT(job.port, 0);
+    EXPECT_NE(job.signal_pid, job.pid) << "rank 0's pid is in the log";
+    const std::string got = job.chat();
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(job.chat(), want) << "again, from the prefix cache";
+    std::printf("[ mpi ] serve %s: %zu bytes of reply, as one process: %s\n", layout.c_str(), got.size(), got == want ? "yes" : "no");
+    EXPECT_EQ(job.stop(), 0) << "the drain ends every rank";
+  }
 }
 
 // A rank killed mid-run: mpirun ends the job and names it; nothing waits forever.
