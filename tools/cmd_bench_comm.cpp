@@ -1,5 +1,6 @@
 // `mpirun -np N dsa bench comm`: the all-reduce an expert-parallel step runs, timed at the
-// sizes a step uses (tokens x hidden floats), on the job's ranks and interconnect.
+// sizes a step uses (tokens x hidden floats), on the job's ranks and interconnect. Its JSON
+// is what `dsa plan --comm FILE` calibrates the interconnect with.
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -32,16 +33,18 @@ void run(const Args& a) {
     tokens.push_back(n);
   }
   const std::vector<CommPoint> pts = measure_allreduce(a.hidden, tokens, a.repeat);
+  const int nodes = dist::node_count();
   if (dist::rank() != 0) return;
   if (a.json) {
-    nlohmann::json j = {{"collective", "allreduce"}, {"ranks", dist::size()}, {"hidden", a.hidden}, {"repeat", a.repeat}};
+    nlohmann::json j = {{"collective", "allreduce"}, {"ranks", dist::size()}, {"nodes", nodes}, {"hidden", a.hidden}, {"repeat", a.repeat}};
     for (const CommPoint& p : pts)
       j["points"].push_back({{"tokens", p.tokens}, {"bytes", p.bytes}, {"median_us", p.median_us}, {"p90_us", p.p90_us},
                              {"algbw_gbps", p.algbw_gbps}, {"busbw_gbps", p.busbw_gbps}});
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("all-reduce of tokens x %d floats over %d ranks, %d repeats (slowest rank, median):\n", a.hidden, dist::size(), a.repeat);
+  std::printf("all-reduce of tokens x %d floats over %d ranks on %d node(s), %d repeats (slowest rank, median):\n", a.hidden, dist::size(),
+              nodes, a.repeat);
   std::printf("  %7s %12s %12s %10s %12s %12s\n", "tokens", "bytes", "median us", "p90 us", "algbw GB/s", "busbw GB/s");
   for (const CommPoint& p : pts)
     std::printf("  %7d %12zu %12.1f %10.1f %12.2f %12.2f\n", p.tokens, p.bytes, p.median_us, p.p90_us, p.algbw_gbps, p.busbw_gbps);

@@ -10,6 +10,7 @@
 #include "cli_util.h"
 #include "command.h"
 #include "core/error.h"
+#include "sim/comm_profile.h"
 #include "sim/report.h"
 #include "sim/search.h"
 #include "sim/simulate.h"
@@ -22,7 +23,7 @@ struct Args {
   std::string model = "deepseek-v3.2";
   std::string hardware = "h200";
   std::string weight, cache = "fp8";  // weight empty: what the checkpoint holds
-  std::string kernel_table, svg_cost, svg_throughput, compare;
+  std::string kernel_table, comm, svg_cost, svg_throughput, compare;
   std::vector<int64_t> sweep_context, sweep_batch;
   bool json = false, no_ops = false, no_overlap = false, list = false, show_hardware = false;
   bool search = false;
@@ -137,6 +138,14 @@ void run(const Args& a) {
     throw dsa::Error("--hardware " + a.hardware + ": several profiles are compared by --search; a plan takes one");
   std::vector<Hardware> hws;
   for (const auto& n : names) hws.push_back(load_hardware(n, m.cfg.hidden_size));
+  if (!a.comm.empty()) {
+    const CommMeasurement cm = load_comm_measurement(a.comm);
+    for (Hardware& h : hws) {
+      const std::string line = calibrate_links(h, cm);
+      h.description += "; " + line + " (measured, " + a.comm + ")";
+      h.sources += "; links fitted to " + a.comm;
+    }
+  }
   const Hardware& hw = hws[0];
   if (a.show_hardware) {
     std::printf("%s\n", hardware_to_json(hw).c_str());
@@ -221,6 +230,10 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--acceptance", a->req.acceptance, "Acceptance rate of each draft token")->capture_default_str()->check(dsa::cli::finite_in(0, 1));
   cmd->add_option("--price", a->req.price_per_hour, "$ per device-hour (default: the profile's assumption)")->check(dsa::cli::finite_in(0, 1e9));
   cmd->add_flag("--no-overlap", a->no_overlap, "Do not overlap expert all-to-all with compute (single micro-batch)");
+  cmd->add_option("--comm", a->comm,
+                  "Interconnect measured on the real job: the JSON of mpirun -np N dsa bench comm --json, fitted to the profile's link "
+                  "latency and bandwidth (several nodes: the inter-node link; one: the intra-node link, the ranks sharing the node)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--kernel-table", a->kernel_table,
                   "CSV of measured latencies (op,shape,latency_us) that override the roofline where they match")
       ->check(dsa::cli::regular_file());

@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <set>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "core/error.h"
@@ -203,6 +206,22 @@ double max_over_ranks(double v) {
   if (g_active) MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 #endif
   return v;
+}
+
+int node_count() {
+  if (!g_active) return 1;
+#ifdef DSA_HAVE_MPI
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::vector<char> all(size_t(g_size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  std::set<std::string> hosts;
+  for (int r = 0; r < g_size; ++r) hosts.emplace(all.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME);
+  return int(hosts.size());
+#else
+  return 1;
+#endif
 }
 
 void abort_job(const std::string& message) {

@@ -31,7 +31,8 @@ void broadcast_bytes(void* data, size_t bytes, int root);
 // itself (every rank must call this one, not broadcast_bytes, for the same message).
 void broadcast_bytes_idle(void* data, size_t bytes, int root);
 void barrier();
-double max_over_ranks(double v);  // the largest v any rank passes (every rank receives it)
+double max_over_ranks(double v);
+int node_count();  // distinct hosts (MPI processor names) the job's ranks run on  // the largest v any rank passes (every rank receives it)
 // Ends the job on every rank: the message on stderr, naming this rank, then MPI_Abort (the
 // other ranks stop in whatever collective they wait in, instead of hanging).
 [[noreturn]] void abort_job(const std::string& message);

@@ -924,3 +924,36 @@ TEST(SimCli, InvalidOptionsAreNamed) {
     EXPECT_NE(out.find(needle), std::string::npos) << args << ": " << out;
   }
 }
+
+// `--comm FILE`: bench comm's points, made here from a chosen latency and bandwidth with the
+// ring all-reduce's hops and bytes, come back as those link figures, on the link the node
+// count says; a file that is not bench comm's JSON is refused, naming it.
+TEST(SimCli, CommMeasurementsSetTheLinks) {
+  for (const int nodes : {1, 4}) {
+    SCOPED_TRACE(nodes);
+    const int ranks = 8;
+    const double lat_us = 7.5, gbps = 40;
+    nlohmann::json j = {{"collective", "allreduce"}, {"ranks", ranks}, {"nodes", nodes}, {"hidden", 7168}};
+    for (double tokens : {1.0, 16.0, 512.0}) {
+      const double bytes = tokens * 7168 * 4, moved = 2.0 * (ranks - 1) / ranks * bytes;
+      j["points"].push_back({{"bytes", bytes}, {"median_us", 2.0 * (ranks - 1) * lat_us + moved / (gbps * 1e3)}});
+    }
+    const std::string file = dsa::test::scratch("comm_" + std::to_string(nodes) + ".json");
+    std::ofstream(file) << j.dump();
+    std::string out;
+    ASSERT_EQ(run_dsa("plan --hardware h200 --comm " + file + " --show-hardware", out), 0) << out;
+    const auto hw = nlohmann::json::parse(out.substr(out.find('{')));
+    const std::string link = nodes > 1 ? "inter_node" : "intra_node";
+    EXPECT_NEAR(hw[link + "_latency_us"].get<double>(), lat_us, 1e-6);
+    EXPECT_NEAR(hw[link + "_bandwidth_gbps"].get<double>(), gbps, 1e-6);
+    EXPECT_EQ(hw["efficiency"]["comm"].get<double>(), 1.0);
+  }
+  const std::string bad = dsa::test::scratch("comm_bad.json");
+  std::ofstream(bad) << R"({"collective": "allreduce", "ranks": 2, "nodes": 1, "points": [{"bytes": 4, "median_us": 1}]})";
+  std::string out;
+  EXPECT_NE(run_dsa("plan --comm " + bad, out), 0);
+  EXPECT_NE(out.find("at least two sizes"), std::string::npos) << out;
+  std::ofstream(bad) << "[1, 2]";
+  EXPECT_NE(run_dsa("plan --comm " + bad, out), 0);
+  EXPECT_NE(out.find("dsa bench comm --json"), std::string::npos) << out;
+}
