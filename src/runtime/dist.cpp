@@ -1,6 +1,7 @@
 #include "runtime/dist.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,49 @@ namespace {
 int g_rank = 0, g_size = 1, g_stage_size = 1;
 bool g_active = false;
 #ifdef DSA_HAVE_MPI
+// The collective this rank waits in (none: since == 0), watched by a thread that ends the
+// job when the wait passes the limit: a rank that hangs alive (stopped, deadlocked, its link
+// lost) would otherwise hold every other rank in the collective forever.
+std::atomic<int64_t> g_wait_since{0};
+std::atomic<const char*> g_wait_what{""};
+std::atomic<bool> g_watch_stop{false};
+double g_timeout_s = 600;
+
+int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+struct Waiting {
+  explicit Waiting(const char* what) {
+    g_wait_what = what;
+    g_wait_since = now_ns();
+  }
+  ~Waiting() { g_wait_since = 0; }
+};
+
+// DSA_COMM_TIMEOUT: seconds a collective may wait (0: forever; default 600, beyond the
+// longest prefill chunk a pipeline stage waits for).
+double comm_timeout_s() {
+  const char* v = std::getenv("DSA_COMM_TIMEOUT");
+  if (!v) return 600;
+  char* end = nullptr;
+  const double t = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(t >= 0) || t > 1e9) throw Error(std::string("DSA_COMM_TIMEOUT='") + v + "': expected seconds (0: no limit)");
+  return t;
+}
+
+void watch() {
+  while (!g_watch_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int64_t since = g_wait_since;
+    if (since == 0 || g_timeout_s <= 0 || double(now_ns() - since) * 1e-9 < g_timeout_s) continue;
+    // A plain exit: mpirun ends the job when a rank exits with an error (MPI_Abort belongs
+    // to the main thread here).
+    std::fprintf(stderr, "error: rank %d of %d: %s waited %.0f s for the other ranks (one of them hung or lost its link; DSA_COMM_TIMEOUT sets the limit)\n",
+                 g_rank, g_size, g_wait_what.load(), g_timeout_s);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+}
+
 MPI_Comm g_stage = MPI_COMM_NULL;  // the caller's pipeline stage (MPI_COMM_WORLD until split)
 
 // MPI counts are ints: larger transfers go in pieces of at most this many elements.
@@ -70,6 +114,8 @@ void init() {
   g_stage = MPI_COMM_WORLD;
   g_stage_size = g_size;
   g_active = true;
+  g_timeout_s = comm_timeout_s();
+  std::thread(watch).detach();  // lives as long as the process (any exit path may end it)
   if (g_size != n)
     abort_job("MPI environment: the launcher announced " + std::to_string(n) + " processes, MPI_COMM_WORLD has " + std::to_string(g_size));
 #else
@@ -98,6 +144,7 @@ void set_stage_size(int group) {
 void sum(float* data, size_t n) {
   if (!g_active || g_stage_size == 1) return;
 #ifdef DSA_HAVE_MPI
+  Waiting w("the all-reduce");
   for (size_t off = 0; off < n; off += kMaxCount)
     MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, MPI_SUM, g_stage);
 #else
@@ -113,6 +160,7 @@ void gather_columns(const float* part, int rows, int cols, float* out) {
     return;
   }
 #ifdef DSA_HAVE_MPI
+  Waiting w("the all-gather");
   // Rank r's contiguous block lands strided in columns [r * per, (r + 1) * per): a vector
   // type of rows x per floats with a stride of cols, resized so that rank r starts r * per in.
   MPI_Datatype block, placed;
@@ -127,6 +175,7 @@ void gather_columns(const float* part, int rows, int cols, float* out) {
 
 void send(const void* data, size_t bytes, int to) {
 #ifdef DSA_HAVE_MPI
+  Waiting w("a send to the next pipeline stage");
   const auto* p = static_cast<const char*>(data);
   for (size_t off = 0; off < bytes; off += kMaxCount)
     MPI_Send(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, to, 0, MPI_COMM_WORLD);
@@ -139,6 +188,7 @@ void send(const void* data, size_t bytes, int to) {
 
 void recv(void* data, size_t bytes, int from) {
 #ifdef DSA_HAVE_MPI
+  Waiting w("a receive from the previous pipeline stage");
   auto* p = static_cast<char*>(data);
   for (size_t off = 0; off < bytes; off += kMaxCount)
     MPI_Recv(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, from, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -152,6 +202,7 @@ void recv(void* data, size_t bytes, int from) {
 void broadcast_bytes(void* data, size_t bytes, int root) {
   if (!g_active) return;
 #ifdef DSA_HAVE_MPI
+  Waiting w("a broadcast");
   auto* p = static_cast<char*>(data);
   for (size_t off = 0; off < bytes; off += kMaxCount)
     MPI_Bcast(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, root, MPI_COMM_WORLD);
@@ -186,6 +237,7 @@ void broadcast_bytes_idle(void* data, size_t bytes, int root) {
 void broadcast(float* data, size_t n, int root) {
   if (!g_active) return;
 #ifdef DSA_HAVE_MPI
+  Waiting w("the logits broadcast");
   for (size_t off = 0; off < n; off += kMaxCount)
     MPI_Bcast(data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, root, MPI_COMM_WORLD);
 #else
@@ -197,12 +249,14 @@ void broadcast(float* data, size_t n, int root) {
 
 void barrier() {
 #ifdef DSA_HAVE_MPI
+  Waiting w("a barrier");
   if (g_active) MPI_Barrier(MPI_COMM_WORLD);
 #endif
 }
 
 double max_over_ranks(double v) {
 #ifdef DSA_HAVE_MPI
+  Waiting w("an all-reduce of one value");
   if (g_active) MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 #endif
   return v;
@@ -235,6 +289,7 @@ void abort_job(const std::string& message) {
 
 void finalize() {
 #ifdef DSA_HAVE_MPI
+  g_watch_stop = true;
   if (g_active && g_stage != MPI_COMM_WORLD) MPI_Comm_free(&g_stage);
   if (g_active) MPI_Finalize();
 #endif

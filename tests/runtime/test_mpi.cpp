@@ -299,3 +299,27 @@ TEST(Mpi, AKilledRankEndsTheJob) {
 }
 
 }  // namespace
+
+namespace {
+
+// A rank that hangs alive (stopped here): the other's collective gives up after
+// DSA_COMM_TIMEOUT seconds with one clear error, and the job ends instead of waiting forever.
+TEST(Mpi, AHungRankEndsTheJobAfterTheTimeout) {
+  DSA_NEED_MPI();
+  const auto cases = test::golden_cases();
+  ASSERT_FALSE(cases.empty());
+  const Case c = read_case(cases.front());
+  const std::string run = test::dsa_binary() + " run --model " + c.dir + "/model --ids " + c.ids +
+                          " --print-ids -n 1000000 --ctx 4096 --ignore-eos --tp 2";
+  const std::string wrapper = "sh -c '[ \"$OMPI_COMM_WORLD_RANK\" = 1 ] && (sleep 1; kill -STOP $$) & exec " + run + " >/dev/null'";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = test::shell("DSA_COMM_TIMEOUT=3 " + mpirun(2) + "-x DSA_COMM_TIMEOUT " + wrapper + " 2>&1");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "the job hung until the timeout: " << r.out;
+  EXPECT_LT(s, 120) << r.out;
+  EXPECT_NE(r.out.find("waited 3 s for the other ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0 of 2"), std::string::npos) << "the message names the rank: " << r.out;
+}
+
+}  // namespace
