@@ -1,0 +1,48 @@
+#!/bin/sh
+# Parallel layouts on this machine: one process against two MPI ranks (one thread each) in each
+# layout (--ep 2, --pp 2, --tp 2), interleaved round by round, with the bytes each rank reads
+# (`dsa inspect`) and `dsa plan`'s prediction for the same layout, its links fitted to this
+# job's own `dsa bench comm` (--comm). One line per layout: medians over the rounds.
+#
+#   bench/mpi_layouts.sh MODEL_DIR [ROUNDS] [DSA]
+#
+# MODEL_DIR: a v32-mini checkpoint (`dsa make-model --preset v32-mini --out MODEL_DIR`);
+# ROUNDS: runs per layout (default 3); DSA: the binary (default build/tools/dsa). Needs
+# mpirun (openmpi-bin). On a cluster, add a hostfile and --bind-to numa to MPIRUN.
+set -eu
+model=${1:?usage: bench/mpi_layouts.sh MODEL_DIR [ROUNDS] [DSA]}
+rounds=${2:-3}
+dsa=${3:-build/tools/dsa}
+MPIRUN=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 2}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" | head -1; }
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+hidden=$(sed -n 's/.*"hidden_size": *\([0-9]*\).*/\1/p' "$model/config.json")
+
+$MPIRUN "$dsa" bench comm --hidden "$hidden" --tokens 1,4,16,64,128 --json > "$work/comm.json" 2>/dev/null
+bench="bench --model $model -p 128 -n 32 --repeat 3 --json"
+r=1
+while [ "$r" -le "$rounds" ]; do
+  "$dsa" $bench 2>/dev/null | tr -d '\n' > "$work/one.$r"
+  for l in ep pp tp; do $MPIRUN "$dsa" $bench --$l 2 2>/dev/null | tr -d '\n' > "$work/$l.$r"; done
+  r=$((r + 1))
+done
+
+printf '%-8s %14s %14s %22s %18s\n' layout 'decode tok/s' 'prefill tok/s' 'read per rank' 'plan decode tok/s'
+for l in one ep pp tp; do
+  d=$(for f in "$work"/$l.*; do field decode_tokens_per_s < "$f"; done | median)
+  p=$(for f in "$work"/$l.*; do field prefill_tokens_per_s < "$f"; done | median)
+  if [ "$l" = one ]; then
+    bytes=$("$dsa" inspect --model "$model" | sed -n 's/^parameters:.*(\([0-9.]* [KMGT]*i*B\) in.*/\1/p')
+    plan=$("$dsa" plan --model "$model" --hardware local --batch 1 --input-len 128 --output-len 32 --context 144 --json 2>/dev/null | field tpot_ms)
+  else
+    bytes=$("$dsa" inspect --model "$model" --$l 2 | awk '/^  rank/ { printf "%s%s %s", sep, $3, $4; sep = ", " }')
+    opts="--$l 2"
+    [ "$l" = ep ] || opts="$opts --ep 1"
+    plan=$("$dsa" plan --model "$model" --hardware local --comm "$work/comm.json" --devices 2 $opts --batch 1 --input-len 128 \
+      --output-len 32 --context 144 --json 2>/dev/null | field tpot_ms)
+  fi
+  awk -v l="$l" -v d="$d" -v p="$p" -v b="$bytes" -v t="$plan" 'BEGIN { printf "%-8s %14.1f %14.1f %22s %18.1f\n", l, d, p, b, 1000 / t }'
+done
