@@ -3,25 +3,71 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/error.h"
 #include "runtime/dist.h"
 
 namespace dsa {
 
-std::vector<CommPoint> measure_allreduce(int hidden, const std::vector<int>& tokens, int repeat) {
-  std::vector<CommPoint> out;
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "allreduce";
+    case Collective::AllGather: return "allgather";
+    case Collective::Send: return "send";
+    case Collective::Broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+Collective parse_collective(const std::string& s) {
+  for (Collective c : {Collective::AllReduce, Collective::AllGather, Collective::Send, Collective::Broadcast})
+    if (s == collective_name(c)) return c;
+  throw Error("--collective '" + s + "': expected allreduce (--ep), allgather (--tp), send (--pp) or broadcast (--pp's logits)");
+}
+
+namespace {
+
+// One timed run of the collective over buf (count floats; part: this rank's share for the
+// all-gather).
+void run_once(Collective c, std::vector<float>& buf, std::vector<float>& part, int rows, int hidden) {
+  const size_t count = buf.size();
+  const int r = dist::rank(), n = dist::size();
+  switch (c) {
+    case Collective::AllReduce:
+      dist::sum(buf.data(), count);
+      std::fill(buf.begin(), buf.end(), 1.0f);  // no overflow to inf over the repeats
+      break;
+    case Collective::AllGather:
+      dist::gather_columns(part.data(), rows, hidden, buf.data());
+      break;
+    case Collective::Send:
+      if (r % 2 == 0 && r + 1 < n) dist::send(buf.data(), count * sizeof(float), r + 1);
+      else if (r % 2 == 1) dist::recv(buf.data(), count * sizeof(float), r - 1);
+      break;
+    case Collective::Broadcast:
+      dist::broadcast(buf.data(), count, 0);
+      break;
+  }
+}
+
+}  // namespace
+
+std::vector<CommPoint> measure_collective(Collective c, int hidden, const std::vector<int>& tokens, int repeat) {
   const int ranks = dist::size();
-  std::vector<float> buf;
+  if (c == Collective::AllGather && hidden % ranks != 0)
+    throw Error("--hidden " + std::to_string(hidden) + ": an all-gather needs a multiple of the " + std::to_string(ranks) + " ranks");
+  std::vector<CommPoint> out;
+  std::vector<float> buf, part;
   std::vector<double> t(size_t(std::max(repeat, 1)));
   for (int n : tokens) {
     const size_t count = size_t(n) * size_t(hidden);
     buf.assign(count, 1.0f);
-    for (int w = 0; w < 3; ++w) dist::sum(buf.data(), count);  // connections set up, pages touched
+    part.assign(count / size_t(ranks), 1.0f);
+    for (int w = 0; w < 3; ++w) run_once(c, buf, part, n, hidden);  // connections set up, pages touched
     for (double& s : t) {
       dist::barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      dist::sum(buf.data(), count);
+      run_once(c, buf, part, n, hidden);
       s = dist::max_over_ranks(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      std::fill(buf.begin(), buf.end(), 1.0f);  // no overflow to inf over the repeats
     }
     std::sort(t.begin(), t.end());
     CommPoint p;
@@ -30,7 +76,8 @@ std::vector<CommPoint> measure_allreduce(int hidden, const std::vector<int>& tok
     p.median_us = t[t.size() / 2] * 1e6;
     p.p90_us = t[std::min(t.size() - 1, t.size() * 9 / 10)] * 1e6;
     p.algbw_gbps = double(p.bytes) / (p.median_us * 1e-6) / 1e9;
-    p.busbw_gbps = p.algbw_gbps * 2.0 * double(ranks - 1) / double(ranks);
+    const double k = double(ranks - 1) / double(ranks);
+    p.busbw_gbps = p.algbw_gbps * (c == Collective::AllReduce ? 2.0 * k : c == Collective::AllGather ? k : 1.0);
     out.push_back(p);
   }
   return out;

@@ -225,19 +225,27 @@ TEST(Mpi, HeadsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
 }
 
 // `dsa bench comm`: one point per requested size, its bytes those of tokens x hidden floats.
-TEST(Mpi, BenchCommTimesTheAllReduceAtEachSize) {
+TEST(Mpi, BenchCommTimesEachCollectiveAtEachSize) {
   DSA_NEED_MPI();
-  const auto r = test::shell(mpirun(2) + test::dsa_binary() + " bench comm --hidden 96 --tokens 1,16 --repeat 5 --json 2>&1");
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto j = nlohmann::json::parse(r.out);  // rank 0 alone prints
-  EXPECT_EQ(j.at("ranks"), 2);
-  ASSERT_EQ(j.at("points").size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    const auto& p = j["points"][i];
-    EXPECT_EQ(p.at("bytes").get<size_t>(), size_t(i == 0 ? 1 : 16) * 96 * 4);
-    EXPECT_GT(p.at("median_us").get<double>(), 0.0);
-    EXPECT_GE(p.at("p90_us").get<double>(), p.at("median_us").get<double>());
+  for (const std::string coll : {"allreduce", "allgather", "send", "broadcast"}) {
+    SCOPED_TRACE(coll);
+    const auto r = test::shell(mpirun(2) + test::dsa_binary() + " bench comm --collective " + coll + " --hidden 96 --tokens 1,16 --repeat 5 --json 2>&1");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);  // rank 0 alone prints
+    EXPECT_EQ(j.at("ranks"), 2);
+    EXPECT_EQ(j.at("nodes"), 1);
+    EXPECT_EQ(j.at("collective"), coll);
+    ASSERT_EQ(j.at("points").size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      const auto& p = j["points"][i];
+      EXPECT_EQ(p.at("bytes").get<size_t>(), size_t(i == 0 ? 1 : 16) * 96 * 4);
+      EXPECT_GT(p.at("median_us").get<double>(), 0.0);
+      EXPECT_GE(p.at("p90_us").get<double>(), p.at("median_us").get<double>());
+    }
   }
+  const auto bad = test::shell(test::dsa_binary() + " bench comm --collective alltoall 2>&1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("expected allreduce"), std::string::npos) << bad.out;
   const auto one = test::shell(test::dsa_binary() + " bench comm 2>&1");
   EXPECT_NE(one.code, 0);
   EXPECT_NE(one.out.find("mpirun -np N"), std::string::npos) << one.out;
