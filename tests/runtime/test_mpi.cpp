@@ -257,6 +257,7 @@ struct Served {
   pid_t pid = 0, signal_pid = 0;
   int port = 0;
   Served(const std::string& command, const std::string& log) {
+    std::filesystem::remove(log);  // a previous server's log would give its port and pid
     const std::string cmd = "exec " + command + " 2>" + log;
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
     if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) return;
@@ -270,6 +271,14 @@ struct Served {
       if (!port) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
+  std::string completion_ids() const {  // greedy ids of an id prompt (models without a tokenizer)
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    const nlohmann::json body = {{"prompt", {1, 2, 3, 4, 5}}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r || r->status != 200) return "(no reply)";
+    return nlohmann::json::parse(r->body)["choices"][0]["token_ids"].dump();
+  }
   std::string chat() const {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(120, 0);
@@ -279,10 +288,16 @@ struct Served {
     if (!r || r->status != 200) return "(no reply)";
     return nlohmann::json::parse(r->body)["choices"][0]["message"]["content"].get<std::string>();
   }
-  int stop() const {  // the exit status after SIGTERM (a drain), -1 if it did not end
+  int stop() const {  // the exit status after SIGTERM (a drain), -1 if it did not end within a minute
     ::kill(signal_pid, SIGTERM);
     int st = 0;
-    return ::waitpid(pid, &st, 0) == pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    for (int i = 0; i < 600; ++i) {
+      if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ::kill(pid, SIGKILL);  // the `timeout` wrapping mpirun, which then ends the job
+    ::waitpid(pid, &st, 0);
+    return -1;
   }
 };
 
@@ -307,6 +322,29 @@ TEST(Mpi, ServeUnderMpirunRepliesAsOneProcess) {
     EXPECT_EQ(job.chat(), want) << "again, from the prefix cache";
     std::printf("[ mpi ] serve %s: %zu bytes of reply, as one process: %s\n", layout.c_str(), got.size(), got == want ? "yes" : "no");
     EXPECT_EQ(job.stop(), 0) << "the drain ends every rank";
+  }
+}
+
+// Speculative decoding served under mpirun: the MTP layer on the last stage, its inputs
+// broadcast from there, and the drafts verified on every rank alike.
+TEST(Mpi, ServeWithMtpUnderMpirunGivesTheOneProcessIds) {
+  DSA_NEED_MPI();
+  std::string dir;
+  for (const auto& name : test::golden_cases())
+    if (dir.empty() && read_case(name).mtp) dir = read_case(name).dir + "/model";
+  ASSERT_FALSE(dir.empty()) << "no golden case with an MTP layer";
+  const std::string serve = test::dsa_binary() + " serve --model " + dir + " --port 0 --ctx 256 --mtp";
+  Served one(serve, test::scratch("serve_mtp_one.log"));
+  ASSERT_GT(one.port, 0);
+  const std::string want = one.completion_ids();
+  EXPECT_EQ(one.stop(), 0);
+  ASSERT_NE(want, "(no reply)");
+  for (const std::string layout : {"--pp 2", "--tp 2"}) {
+    SCOPED_TRACE(layout);
+    Served job(mpirun(2) + serve + " " + layout, test::scratch("serve_mtp_" + layout.substr(2, 2) + ".log"));
+    ASSERT_GT(job.port, 0);
+    EXPECT_EQ(job.completion_ids(), want);
+    EXPECT_EQ(job.stop(), 0);
   }
 }
 
