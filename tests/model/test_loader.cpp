@@ -136,23 +136,30 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
   }
 }
 
-// Pipeline stages: every tensor is read by exactly one stage (the main embedding by the
-// first, and by the last too when the MTP layer has no embedding of its own), each stage
-// the tensors of its own layers.
-TEST(Loader, PipelineStagesReadDisjointLayers) {
+// check(model) on every golden case's model (mapped, nothing read); a missing case fails.
+template <class F>
+void for_every_golden_model(F check) {
   const auto cases = test::golden_cases();
   ASSERT_TRUE(test::golden_cases_complete(cases));
   for (const auto& name : cases) {
     SCOPED_TRACE(name);
-    auto m = Model::load(test::golden_dir() + "/" + name + "/model", true, false, false);
-    RankShard s = m->shard;
+    check(*Model::load(test::golden_dir() + "/" + name + "/model", true, false, false));
+  }
+}
+
+// Pipeline stages: every tensor is read by exactly one stage (the main embedding by the
+// first, and by the last too when the MTP layer has no embedding of its own), each stage
+// the tensors of its own layers.
+TEST(Loader, PipelineStagesReadDisjointLayers) {
+  for_every_golden_model([](const Model& m) {
+    RankShard s = m.shard;
     s.ranks = s.pp = 2;
-    ASSERT_NO_THROW(s.validate(m->config));
-    const int L = m->config.num_hidden_layers;
-    for (const auto& [tname, t] : m->files.tensors()) {
+    ASSERT_NO_THROW(s.validate(m.config));
+    const int L = m.config.num_hidden_layers;
+    for (const auto& [tname, t] : m.files.tensors()) {
       int readers = 0;
       for (s.rank = 0; s.rank < 2; ++s.rank) {
-        const auto [off, len] = s.owned_bytes(tname, t, m->config);
+        const auto [off, len] = s.owned_bytes(tname, t, m.config);
         EXPECT_TRUE(len == 0 || (off == 0 && len == t.nbytes)) << tname;
         readers += len > 0;
         if (len > 0 && tname.rfind("model.layers.", 0) == 0) {
@@ -163,32 +170,28 @@ TEST(Loader, PipelineStagesReadDisjointLayers) {
       const bool shared_embedding = tname == "model.embed_tokens.weight" && s.mtp_uses_main_embedding;
       EXPECT_EQ(readers, shared_embedding ? 2 : 1) << tname;
     }
-    RankShard deep = m->shard;
+    RankShard deep = m.shard;
     deep.ranks = deep.pp = L + 1;
-    EXPECT_THROW(deep.validate(m->config), Error);
-  }
+    EXPECT_THROW(deep.validate(m.config), Error);
+  });
 }
 
 // Tensor-parallel ranks: q_b_proj, kv_b_proj and o_proj split by rows into equal, disjoint
 // ranges covering the tensor; everything else read whole by every rank.
 TEST(Loader, TensorParallelRanksSplitTheAttentionRows) {
-  const auto cases = test::golden_cases();
-  ASSERT_TRUE(test::golden_cases_complete(cases));
-  for (const auto& name : cases) {
-    SCOPED_TRACE(name);
-    auto m = Model::load(test::golden_dir() + "/" + name + "/model", true, false, false);
-    RankShard s = m->shard;
+  for_every_golden_model([](const Model& m) {
+    RankShard s = m.shard;
     s.ranks = s.tp = 2;
-    ASSERT_NO_THROW(s.validate(m->config));
+    ASSERT_NO_THROW(s.validate(m.config));
     int split = 0;
-    for (const auto& [tname, t] : m->files.tensors()) {
+    for (const auto& [tname, t] : m.files.tensors()) {
       const bool attn_rows = tname.find("q_b_proj.weight") != std::string::npos || tname.find("kv_b_proj.weight") != std::string::npos ||
                              tname.find("o_proj.weight") != std::string::npos;
       const bool head = tname == "lm_head.weight" || tname.find("shared_head.head.weight") != std::string::npos;
       s.rank = 0;
-      const auto a = s.owned_bytes(tname, t, m->config);
+      const auto a = s.owned_bytes(tname, t, m.config);
       s.rank = 1;
-      const auto b = s.owned_bytes(tname, t, m->config);
+      const auto b = s.owned_bytes(tname, t, m.config);
       if ((attn_rows && tname.find("_scale_inv") == std::string::npos) || head) {
         EXPECT_EQ(a.first, 0u) << tname;
         EXPECT_EQ(a.second, b.second) << tname;
@@ -200,11 +203,11 @@ TEST(Loader, TensorParallelRanksSplitTheAttentionRows) {
         EXPECT_EQ(b, a) << tname;
       }
     }
-    EXPECT_EQ(split, 3 * (m->config.num_hidden_layers + (m->weights.mtp ? 1 : 0)));
-    RankShard wide = m->shard;
-    wide.ranks = wide.tp = m->config.num_attention_heads + 1;
-    EXPECT_THROW(wide.validate(m->config), Error);
-  }
+    EXPECT_EQ(split, 3 * (m.config.num_hidden_layers + (m.weights.mtp ? 1 : 0)));
+    RankShard wide = m.shard;
+    wide.ranks = wide.tp = m.config.num_attention_heads + 1;
+    EXPECT_THROW(wide.validate(m.config), Error);
+  });
 }
 
 TEST(Loader, MissingTensorIsNamed) {

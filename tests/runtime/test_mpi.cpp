@@ -191,37 +191,28 @@ TEST(Mpi, LayoutsThatDoNotFitAreOneClearError) {
   EXPECT_FALSE(fs::exists(out)) << "nothing written";
 }
 
-TEST(Mpi, ExpertsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
-  DSA_NEED_MPI();
+// A job size that does not divide the config's `field` (the first golden case's), asked for
+// with `flag`: refused before loading, naming what it does not divide.
+void refused_when_uneven(const std::string& field, const std::string& flag, const std::string& what) {
   const auto cases = test::golden_cases();
   ASSERT_FALSE(cases.empty());
   const Case c = read_case(cases.front());
   std::ifstream in(c.dir + "/model/config.json");
-  const int experts = nlohmann::json::parse(in).value("n_routed_experts", 0);
-  ASSERT_GT(experts, 1);
+  const int count = nlohmann::json::parse(in).value(field, 0);
+  ASSERT_GT(count, 1) << field;
   int np = 2;
-  while (experts % np == 0) ++np;  // a job size that does not divide the experts
-  ASSERT_LE(np, 8) << "test needs a small non-divisor of " << experts;
-  const auto r = test::shell(mpirun(np) + test::dsa_binary() + " logits" + c.args + " --ep " + std::to_string(np) + " --out " +
+  while (count % np == 0) ++np;  // a job size that does not divide it
+  ASSERT_LE(np, 8) << "test needs a small non-divisor of " << count;
+  const auto r = test::shell(mpirun(np) + test::dsa_binary() + " logits" + c.args + " " + flag + " " + std::to_string(np) + " --out " +
                              test::scratch("uneven.safetensors") + " 2>&1");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("does not divide the model's " + std::to_string(experts) + " routed experts"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not divide the model's " + std::to_string(count) + " " + what), std::string::npos) << r.out;
 }
 
-TEST(Mpi, HeadsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
+TEST(Mpi, ExpertsOrHeadsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
   DSA_NEED_MPI();
-  const auto cases = test::golden_cases();
-  ASSERT_FALSE(cases.empty());
-  const Case c = read_case(cases.front());
-  std::ifstream in(c.dir + "/model/config.json");
-  const int heads = nlohmann::json::parse(in).value("num_attention_heads", 0);
-  int np = 2;
-  while (heads % np == 0) ++np;
-  ASSERT_LE(np, 8) << "test needs a small non-divisor of " << heads;
-  const auto r = test::shell(mpirun(np) + test::dsa_binary() + " logits" + c.args + " --tp " + std::to_string(np) + " --out " +
-                             test::scratch("uneven_tp.safetensors") + " 2>&1");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("does not divide the model's " + std::to_string(heads) + " attention heads"), std::string::npos) << r.out;
+  refused_when_uneven("n_routed_experts", "--ep", "routed experts");
+  refused_when_uneven("num_attention_heads", "--tp", "attention heads");
 }
 
 // `dsa bench comm`: one point per requested size, its bytes those of tokens x hidden floats.
