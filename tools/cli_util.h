@@ -187,10 +187,7 @@ struct ParallelFlags {
     if (n == 1 && want > 1)
       throw Error(s.describe() + ": expected " + std::to_string(want) + " processes, this is 1 outside mpirun (start it as mpirun -np " +
                   std::to_string(want) + " dsa ...)");
-    if (ep > 1 && tp > 1 && ep != tp)
-      throw Error(s.describe() + ": expert and tensor parallelism split the same ranks of a stage, so --ep and --tp are 1 or equal");
-    if (want != n)
-      throw Error(s.describe() + ": expected " + std::to_string(want) + " processes (pp x max(ep, tp)), the job has " + std::to_string(n));
+    s.validate_layout();
     if (dist::rank() != 0 && !std::freopen("/dev/null", "w", stdout)) throw Error("rank " + std::to_string(dist::rank()) + ": cannot silence stdout");
     if (n > 1) {
       dist::set_stage_size(s.group());

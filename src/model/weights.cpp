@@ -242,14 +242,18 @@ std::pair<size_t, size_t> RankShard::owned_bytes(const std::string& tensor, cons
   return {0, t.nbytes};
 }
 
+void RankShard::validate_layout() const {
+  if (ep < 1 || tp < 1 || pp < 1) throw Error("parallel layout: --ep, --tp and --pp must be positive");
+  if (ep > 1 && tp > 1 && ep != tp)
+    throw Error(describe() + ": expert and tensor parallelism split the same ranks of a stage, so --ep and --tp are 1 or equal");
+  const int64_t want = int64_t(pp) * std::max(ep, tp);
+  if (want != ranks)
+    throw Error(describe() + ": expected " + std::to_string(want) + " processes (pp x max(ep, tp)), the job has " + std::to_string(ranks));
+}
+
 void RankShard::validate(const ModelConfig& c) const {
   const auto flag = [](const char* name, int v) { return std::string("--") + name + " " + std::to_string(v); };
-  if (ep < 1 || tp < 1 || pp < 1) throw Error("parallel layout: --ep, --tp and --pp must be positive");
-  const int g = std::max(ep, tp);
-  if ((ep != 1 && ep != g) || (tp != 1 && tp != g))
-    throw Error(flag("ep", ep) + " with " + flag("tp", tp) + ": expert and tensor parallelism split the same ranks of a stage, so each is 1 or the other's size");
-  if (int64_t(pp) * g != ranks)
-    throw Error("parallel layout " + describe() + " needs " + std::to_string(int64_t(pp) * g) + " processes, the job has " + std::to_string(ranks));
+  validate_layout();
   if (ep > 1 && c.n_routed_experts == 0)
     throw Error(flag("ep", ep) + ": the model has no routed experts to split (n_routed_experts = 0)");
   if (ep > 1 && c.n_routed_experts % ep != 0)

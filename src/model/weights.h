@@ -122,8 +122,9 @@ struct RankShard {
   // The bytes of a tensor this rank reads: all of it, none (another stage's layer, another
   // member's expert) or its rows (the head, the tensor-parallel attention weights).
   std::pair<size_t, size_t> owned_bytes(const std::string& tensor, const TensorInfo& t, const ModelConfig& c) const;
-  // Throws when the layout does not fit the job or the model (checked before any weight is
-  // read), naming the flag.
+  // Throws when the layout does not fit the job (validate_layout) or also the model (checked
+  // before any weight is read), naming the flag.
+  void validate_layout() const;
   void validate(const ModelConfig& c) const;
   std::string describe() const;  // "ep 2 x pp 1 x tp 1"
 };

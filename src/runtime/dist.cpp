@@ -68,8 +68,18 @@ void watch() {
 
 MPI_Comm g_stage = MPI_COMM_NULL;  // the caller's pipeline stage (MPI_COMM_WORLD until split)
 
-// MPI counts are ints: larger transfers go in pieces of at most this many elements.
+// MPI counts are ints: a transfer of n elements goes in pieces of at most this many.
 constexpr size_t kMaxCount = size_t(std::numeric_limits<int>::max());
+template <class F>
+void in_pieces(size_t n, F f) {
+  for (size_t off = 0; off < n; off += kMaxCount) f(off, int(std::min(kMaxCount, n - off)));
+}
+
+void bcast(void* data, size_t bytes, int root, const char* what) {
+  Waiting w(what);
+  auto* p = static_cast<char*>(data);
+  in_pieces(bytes, [&](size_t off, int k) { MPI_Bcast(p + off, k, MPI_BYTE, root, MPI_COMM_WORLD); });
+}
 #endif
 
 // The job size the launcher exported, 0 when no launcher started this process. Open MPI
@@ -145,8 +155,7 @@ void sum(float* data, size_t n) {
   if (!g_active || g_stage_size == 1) return;
 #ifdef DSA_HAVE_MPI
   Waiting w("the all-reduce");
-  for (size_t off = 0; off < n; off += kMaxCount)
-    MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, MPI_SUM, g_stage);
+  in_pieces(n, [&](size_t off, int k) { MPI_Allreduce(MPI_IN_PLACE, data + off, k, MPI_FLOAT, MPI_SUM, g_stage); });
 #else
   (void)data;
   (void)n;
@@ -177,8 +186,7 @@ void send(const void* data, size_t bytes, int to) {
 #ifdef DSA_HAVE_MPI
   Waiting w("a send to the next pipeline stage");
   const auto* p = static_cast<const char*>(data);
-  for (size_t off = 0; off < bytes; off += kMaxCount)
-    MPI_Send(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, to, 0, MPI_COMM_WORLD);
+  in_pieces(bytes, [&](size_t off, int k) { MPI_Send(p + off, k, MPI_BYTE, to, 0, MPI_COMM_WORLD); });
 #else
   (void)data;
   (void)bytes;
@@ -190,8 +198,7 @@ void recv(void* data, size_t bytes, int from) {
 #ifdef DSA_HAVE_MPI
   Waiting w("a receive from the previous pipeline stage");
   auto* p = static_cast<char*>(data);
-  for (size_t off = 0; off < bytes; off += kMaxCount)
-    MPI_Recv(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, from, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  in_pieces(bytes, [&](size_t off, int k) { MPI_Recv(p + off, k, MPI_BYTE, from, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE); });
 #else
   (void)data;
   (void)bytes;
@@ -202,10 +209,7 @@ void recv(void* data, size_t bytes, int from) {
 void broadcast_bytes(void* data, size_t bytes, int root) {
   if (!g_active) return;
 #ifdef DSA_HAVE_MPI
-  Waiting w("a broadcast");
-  auto* p = static_cast<char*>(data);
-  for (size_t off = 0; off < bytes; off += kMaxCount)
-    MPI_Bcast(p + off, int(std::min(kMaxCount, bytes - off)), MPI_BYTE, root, MPI_COMM_WORLD);
+  bcast(data, bytes, root, "a broadcast");
 #else
   (void)data;
   (void)bytes;
@@ -237,9 +241,7 @@ void broadcast_bytes_idle(void* data, size_t bytes, int root) {
 void broadcast(float* data, size_t n, int root) {
   if (!g_active) return;
 #ifdef DSA_HAVE_MPI
-  Waiting w("the logits broadcast");
-  for (size_t off = 0; off < n; off += kMaxCount)
-    MPI_Bcast(data + off, int(std::min(kMaxCount, n - off)), MPI_FLOAT, root, MPI_COMM_WORLD);
+  bcast(data, n * sizeof(float), root, "the logits broadcast");
 #else
   (void)data;
   (void)n;
