@@ -2,7 +2,9 @@
 # Parallel layouts on this machine: one process against two MPI ranks (one thread each) in each
 # layout (--ep 2, --pp 2, --tp 2), interleaved round by round, with the bytes each rank reads
 # (`dsa inspect`) and `dsa plan`'s prediction for the same layout, its links fitted to this
-# job's own `dsa bench comm` (--comm). One line per layout: medians over the rounds.
+# job's own `dsa bench comm` (--comm). One line per layout: medians over the rounds. Then
+# batched decode (BATCH sequences, default 16) for one process, --ep 2 and --ep 2 --dp
+# (data-parallel attention), where the planner's EP layout is the data-parallel one.
 #
 #   bench/mpi_layouts.sh MODEL_DIR [ROUNDS] [DSA]
 #
@@ -23,10 +25,15 @@ hidden=$(sed -n 's/.*"hidden_size": *\([0-9]*\).*/\1/p' "$model/config.json")
 
 $MPIRUN "$dsa" bench comm --hidden "$hidden" --tokens 1,4,16,64,128 --json > "$work/comm.json" 2>/dev/null
 bench="bench --model $model -p 128 -n 32 --repeat 3 --json"
+batch=${BATCH:-16}
+batched="bench --model $model --batch $batch -p 0 -n 8 --repeat 1 --json"
 r=1
 while [ "$r" -le "$rounds" ]; do
   "$dsa" $bench 2>/dev/null | tr -d '\n' > "$work/one.$r"
   for l in ep pp tp; do $MPIRUN "$dsa" $bench --$l 2 2>/dev/null | tr -d '\n' > "$work/$l.$r"; done
+  "$dsa" $batched 2>/dev/null | tr -d '\n' > "$work/bone.$r"
+  $MPIRUN "$dsa" $batched --ep 2 2>/dev/null | tr -d '\n' > "$work/bep.$r"
+  $MPIRUN "$dsa" $batched --ep 2 --dp 2>/dev/null | tr -d '\n' > "$work/bdp.$r"
   r=$((r + 1))
 done
 
@@ -45,4 +52,21 @@ for l in one ep pp tp; do
       --output-len 32 --context 144 --json 2>/dev/null | field tpot_ms)
   fi
   awk -v l="$l" -v d="$d" -v p="$p" -v b="$bytes" -v t="$plan" 'BEGIN { printf "%-8s %14.1f %14.1f %22s %18.1f\n", l, d, p, b, 1000 / t }'
+done
+
+echo
+printf '%-8s %20s %22s %22s\n' layout "decode x$batch tok/s" 'read per rank' 'plan decode tok/s'
+for l in bone bep bdp; do
+  d=$(for f in "$work"/$l.*; do field decode_aggregate_tokens_per_s < "$f"; done | median)
+  case $l in
+    bone) name=one; bytes=$("$dsa" inspect --model "$model" | sed -n 's/^parameters:.*(\([0-9.]* [KMGT]*i*B\) in.*/\1/p'); opts="--devices 1" ;;
+    bep) name=ep; bytes=$("$dsa" inspect --model "$model" --ep 2 | awk '/^  rank/ { print $3, $4; exit }'); opts="" ;;
+    bdp) name=ep+dp; bytes=$("$dsa" inspect --model "$model" --ep 2 --dp | awk '/^  rank/ { print $3, $4; exit }')
+         opts="--comm $work/comm.json --devices 2 --ep 2" ;;
+  esac
+  plan=""
+  [ -n "$opts" ] && plan=$("$dsa" plan --model "$model" --hardware local $opts --batch "$batch" --input-len 128 --output-len 8 \
+    --context 136 --json 2>/dev/null | field tpot_ms)
+  awk -v l="$name" -v d="$d" -v b="$bytes" -v t="$plan" -v n="$batch" \
+    'BEGIN { printf "%-8s %20.1f %22s %22s\n", l, d, b, t == "" ? "-" : sprintf("%.1f", n * 1000 / t) }'
 done

@@ -159,6 +159,7 @@ struct CacheFlags {
 // ranks compute beside it and stay silent on stdout.
 struct ParallelFlags {
   int ep = 1, pp = 1, tp = 1;
+  bool dp = false;
   void add(CLI::App* cmd) {
     cmd->add_option("--ep", ep, "Expert-parallel ranks per pipeline stage: each holds 1/EP of the routed experts")
         ->capture_default_str()
@@ -167,6 +168,9 @@ struct ParallelFlags {
     cmd->add_option("--tp", tp, "Tensor-parallel ranks per pipeline stage: each holds 1/TP of the attention heads")
         ->capture_default_str()
         ->check(int_in(1, 4096));
+    cmd->add_flag("--dp", dp,
+                  "Data-parallel attention with --ep: each rank attends for its own sequences (holding their caches, the dense "
+                  "layers and the whole head) and the experts stay split");
   }
   // Joins the MPI job and checks the layout against it, before any weight is read (the
   // model's own limits are checked by Model::load, also before).
@@ -183,6 +187,7 @@ struct ParallelFlags {
     s.ep = ep;
     s.pp = pp;
     s.tp = tp;
+    s.dp = dp;
     const int64_t want = int64_t(pp) * std::max(ep, tp);
     if (n == 1 && want > 1)
       throw Error(s.describe() + ": expected " + std::to_string(want) + " processes, this is 1 outside mpirun (start it as mpirun -np " +
@@ -196,6 +201,9 @@ struct ParallelFlags {
       s.send = &dist::send;
       s.recv = &dist::recv;
       s.broadcast = &dist::broadcast;
+      s.gather_counts = &dist::gather_counts;
+      s.gather_rows = &dist::gather_rows;
+      s.sum_scatter_rows = &dist::sum_scatter_rows;
     }
     return s;
   }

@@ -20,6 +20,7 @@ std::string human(double b) {
 
 struct Layout {
   int ep = 1, pp = 1, tp = 1;
+  bool dp = false;
 };
 
 // The layout's rank 0, checked against the model.
@@ -28,6 +29,7 @@ dsa::RankShard layout_shard(const dsa::Model& m, const Layout& l) {
   s.ep = l.ep;
   s.pp = l.pp;
   s.tp = l.tp;
+  s.dp = l.dp;
   s.ranks = l.pp * std::max(l.ep, l.tp);
   s.mtp_uses_main_embedding = m.shard.mtp_uses_main_embedding;
   s.validate(m.config);
@@ -98,6 +100,7 @@ void setup_inspect(CLI::App& app) {
       ->check(dsa::cli::int_in(1, 4096));
   cmd->add_option("--pp", l->pp, "The layout's pipeline stages")->check(dsa::cli::int_in(1, 4096));
   cmd->add_option("--tp", l->tp, "The layout's tensor-parallel ranks per stage")->check(dsa::cli::int_in(1, 4096));
+  cmd->add_flag("--dp", l->dp, "The layout attends data-parallel (with --ep): each rank holds the whole head");
   cmd->callback([dir, l] { run(*dir, *l); });
 }
 

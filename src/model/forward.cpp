@@ -47,8 +47,11 @@ void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_l
   // token's experts go through the GEMV order whatever prefill shares the step.
   const size_t dH = size_t(nd) * size_t(H);
   if (w.is_moe) {
-    if (nd > 0) moe_block(st, w.moe, layer, 0, nd, true);
-    if (n > nd) moe_block(st, w.moe, layer, nd, n - nd, false);
+    // Under data-parallel attention every rank joins both roles' exchanges, with or without
+    // tokens of its own.
+    const bool every = ws.opt.dp_ranks > 1;
+    if (nd > 0 || every) moe_block(st, w.moe, layer, 0, nd, true);
+    if (n > nd || every) moe_block(st, w.moe, layer, nd, n - nd, false);
   } else {
     if (nd > 0) mlp_block(w.mlp, ws, nd, true, ws.xn.data(), ws.moe_out.data());
     if (n > nd) mlp_block(w.mlp, ws, n - nd, false, ws.xn.data() + dH, ws.moe_out.data() + dH);
@@ -66,7 +69,9 @@ namespace {
 // sequence's first token) and returns the number of logit rows it asks for.
 int prepare_step(const Model& m, const KvCache& kv, Workspace& ws, const Batch& b, const int32_t* ids, int* n_tok, int* n_dec) {
   const ModelConfig& c = m.config;
-  if (b.n_seqs <= 0) throw Error("forward: a step without sequences");
+  // Under data-parallel attention a rank may have none of the step's sequences: it still
+  // takes part in every MoE layer's exchange.
+  if (b.n_seqs < 0 || (b.n_seqs == 0 && ws.opt.dp_ranks <= 1)) throw Error("forward: a step without sequences");
   if (b.n_seqs > ws.opt.max_seqs)
     throw Error("forward: " + std::to_string(b.n_seqs) + " sequences in one step, the workspace holds " + std::to_string(ws.opt.max_seqs));
   int n = 0, nd = 0, rows = 0;

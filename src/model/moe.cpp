@@ -88,20 +88,22 @@ static void combine_token(Workspace& ws, const RankShard& shard, int E, float* o
 
 // Routes tokens xn [n, hidden] and groups the (token, slot) pairs by expert, so that each
 // expert's weights are read once per call; returns the number of active experts.
-static int route_and_group(const Step& st, const MoeWeights& w, const float* xn, int layer, int t0, int n) {
+// t0: the tokens' first index in the step, for the tap (-1: tokens gathered from every
+// data-parallel rank, not the step's).
+static int route_and_group(const Step& st, const MoeWeights& w, const float* xn, int layer, int t0, int n, bool decode) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int E = c.n_routed_experts, k = c.num_experts_per_tok;
   const Tap* tap = st.b.tap;
   // Router in f32 (GLM's moe_router_dtype, and what vLLM forces for both families), in
   // the order of the tokens' role like every other product.
-  if (t0 < st.nd) kernels::linear_decode(w.gate, xn, n, ws.router.data());
+  if (decode) kernels::linear_decode(w.gate, xn, n, ws.router.data());
   else kernels::linear(w.gate, xn, n, ws.router.data());
   for (size_t i = 0; i < size_t(n) * size_t(E); ++i) ws.router[i] = 1.0f / (1.0f + std::exp(-ws.router[i]));
   for (int i = 0; i < n; ++i) {
     route(c, &ws.router[size_t(i) * size_t(E)], w.e_score_correction_bias, &ws.expert_ids[size_t(i) * size_t(k)],
           &ws.expert_w[size_t(i) * size_t(k)]);
-    if (tap && tap->ints)
+    if (tap && tap->ints && t0 >= 0)
       tap->ints("moe.experts." + std::to_string(layer), ws.pos[size_t(t0 + i)], &ws.expert_ids[size_t(i) * size_t(k)], k);
   }
   std::fill(ws.expert_count.begin(), ws.expert_count.begin() + E, 0);
@@ -125,7 +127,10 @@ static int route_and_group(const Step& st, const MoeWeights& w, const float* xn,
 
 // The shared expert runs once per token: on member 0 of an expert-parallel stage, whose
 // partial output carries it into the all-reduce.
-static bool runs_shared_expert(const Step& st, const MoeWeights& w) { return w.has_shared && st.m.shard.runs_shared_expert(); }
+// Under data-parallel attention each rank runs it for its own tokens instead (moe_block_dp).
+static bool runs_shared_expert(const Step& st, const MoeWeights& w) {
+  return w.has_shared && !st.m.shard.dp && st.m.shard.runs_shared_expert();
+}
 
 // Runs jobs through linear_multi, at most kMaxLinearJobs per call (each output the same
 // whichever call computes it).
@@ -206,12 +211,47 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
   }
 }
 
+// Data-parallel attention: this rank's n tokens of one role are a block of the role's
+// tokens over every rank. All of them are gathered (all-gather), each rank routes them all
+// and runs its experts over them, and each token's partial outputs are summed onto its own
+// rank (reduce-scatter), which then adds its shared expert. The two exchanges move each
+// token's hidden state to and from every rank; dispatching it only to the ranks of its
+// experts (all-to-all) moves less once a step carries many tokens, at the price of a
+// routing exchange first.
+static void moe_block_dp(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode) {
+  Workspace& ws = st.ws;
+  const RankShard& sh = st.m.shard;
+  const int H = st.m.config.hidden_size;
+  DSA_CHECK(sh.gather_counts && sh.gather_rows && sh.sum_scatter_rows, "moe: data-parallel attention without its exchanges");
+  int* rows = ws.dp_rows.data();
+  sh.gather_counts(n, rows);
+  int total = 0;
+  for (int r = 0; r < sh.group(); ++r) total += rows[r];
+  if (total == 0) return;
+  if (total > ws.opt.max_tokens)  // every rank sees the same counts, so every rank stops here
+    throw Error("moe: " + std::to_string(total) + " tokens over the data-parallel ranks, the workspace holds " + std::to_string(ws.opt.max_tokens));
+  float* out = ws.moe_out.data() + size_t(t0) * size_t(H);
+  const float* xn = ws.xn.data() + size_t(t0) * size_t(H);
+  sh.gather_rows(xn, rows, H, ws.moe_x.data());
+  const int n_active = route_and_group(st, w, ws.moe_x.data(), layer, -1, total, decode);
+  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
+  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
+  sh.sum_scatter_rows(ws.moe_part.data(), rows, H, out);
+  if (!w.has_shared || n == 0) return;
+  mlp_block(w.shared_experts, ws, n, decode, xn, ws.d.data());
+  for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
+}
+
 void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode) {
+  if (st.m.shard.dp) {
+    moe_block_dp(st, w, layer, t0, n, decode);
+    return;
+  }
   Workspace& ws = st.ws;
   const size_t H = size_t(st.m.config.hidden_size);
   const float* xn = ws.xn.data() + size_t(t0) * H;
   float* out = ws.moe_out.data() + size_t(t0) * H;
-  const int n_active = route_and_group(st, w, xn, layer, t0, n);
+  const int n_active = route_and_group(st, w, xn, layer, t0, n, decode);
   if (decode) experts_decode(st, w, xn, out, n, n_active);
   else experts_prefill(st, w, xn, out, n, n_active);
   // Expert parallelism: one all-reduce of the partial outputs, n x hidden floats. The

@@ -84,12 +84,18 @@ struct ModelWeights {
 // - tp > 1 (= group()): each member holds num_attention_heads / tp heads (their rows of
 //   q_b_proj and kv_b_proj) and hidden / tp rows of o_proj (see mla.cpp). The indexer, q_a,
 //   kv_a and the latent cache are on every member.
-// - group() > 1: the head is split by vocabulary rows when group() divides the vocabulary:
-//   it is the largest tensor every member would otherwise read each step.
+// - dp (with ep = group(), tp = pp = 1): data-parallel attention, as vLLM and SGLang run
+//   these models with expert parallelism: each member attends (and runs the dense layers,
+//   the shared expert and the head) for its own sequences only; each MoE layer gathers
+//   every member's tokens, runs the member's experts over all of them and sums each
+//   token's partial outputs back onto the member that owns it.
+// - group() > 1 and not dp: the head is split by vocabulary rows when group() divides the
+//   vocabulary: it is the largest tensor every member would otherwise read each step.
 // Everything else of a stage's layers (dense layers, norms, the router) is on every member.
 struct RankShard {
   int rank = 0, ranks = 1;
   int ep = 1, tp = 1, pp = 1;
+  bool dp = false;  // data-parallel attention over the stage's members (see above)
   // The MTP layer has no embedding of its own and uses the main one (GLM): the last stage
   // holds it too. Set by Model::load.
   bool mtp_uses_main_embedding = false;
@@ -102,6 +108,12 @@ struct RankShard {
   void (*send)(const void* data, size_t bytes, int to) = nullptr;
   void (*recv)(void* data, size_t bytes, int from) = nullptr;
   void (*broadcast)(float* data, size_t n, int root) = nullptr;
+  // Over the stage, for data-parallel attention: every member's `mine` into all[group()]; the
+  // members' [counts[r], cols] row blocks into all (member order); and the sum over the
+  // members of all [sum of counts, cols], each member keeping its own block in mine.
+  void (*gather_counts)(int mine, int* all) = nullptr;
+  void (*gather_rows)(const float* mine, const int* counts, int cols, float* all) = nullptr;
+  void (*sum_scatter_rows)(const float* all, const int* counts, int cols, float* mine) = nullptr;
 
   int group() const { return ranks / pp; }
   int stage() const { return rank / group(); }
@@ -116,7 +128,8 @@ struct RankShard {
   }
   bool owns(int expert, int n_experts) const { return ep <= 1 || int(int64_t(expert) * ep / n_experts) == member(); }
   bool runs_shared_expert() const { return ep <= 1 || member() == 0; }
-  bool splits_head(int vocab) const { return group() > 1 && vocab % group() == 0; }
+  bool splits_head(int vocab) const { return group() > 1 && !dp && vocab % group() == 0; }
+  int dp_ranks() const { return dp ? group() : 1; }  // members attending for sequences of their own
   int head0(int n_heads) const { return tp > 1 ? member() * (n_heads / tp) : 0; }   // first local head
   int n_heads(int n_heads) const { return tp > 1 ? n_heads / tp : n_heads; }        // local heads
   // The bytes of a tensor this rank reads: all of it, none (another stage's layer, another
@@ -126,7 +139,7 @@ struct RankShard {
   // before any weight is read), naming the flag.
   void validate_layout() const;
   void validate(const ModelConfig& c) const;
-  std::string describe() const;  // "ep 2 x pp 1 x tp 1"
+  std::string describe() const;  // "ep 2 x pp 1 x tp 1", "+ dp attention" with dp
 };
 
 // Bytes of the checkpoint's tensors a rank of `shard` maps and reads.

@@ -101,6 +101,11 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   expert_count.resize(E); expert_offset.resize(E + 1); expert_rows.resize(T * k); expert_pos.resize(T * k); expert_active.resize(E);
   xg.resize(T * k * H); g.resize(gu); u.resize(gu); d.resize((T * k + T) * H);
   if (opt.mtp) mtp_cat.resize(T * 2 * H);
+  if (opt.dp_ranks > 1) {
+    moe_x.resize(T * H);
+    moe_part.resize(T * H);
+  }
+  dp_rows.resize(size_t(std::max(opt.dp_ranks, 1)));
   h_rows.resize(size_t(opt.max_logit_rows) * H);
   logits.resize(size_t(opt.max_logit_rows) * size_t(cfg.vocab_size));
   if (opt.head_ranks > 1) logits_part.resize(size_t(opt.max_logit_rows) * size_t(cfg.vocab_size / opt.head_ranks));

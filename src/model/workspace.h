@@ -19,6 +19,8 @@ struct WorkspaceOptions {
   bool chunk_latents = true;  // room to dequantize one layer's cache for a chunk after a prefix
   int head_ranks = 1;         // ranks splitting the head's vocabulary rows (RankShard::splits_head)
   int tp = 1;                 // tensor-parallel ranks splitting the attention heads (RankShard::tp)
+  int dp_ranks = 1;           // ranks attending for sequences of their own (RankShard::dp_ranks); a
+                              // step's tokens over all of them stay within max_tokens
 };
 
 struct Workspace {
@@ -63,6 +65,8 @@ struct Workspace {
   std::vector<int32_t> expert_active;        // [n_routed] experts with tokens in this call
   std::vector<float> xg, g, u, d;            // [T * experts_per_tok, hidden|inter]
   std::vector<float> moe_out;                // [T, hidden]
+  std::vector<float> moe_x, moe_part;        // data-parallel attention: [T, hidden] every rank's tokens, their partial outputs
+  std::vector<int32_t> dp_rows;              // [dp_ranks] each rank's tokens (or rows) in an exchange
   // MTP
   std::vector<float> mtp_cat;                // [T, 2 * hidden]
   // Output

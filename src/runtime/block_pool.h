@@ -42,6 +42,8 @@ public:
   // Publishes full block b (held by the caller) under hash; a block with the same hash
   // already published keeps its place and b stays private.
   void publish(int32_t b, uint64_t hash, uint64_t parent, const int32_t* tokens);
+  // Whether lookup would find the block, without taking it or counting the query.
+  bool cached(uint64_t hash, uint64_t parent, const int32_t* tokens) const { return table_find(hash, parent, tokens) != kNone; }
 
   int n_blocks() const { return n_blocks_; }
   int block_size() const { return block_size_; }

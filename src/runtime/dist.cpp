@@ -182,6 +182,62 @@ void gather_columns(const float* part, int rows, int cols, float* out) {
 #endif
 }
 
+#ifdef DSA_HAVE_MPI
+namespace {
+// Element counts and offsets of the ranks' row blocks (sized at the first call for the
+// stage, then reused: steps allocate nothing). MPI counts are ints: a step's rows times
+// the width (tokens x hidden, logit rows x vocabulary) stay far below 2^31.
+std::vector<int> g_counts, g_displs;
+void row_layout(const int* counts, int cols) {
+  g_counts.resize(size_t(g_stage_size));
+  g_displs.resize(size_t(g_stage_size));
+  int64_t at = 0;
+  for (int r = 0; r < g_stage_size; ++r) {
+    const int64_t k = int64_t(counts[r]) * cols;
+    DSA_CHECK(uint64_t(at + k) <= kMaxCount, "dist: a row exchange beyond 2^31 elements");
+    g_counts[size_t(r)] = int(k);
+    g_displs[size_t(r)] = int(at);
+    at += k;
+  }
+}
+}  // namespace
+#endif
+
+void gather_counts(int mine, int* all) {
+  if (!g_active || g_stage_size == 1) {
+    all[0] = mine;
+    return;
+  }
+#ifdef DSA_HAVE_MPI
+  Waiting w("the all-gather of row counts");
+  MPI_Allgather(&mine, 1, MPI_INT, all, 1, MPI_INT, g_stage);
+#endif
+}
+
+void gather_rows(const float* mine, const int* counts, int cols, float* all) {
+  if (!g_active || g_stage_size == 1) {
+    std::copy_n(mine, size_t(counts[0]) * size_t(cols), all);
+    return;
+  }
+#ifdef DSA_HAVE_MPI
+  Waiting w("the all-gather of rows");
+  row_layout(counts, cols);
+  MPI_Allgatherv(mine, g_counts[size_t(g_rank % g_stage_size)], MPI_FLOAT, all, g_counts.data(), g_displs.data(), MPI_FLOAT, g_stage);
+#endif
+}
+
+void sum_scatter_rows(const float* all, const int* counts, int cols, float* mine) {
+  if (!g_active || g_stage_size == 1) {
+    std::copy_n(all, size_t(counts[0]) * size_t(cols), mine);
+    return;
+  }
+#ifdef DSA_HAVE_MPI
+  Waiting w("the reduce-scatter");
+  row_layout(counts, cols);
+  MPI_Reduce_scatter(all, mine, g_counts.data(), MPI_FLOAT, MPI_SUM, g_stage);
+#endif
+}
+
 void send(const void* data, size_t bytes, int to) {
 #ifdef DSA_HAVE_MPI
   Waiting w("a send to the next pipeline stage");

@@ -21,6 +21,12 @@ void sum(float* data, size_t n);
 // Each stage rank's [rows, cols / stage size] block into its columns of out [rows, cols],
 // on each of them (cols a multiple of the stage size).
 void gather_columns(const float* part, int rows, int cols, float* out);
+// Data-parallel attention, over the caller's stage: each rank's `mine` into all[stage
+// size]; the ranks' [counts[r], cols] row blocks into all, in rank order; and the sum over
+// the ranks of all [sum of counts, cols], each rank keeping rows of its own block in mine.
+void gather_counts(int mine, int* all);
+void gather_rows(const float* mine, const int* counts, int cols, float* all);
+void sum_scatter_rows(const float* all, const int* counts, int cols, float* mine);
 // Point to point between world ranks (blocking), and a broadcast from `root` to every rank.
 void send(const void* data, size_t bytes, int to);
 void recv(void* data, size_t bytes, int from);

@@ -34,6 +34,7 @@ WorkspaceOptions workspace_options(const Model& m, const EngineOptions& o) {
   WorkspaceOptions w;
   w.head_ranks = m.shard.splits_head(m.config.vocab_size) ? m.shard.group() : 1;
   w.tp = m.shard.tp;
+  w.dp_ranks = m.shard.dp_ranks();
   w.max_tokens = o.max_step_tokens;
   w.max_seqs = o.max_seqs;
   w.max_logit_rows = o.max_logit_rows > 0 ? o.max_logit_rows : 2 * o.max_seqs;
@@ -104,15 +105,41 @@ Engine::Engine(const Model& m, const EngineOptions& opt)
     : m_(m),
       opt_(checked(m, opt)),
       kv_(m.config, cache_options(m, opt_, pool_blocks(m, opt_))),
-      pool_(kv_.n_blocks(), opt_.block_size),
+      dp_(m.shard.dp_ranks()),
+      me_(m.shard.dp ? m.shard.member() : 0),
+      pools_(size_t(dp_), BlockPool(kv_.n_blocks(), opt_.block_size)),
       ws_(m.config, workspace_options(m, opt_)) {
-  batch_.resize(size_t(opt_.max_seqs));
-  order_.resize(size_t(opt_.max_seqs));
-  placed_.resize(size_t(opt_.max_seqs));
-  role_.resize(size_t(opt_.max_seqs));
-  item_seq_.resize(size_t(opt_.max_seqs));
+  const size_t S = size_t(opt_.max_seqs);
+  for (auto* v : {&order_, &placed_, &item_seq_, &item_n_, &item_logits_, &item_row_, &item_tok_}) v->resize(S);
+  batch_.resize(S);
+  role_.resize(S);
+  rank_rows_.resize(size_t(dp_));
+  rank_toks_.resize(size_t(dp_));
   grabbed_.reserve(size_t(opt_.max_step_tokens / opt_.block_size + 2 * opt_.max_seqs));
-  if (opt_.mtp) mtp_h_.resize(size_t(opt_.max_step_tokens) * size_t(m.config.hidden_size));
+  grabbed_pool_.reserve(grabbed_.capacity());
+  const size_t H = size_t(m.config.hidden_size);
+  if (opt_.mtp) mtp_h_.resize(size_t(opt_.max_step_tokens) * H);
+  if (dp_ > 1) {
+    dp_logits_.resize(size_t(ws_.opt.max_logit_rows) * size_t(m.config.vocab_size));
+    dp_hidden_.resize(size_t(opt_.max_step_tokens) * H);
+  }
+}
+
+const BlockPool& Engine::pool() const {
+  const BlockPool* p = &pools_[0];
+  for (const BlockPool& q : pools_)
+    if (q.free_blocks() < p->free_blocks()) p = &q;
+  return *p;
+}
+
+PrefixStats Engine::prefix_stats() const {
+  PrefixStats s;
+  for (const BlockPool& p : pools_) {
+    s.queries += p.stats().queries;
+    s.hits += p.stats().hits;
+    s.evictions += p.stats().evictions;
+  }
+  return s;
 }
 
 EngineCapacity Engine::capacity() const {
@@ -161,21 +188,48 @@ SeqId Engine::add(std::span<const int32_t> prompt, bool mtp) {
   q.blocks.reserve(size_t(blocks_for(opt_.max_ctx, opt_.block_size)));
   q.hashes.reserve(q.blocks.capacity());
   q.tokens.reserve(size_t(opt_.max_ctx));
-  if (!opt_.prefix_cache) return id;
   const int bs = opt_.block_size;
   // Full blocks within all but the last prompt token (and for MTP, whose next token is known).
-  const int full = prompt.empty() ? 0 : int((prompt.size() - 1) / size_t(bs));
+  const int full = !opt_.prefix_cache || prompt.empty() ? 0 : int((prompt.size() - 1) / size_t(bs));
+  for (int b = 0; b < full; ++b) q.hashes.push_back(block_hash(q, b, prompt.data()));
+  q.owner = choose_owner(prompt, q);
+  if (!opt_.prefix_cache) return id;
   for (int b = 0; b < full; ++b) {
-    const uint64_t h = block_hash(q, b, prompt.data());
-    const int32_t blk = pool_.lookup(h, b > 0 ? q.hashes[size_t(b - 1)] : 0, prompt.data() + size_t(b) * size_t(bs));
+    const int32_t blk = pool_of(q).lookup(q.hashes[size_t(b)], b > 0 ? q.hashes[size_t(b - 1)] : 0, prompt.data() + size_t(b) * size_t(bs));
     if (blk == BlockPool::kNone) break;
     q.blocks.push_back(blk);
-    q.hashes.push_back(h);
   }
+  q.hashes.resize(q.blocks.size());
   q.published = int(q.blocks.size());
   q.len = q.mtp_len = q.reused = q.published * bs;
   q.tokens.assign(prompt.begin(), prompt.begin() + q.len);
   return id;
+}
+
+// The data-parallel rank a new sequence goes to: among the ranks within one sequence of the
+// least loaded (so that a prompt everyone shares does not pile every sequence onto one
+// rank), the one whose cache holds the longest start of the prompt, then the least loaded,
+// then the lowest. q.hashes holds the prompt's full blocks' hashes.
+int Engine::choose_owner(std::span<const int32_t> prompt, Seq& q) const {
+  if (dp_ == 1) return 0;
+  std::vector<int> live(size_t(dp_), 0);
+  for (const Seq& s : seqs_)
+    if (s.live && &s != &q) ++live[size_t(s.owner)];
+  const int least = *std::min_element(live.begin(), live.end());
+  int best = -1, best_hits = -1;
+  for (int r = 0; r < dp_; ++r) {
+    if (live[size_t(r)] > least + 1) continue;
+    int hits = 0;
+    const int bs = opt_.block_size;
+    while (size_t(hits) < q.hashes.size() &&
+           pools_[size_t(r)].cached(q.hashes[size_t(hits)], hits > 0 ? q.hashes[size_t(hits - 1)] : 0, prompt.data() + size_t(hits) * size_t(bs)))
+      ++hits;
+    if (hits > best_hits || (hits == best_hits && live[size_t(r)] < live[size_t(best)])) {
+      best = r;
+      best_hits = hits;
+    }
+  }
+  return best;
 }
 
 void Engine::publish_ready(Seq& q) {
@@ -185,7 +239,7 @@ void Engine::publish_ready(Seq& q) {
   if (q.mtp) final_len = std::min({final_len, q.mtp_len, q.len - 1});  // and the token after the block is known
   for (int b = q.published; (b + 1) * bs <= final_len; ++b) {
     const uint64_t h = block_hash(q, b, q.tokens.data());
-    pool_.publish(q.blocks[size_t(b)], h, b > 0 ? q.hashes[size_t(b - 1)] : 0, q.tokens.data() + size_t(b) * size_t(bs));
+    pool_of(q).publish(q.blocks[size_t(b)], h, b > 0 ? q.hashes[size_t(b - 1)] : 0, q.tokens.data() + size_t(b) * size_t(bs));
     q.hashes.push_back(h);
     q.published = b + 1;
   }
@@ -195,7 +249,7 @@ void Engine::release(SeqId s) {
   if (leading_) announce_seq(kCallRelease, s, 0);
   Seq& q = seq(s);
   publish_ready(q);  // what is final; unverified drafts are not
-  for (int32_t b : q.blocks) pool_.unref(b);
+  for (int32_t b : q.blocks) pool_of(q).unref(b);
   q = Seq{};
 }
 
@@ -206,7 +260,7 @@ void Engine::truncate(SeqId s, int n) {
   if (n < q.published * opt_.block_size)
     throw Error("engine: truncate into a published (shared) block; release the sequence and add a new one instead");
   const size_t keep = size_t(blocks_for(n, opt_.block_size));
-  for (size_t b = keep; b < q.blocks.size(); ++b) pool_.unref(q.blocks[b]);
+  for (size_t b = keep; b < q.blocks.size(); ++b) pool_of(q).unref(q.blocks[b]);
   q.blocks.resize(keep);
   q.len = n;
   q.tokens.resize(size_t(n));
@@ -225,18 +279,21 @@ void Engine::check_items(std::span<const SeqId> ids) const {
 
 void Engine::grow_tables(std::span<const StepItem> items) {
   grabbed_.clear();
+  grabbed_pool_.clear();
   const int bs = opt_.block_size;
   for (const StepItem& it : items) {
     Seq& q = seqs_[size_t(it.seq)];
     const int64_t need = blocks_for(int64_t(q.len) + it.n, bs) - int64_t(q.blocks.size());
     for (int64_t k = 0; k < need; ++k) {
-      const int32_t b = pool_.allocate();
+      const int32_t b = pool_of(q).allocate();
       if (b == BlockPool::kNone) {
         undo_growth(items);
-        throw Error("engine: the KV cache pool is exhausted (" + std::to_string(pool_.n_blocks()) + " blocks of " + std::to_string(bs) +
-                    " tokens, all held by live sequences); release sequences or give a larger --cache-mem / --cache-tokens");
+        throw Error("engine: the KV cache pool is exhausted (" + std::to_string(pool_of(q).n_blocks()) + " blocks of " + std::to_string(bs) +
+                    " tokens, all held by live sequences" + (dp_ > 1 ? " of rank " + std::to_string(q.owner) : std::string()) +
+                    "); release sequences or give a larger --cache-mem / --cache-tokens");
       }
       grabbed_.push_back(b);
+      grabbed_pool_.push_back(q.owner);
       q.blocks.push_back(b);
     }
   }
@@ -248,18 +305,42 @@ void Engine::undo_growth(std::span<const StepItem> items) {
     Seq& r = seqs_[size_t(it.seq)];
     r.blocks.resize(size_t(blocks_for(r.len, opt_.block_size)));
   }
-  for (int32_t g : grabbed_) pool_.unref(g);
+  for (size_t g = 0; g < grabbed_.size(); ++g) pools_[size_t(grabbed_pool_[g])].unref(grabbed_[g]);
   grabbed_.clear();
+  grabbed_pool_.clear();
 }
 
-void Engine::order_by_role(int n_items) {
-  int k = 0;
-  for (int pass = 0; pass < 2; ++pass)
-    for (int i = 0; i < n_items; ++i)
-      if ((role_[size_t(i)] != 0) == (pass == 0)) {
+// Each rank's items in forward's order (decode items first, stable), and where each item's
+// logit rows and tokens sit when every rank's are laid end to end in rank order: every
+// rank works this out for every rank (they all see the same items), so the exchange after
+// the step needs no counts of its own.
+int Engine::place_items(int n_items) {
+  int row = 0, tok = 0, mine = 0;
+  for (int r = 0; r < dp_; ++r) {
+    const int row0 = row, tok0 = tok;
+    int k = 0;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int i = 0; i < n_items; ++i) {
+        if (seqs_[size_t(item_seq_[size_t(i)])].owner != r || (role_[size_t(i)] != 0) != (pass == 0)) continue;
         order_[size_t(i)] = k;
-        placed_[size_t(k++)] = i;
+        item_row_[size_t(i)] = row;
+        item_tok_[size_t(i)] = tok;
+        row += item_logits_[size_t(i)];
+        tok += item_n_[size_t(i)];
+        if (r == me_) placed_[size_t(k)] = i;
+        ++k;
       }
+    rank_rows_[size_t(r)] = row - row0;
+    rank_toks_[size_t(r)] = tok - tok0;
+    if (r == me_) mine = k;
+  }
+  return mine;
+}
+
+void Engine::exchange_outputs() {
+  if (dp_ == 1) return;
+  dist::gather_rows(ws_.logits.data(), rank_rows_.data(), m_.config.vocab_size, dp_logits_.data());
+  dist::gather_rows(ws_.h_final.data(), rank_toks_.data(), m_.config.hidden_size, dp_hidden_.data());
 }
 
 Batch Engine::batch(int n_items) const {
@@ -291,6 +372,8 @@ void Engine::step(std::span<const StepItem> items) {
         throw Error("token id " + std::to_string(it.ids[j]) + " out of range [0, " + std::to_string(m_.config.vocab_size) + ")");
     total += it.n;
     role_[size_t(i)] = it.decode;
+    item_n_[size_t(i)] = it.n;
+    item_logits_[size_t(i)] = it.logits;
   }
   if (total > opt_.max_step_tokens)
     throw Error("engine: " + std::to_string(total) + " tokens in one step, the engine steps at most " + std::to_string(opt_.max_step_tokens));
@@ -302,10 +385,10 @@ void Engine::step(std::span<const StepItem> items) {
     publish_ready(q);
   }
   grow_tables(items);
-  order_by_role(n_items);
-  // Tokens in forward's order (decode items first).
+  const int n_local = place_items(n_items);
+  // This rank's tokens in forward's order (decode items first).
   int off = 0;
-  for (int k = 0; k < n_items; ++k) {
+  for (int k = 0; k < n_local; ++k) {
     const StepItem& it = items[size_t(placed_[size_t(k)])];
     const Seq& q = seqs_[size_t(it.seq)];
     std::copy_n(it.ids, it.n, ws_.ids.begin() + off);
@@ -313,11 +396,12 @@ void Engine::step(std::span<const StepItem> items) {
     off += it.n;
   }
   try {
-    forward(m_, kv_, ws_, batch(n_items));
+    forward(m_, kv_, ws_, batch(n_local));
   } catch (...) {
     undo_growth(items);
     throw;
   }
+  exchange_outputs();
   for (const StepItem& it : items) {
     Seq& q = seqs_[size_t(it.seq)];
     q.tokens.insert(q.tokens.end(), it.ids, it.ids + it.n);
@@ -345,13 +429,15 @@ void Engine::step_mtp(std::span<const MtpItem> items) {
         throw Error("token id " + std::to_string(it.next[j]) + " out of range [0, " + std::to_string(m_.config.vocab_size) + ")");
     total += it.n;
     role_[size_t(i)] = it.decode;
+    item_n_[size_t(i)] = it.n;
+    item_logits_[size_t(i)] = it.logits;
   }
   if (total > opt_.max_step_tokens) throw Error("engine: too many tokens in one MTP step");
   check_items(std::span<const SeqId>(item_seq_.data(), size_t(n_items)));
-  order_by_role(n_items);
+  const int n_local = place_items(n_items);
   const size_t H = size_t(m_.config.hidden_size);
   int off = 0;
-  for (int k = 0; k < n_items; ++k) {
+  for (int k = 0; k < n_local; ++k) {
     const MtpItem& it = items[size_t(placed_[size_t(k)])];
     const Seq& q = seqs_[size_t(it.seq)];
     std::copy_n(it.next, it.n, ws_.ids.begin() + off);
@@ -359,7 +445,8 @@ void Engine::step_mtp(std::span<const MtpItem> items) {
     batch_[size_t(k)] = SeqStep{q.mtp_len, it.n, q.blocks.data(), it.decode, it.logits};
     off += it.n;
   }
-  forward_mtp(m_, kv_, ws_, batch(n_items), mtp_h_.data());
+  forward_mtp(m_, kv_, ws_, batch(n_local), mtp_h_.data());
+  if (dp_ > 1) dist::gather_rows(ws_.logits.data(), rank_rows_.data(), m_.config.vocab_size, dp_logits_.data());
   for (const MtpItem& it : items) {
     Seq& q = seqs_[size_t(it.seq)];
     q.mtp_len += it.n;
@@ -369,11 +456,13 @@ void Engine::step_mtp(std::span<const MtpItem> items) {
 
 const float* Engine::logits(int item) const {
   DSA_CHECK(item >= 0 && item < opt_.max_seqs, "engine: item index out of range");
+  if (dp_ > 1) return dp_logits_.data() + size_t(item_row_[size_t(item)]) * size_t(m_.config.vocab_size);
   return ws_.logits.data() + size_t(ws_.logit_first[size_t(order_[size_t(item)])]) * size_t(m_.config.vocab_size);
 }
 
 const float* Engine::hidden(int item) const {
   DSA_CHECK(item >= 0 && item < opt_.max_seqs, "engine: item index out of range");
+  if (dp_ > 1) return dp_hidden_.data() + size_t(item_tok_[size_t(item)]) * size_t(m_.config.hidden_size);
   return ws_.h_final.data() + size_t(ws_.seq_first[size_t(order_[size_t(item)])]) * size_t(m_.config.hidden_size);
 }
 
@@ -383,11 +472,11 @@ void Engine::fill_synthetic(SeqId s, int depth, uint64_t seed) {
   if (depth < 0 || depth > opt_.max_ctx) throw Error("synthetic depth " + std::to_string(depth) + " exceeds the context size");
   const int need = int(blocks_for(depth, opt_.block_size));
   for (int k = 0; k < need; ++k) {
-    const int32_t b = pool_.allocate();
+    const int32_t b = pool_of(q).allocate();
     if (b == BlockPool::kNone) throw Error("engine: the KV cache pool is too small for a synthetic depth of " + std::to_string(depth));
     q.blocks.push_back(b);
   }
-  fill_cache_synthetic(m_.config, kv_, q.blocks.data(), depth, seed);
+  if (q.owner == me_) fill_cache_synthetic(m_.config, kv_, q.blocks.data(), depth, seed);
   q.len = q.mtp_len = depth;
   q.tokens.assign(size_t(depth), 0);
   q.synthetic = true;  // filler, never published

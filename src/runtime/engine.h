@@ -101,8 +101,12 @@ public:
   const Model& model() const { return m_; }
   const EngineOptions& options() const { return opt_; }
   EngineCapacity capacity() const;
-  const BlockPool& pool() const { return pool_; }
-  const PrefixStats& prefix_stats() const { return pool_.stats(); }
+  // The pool new work is checked against. Under data-parallel attention each rank's
+  // sequences hold blocks of a pool of their own (every rank keeps the books of all of
+  // them, its cache only the blocks of its own): this is the one with the fewest free
+  // blocks, so that what fits it fits every rank's.
+  const BlockPool& pool() const;
+  PrefixStats prefix_stats() const;  // over every rank's pool
 
   // Observes the internals of every later step (golden files; steps run their per-query
   // loops in order); null: none.
@@ -123,6 +127,7 @@ public:
 private:
   struct Seq {
     bool live = false, mtp = false, synthetic = false;
+    int owner = 0;  // the data-parallel rank that attends for it (0 without)
     int len = 0, mtp_len = 0, unverified = 0, reused = 0, published = 0;  // published: leading blocks
     std::vector<int32_t> blocks, tokens;
     std::vector<uint64_t> hashes;  // chained hash of each published block
@@ -130,14 +135,19 @@ private:
   const Model& m_;
   EngineOptions opt_;
   KvCache kv_;
-  BlockPool pool_;
+  int dp_ = 1, me_ = 0;            // data-parallel ranks, and this one among them
+  std::vector<BlockPool> pools_;   // one per data-parallel rank
   Workspace ws_;
   std::vector<Seq> seqs_;
-  std::vector<SeqStep> batch_;    // the step in forward's order
-  std::vector<int32_t> order_;    // item i -> its place in batch_
+  std::vector<SeqStep> batch_;    // this rank's part of the step in forward's order
+  std::vector<int32_t> order_;    // item i -> its place in its rank's batch
   std::vector<int32_t> placed_;   // place k in batch_ -> its item
-  std::vector<int32_t> grabbed_;  // blocks taken by the step being prepared
+  std::vector<int32_t> item_row_, item_tok_;  // item i -> its first logit row, first token, over every rank's
+  std::vector<int32_t> rank_rows_, rank_toks_;  // each rank's logit rows and tokens in the step
+  std::vector<float> dp_logits_, dp_hidden_;  // every rank's logits and hidden states of the step
+  std::vector<int32_t> grabbed_, grabbed_pool_;  // blocks taken by the step being prepared, and their pools
   std::vector<uint8_t> role_;     // item i is decode-role
+  std::vector<int32_t> item_n_, item_logits_;  // item i's tokens and logit rows
   std::vector<SeqId> item_seq_;   // item i's sequence
   std::vector<float> mtp_h_;      // MTP step's hidden rows in forward's order
   const Tap* tap_ = nullptr;
@@ -151,7 +161,10 @@ private:
   void publish_ready(Seq& q);
   void grow_tables(std::span<const StepItem> items);
   void check_items(std::span<const SeqId> ids) const;
-  void order_by_role(int n_items);  // order_ / placed_ from role_: decode items first, stable
+  BlockPool& pool_of(const Seq& q) { return pools_[size_t(q.owner)]; }
+  int choose_owner(std::span<const int32_t> prompt, Seq& q) const;
+  int place_items(int n_items);  // from item_seq_, role_, item_n_, item_logits_; returns this rank's item count
+  void exchange_outputs();  // under data-parallel attention: every rank's logits (and hidden states) to every rank
   void undo_growth(std::span<const StepItem> items);  // returns the blocks grow_tables took
   Batch batch(int n_items) const;   // the step laid out in ws_.ids and batch_
   enum Call : int { kCallAdd = 1, kCallRelease, kCallTruncate, kCallStep, kCallMtp, kCallStop };

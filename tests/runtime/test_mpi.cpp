@@ -93,8 +93,22 @@ void for_every_case(F check) {
   }
 }
 
-// The two-rank layouts: experts split, layers split, attention heads split.
-const char* const kLayouts[] = {"--ep 2", "--pp 2", "--tp 2"};
+// The two-rank layouts: experts split, layers split, attention heads split, and experts
+// split with each rank attending for its own sequences (with one sequence, rank 1 has none
+// and takes part in the MoE exchanges with no tokens).
+const char* const kLayouts[] = {"--ep 2", "--pp 2", "--tp 2", "--ep 2 --dp"};
+
+// A file name part for a layout: "ep", "pp", "tp", "ep_dp".
+std::string layout_tag(const std::string& layout) {
+  std::string t;
+  for (size_t i = 0; i + 3 < layout.size(); ++i)
+    if (layout[i] == '-' && layout[i + 1] == '-') {
+      if (!t.empty()) t.push_back('_');
+      t.push_back(layout[i + 2]);
+      t.push_back(layout[i + 3]);
+    }
+  return t;
+}
 
 TEST(Mpi, ParallelLogitsMatchOneProcessOnEveryGoldenCase) {
   DSA_NEED_MPI();
@@ -105,7 +119,7 @@ TEST(Mpi, ParallelLogitsMatchOneProcessOnEveryGoldenCase) {
     const SafeTensors a = SafeTensors::open(one), want = SafeTensors::open(c.dir + "/expected.safetensors");
     for (const std::string layout : kLayouts) {
       SCOPED_TRACE(layout);
-      const std::string out = test::scratch(name + "_" + layout.substr(2, 2) + ".safetensors");
+      const std::string out = test::scratch(name + "_" + layout_tag(layout) + ".safetensors");
       const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + " logits" + c.args + " " + layout + " --out " + out + " 2>&1");
       ASSERT_EQ(r2.code, 0) << r2.out;
       const SafeTensors b = SafeTensors::open(out);
@@ -161,6 +175,31 @@ TEST(Mpi, GreedyRunGivesTheOneProcessIds) {
       EXPECT_EQ(r2.out, r1.out) << layout << ": rank 0 prints the ids once, the other rank nothing";
     }
   });
+}
+
+// Data-parallel attention with several sequences: `dsa run --prompts` adds them all at once,
+// so the ranks take turns owning them, each attends for its own, and every MoE layer mixes
+// both ranks' tokens; every prompt's greedy ids are the single-process ones.
+TEST(Mpi, DataParallelAttentionRunsEachRanksOwnSequences) {
+  DSA_NEED_MPI();
+  const std::string prompts = test::scratch("dp_prompts.txt");
+  {
+    std::ofstream f(prompts);
+    f << "1,2,3,4,5,6,7\n9,8,7,6\n3,3,3,3,3,3,3,3,3,3,3\n5,4\n12,30,7,7,1\n";
+  }
+  for_every_case([&](const std::string&, const Case& c) {
+    const std::string run = " run --model " + c.dir + "/model --prompts " + prompts + " --print-ids -n 8 --greedy --ignore-eos";
+    const auto r1 = test::shell(test::dsa_binary() + run + " 2>/dev/null");
+    ASSERT_EQ(r1.code, 0);
+    ASSERT_EQ(std::count(r1.out.begin(), r1.out.end(), '\n'), 5) << r1.out;
+    const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + run + " --ep 2 --dp 2>&1");
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    EXPECT_NE(r2.out.find(r1.out), std::string::npos) << "every prompt's ids as one process:\n" << r2.out << "\nwant\n" << r1.out;
+  });
+  const auto bad = test::shell(mpirun(2) + test::dsa_binary() + " run --model " + test::tiny_model_dir() + " --ids 1,2 --print-ids -n 1 --tp 2 --dp 2>&1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--dp"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("needs --ep > 1"), std::string::npos) << bad.out;
 }
 
 TEST(Mpi, LayoutsThatDoNotFitAreOneClearError) {
@@ -262,10 +301,11 @@ struct Served {
       if (!port) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  std::string completion_ids() const {  // greedy ids of an id prompt (models without a tokenizer)
+  // Greedy ids of an id prompt (models without a tokenizer).
+  std::string completion_ids(const std::vector<int>& prompt = {1, 2, 3, 4, 5}) const {
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(120, 0);
-    const nlohmann::json body = {{"prompt", {1, 2, 3, 4, 5}}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+    const nlohmann::json body = {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
     auto r = c.Post("/v1/completions", body.dump(), "application/json");
     if (!r || r->status != 200) return "(no reply)";
     return nlohmann::json::parse(r->body)["choices"][0]["token_ids"].dump();
@@ -304,7 +344,7 @@ TEST(Mpi, ServeUnderMpirunRepliesAsOneProcess) {
   ASSERT_NE(want, "(no reply)");
   for (const std::string layout : kLayouts) {
     SCOPED_TRACE(layout);
-    const std::string log = test::scratch("serve_" + layout.substr(2, 2) + ".log");
+    const std::string log = test::scratch("serve_" + layout_tag(layout) + ".log");
     Served job(mpirun(2) + serve + " " + layout, log);
     ASSERT_GT(job.port, 0);
     EXPECT_NE(job.signal_pid, job.pid) << "rank 0's pid is in the log";
@@ -330,11 +370,27 @@ TEST(Mpi, ServeWithMtpUnderMpirunGivesTheOneProcessIds) {
   const std::string want = one.completion_ids();
   EXPECT_EQ(one.stop(), 0);
   ASSERT_NE(want, "(no reply)");
-  for (const std::string layout : {"--pp 2", "--tp 2"}) {
+  // Three requests at once for data-parallel attention: the ranks own different ones.
+  const std::vector<std::vector<int>> prompts = {{1, 2, 3, 4, 5}, {7, 6, 5}, {2, 4, 6, 8, 10, 12}};
+  auto concurrently = [&](const Served& s) {
+    std::vector<std::string> ids(prompts.size());
+    std::vector<std::thread> t;
+    for (size_t i = 0; i < prompts.size(); ++i) t.emplace_back([&, i] { ids[i] = s.completion_ids(prompts[i]); });
+    for (auto& th : t) th.join();
+    return ids;
+  };
+  Served one_c(serve, test::scratch("serve_mtp_one_c.log"));
+  ASSERT_GT(one_c.port, 0);
+  const auto want_c = concurrently(one_c);
+  EXPECT_EQ(one_c.stop(), 0);
+  for (const std::string layout : {"--pp 2", "--tp 2", "--ep 2 --dp"}) {
     SCOPED_TRACE(layout);
-    Served job(mpirun(2) + serve + " " + layout, test::scratch("serve_mtp_" + layout.substr(2, 2) + ".log"));
+    Served job(mpirun(2) + serve + " " + layout, test::scratch("serve_mtp_" + layout_tag(layout) + ".log"));
     ASSERT_GT(job.port, 0);
     EXPECT_EQ(job.completion_ids(), want);
+    if (layout == "--ep 2 --dp") {
+      EXPECT_EQ(concurrently(job), want_c);
+    }
     EXPECT_EQ(job.stop(), 0);
   }
 }
