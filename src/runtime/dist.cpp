@@ -67,6 +67,15 @@ void watch() {
 }
 
 MPI_Comm g_stage = MPI_COMM_NULL;  // the caller's pipeline stage (MPI_COMM_WORLD until split)
+// Element counts and offsets of the stage ranks' row blocks in gather_rows and
+// sum_scatter_rows, sized with the stage (steps allocate nothing).
+std::vector<int> g_counts, g_displs;
+void size_stage(MPI_Comm stage, int n) {
+  g_stage = stage;
+  g_stage_size = n;
+  g_counts.resize(size_t(n));
+  g_displs.resize(size_t(n));
+}
 
 // MPI counts are ints: a transfer of n elements goes in pieces of at most this many.
 constexpr size_t kMaxCount = size_t(std::numeric_limits<int>::max());
@@ -121,8 +130,7 @@ void init() {
   // Errors end the job (MPI_ERRORS_ARE_FATAL): a rank that dies takes the others with it
   // instead of leaving them in a collective.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
-  g_stage = MPI_COMM_WORLD;
-  g_stage_size = g_size;
+  size_stage(MPI_COMM_WORLD, g_size);
   g_active = true;
   g_timeout_s = comm_timeout_s();
   std::thread(watch).detach();  // lives as long as the process (any exit path may end it)
@@ -146,8 +154,7 @@ void set_stage_size(int group) {
   MPI_Comm_split(MPI_COMM_WORLD, g_rank / group, g_rank, &stage);
   MPI_Comm_set_errhandler(stage, MPI_ERRORS_ARE_FATAL);
   if (g_stage != MPI_COMM_WORLD) MPI_Comm_free(&g_stage);
-  g_stage = stage;
-  g_stage_size = group;
+  size_stage(stage, group);
 #endif
 }
 
@@ -184,13 +191,9 @@ void gather_columns(const float* part, int rows, int cols, float* out) {
 
 #ifdef DSA_HAVE_MPI
 namespace {
-// Element counts and offsets of the ranks' row blocks (sized at the first call for the
-// stage, then reused: steps allocate nothing). MPI counts are ints: a step's rows times
-// the width (tokens x hidden, logit rows x vocabulary) stay far below 2^31.
-std::vector<int> g_counts, g_displs;
+// g_counts / g_displs for the ranks' row blocks of `cols` floats. MPI counts are ints: a
+// step's rows times the width (tokens x hidden, logit rows x vocabulary) stay far below 2^31.
 void row_layout(const int* counts, int cols) {
-  g_counts.resize(size_t(g_stage_size));
-  g_displs.resize(size_t(g_stage_size));
   int64_t at = 0;
   for (int r = 0; r < g_stage_size; ++r) {
     const int64_t k = int64_t(counts[r]) * cols;
