@@ -73,8 +73,12 @@ uint64_t read_pass(const uint8_t* buf, size_t bytes, int threads, bool avx2) {
 
 #ifdef DSA_SIM_X86
 __attribute__((target("avx2,fma"))) double fma_kernel_avx2(int64_t iters) {
-  // 10 independent chains: enough to cover FMA latency (4-5 cycles) x 2 ports.
-  __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0;
+  // 10 independent chains: enough to cover FMA latency (4-5 cycles) x 2 ports. Each starts
+  // from its own value: chains that start equal stay equal, and the compiler then computes
+  // one of them (a latency-bound loop reported as ten times the work).
+  __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.1f), a2 = _mm256_set1_ps(1.2f), a3 = _mm256_set1_ps(1.3f),
+         a4 = _mm256_set1_ps(1.4f), a5 = _mm256_set1_ps(1.5f), a6 = _mm256_set1_ps(1.6f), a7 = _mm256_set1_ps(1.7f),
+         a8 = _mm256_set1_ps(1.8f), a9 = _mm256_set1_ps(1.9f);
   const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
   for (int64_t i = 0; i < iters; ++i) {
     a0 = _mm256_fmadd_ps(a0, m, c); a1 = _mm256_fmadd_ps(a1, m, c);
@@ -99,7 +103,10 @@ constexpr double kAvx2FlopsPerIter = 10 * 8 * 2;
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 __attribute__((target("avx512f"))) double fma_kernel_avx512(int64_t iters) {
-  __m512 a0 = _mm512_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+  // Distinct starting values, as in the avx2 probe.
+  __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.1f), a2 = _mm512_set1_ps(1.2f), a3 = _mm512_set1_ps(1.3f),
+         a4 = _mm512_set1_ps(1.4f), a5 = _mm512_set1_ps(1.5f), a6 = _mm512_set1_ps(1.6f), a7 = _mm512_set1_ps(1.7f),
+         a8 = _mm512_set1_ps(1.8f), a9 = _mm512_set1_ps(1.9f), a10 = _mm512_set1_ps(2.0f), a11 = _mm512_set1_ps(2.1f);
   const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
   for (int64_t i = 0; i < iters; ++i) {
     a0 = _mm512_fmadd_ps(a0, m, c); a1 = _mm512_fmadd_ps(a1, m, c);
@@ -121,7 +128,7 @@ constexpr double kAvx512FlopsPerIter = 12 * 16 * 2;
 #endif
 
 double fma_kernel_scalar(int64_t iters) {
-  float a[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  float a[8] = {1.0f, 1.1f, 1.2f, 1.3f, 1.4f, 1.5f, 1.6f, 1.7f};  // distinct, as above
   const float m = 0.999999f, c = 1e-7f;
   for (int64_t i = 0; i < iters; ++i)
     for (float& x : a) x = x * m + c;
