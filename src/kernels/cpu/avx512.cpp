@@ -48,6 +48,15 @@ inline float hsum16(__m512 v) {
   return _mm_cvtss_f32(h);
 }
 
+// Keeps a vector several FMAs share in a register: left alone, the compiler folds it into each
+// FMA as a memory operand, and the loads then bound the multi-token loops. (SIMDe's vectors
+// are not register operands; its build only checks logic, not speed.)
+#ifdef DSA_AVX512_EMULATED
+inline void pin(__m512&) {}
+#else
+inline void pin(__m512& v) { __asm__("" : "+v"(v)); }
+#endif
+
 // ---- fp8: e4m3 codes as f32 bits ----------------------------------------------------
 // The avx2 trick at twice the width: 64 codes are loaded as 32 words; in each 32-bit lane
 // the byte b3 shifted arithmetically right by 4 puts the sign at bit 31 and the 7
@@ -120,6 +129,58 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xp, float* y,
     for (int t = 0; t < NT; ++t)
       y[size_t(t) * ldy + size_t(r - base)] = fp8_finish(tot[t], wr, srow, x + size_t(t) * size_t(K), kfull, K, bc);
   }
+}
+
+// NT tokens against two rows at a time: each x vector loaded once for both rows (half the x
+// loads per FMA of the one-row loop, which the loads bound once x no longer fits in L1).
+// Every (row, token) sum runs the one-token order: per 64 columns b3 and b1 into the first
+// accumulator, b2 and b0 into the second, per block their sum times the block scale.
+template <int NT>
+void gemv_fp8_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
+  const size_t ahead = prefetch_ahead(size_t(K));
+  int r = r0;
+  for (; r + 2 <= r1; r += 2) {
+    const uint8_t* wr[2] = {w.data + size_t(r) * size_t(K), w.data + size_t(r + 1) * size_t(K)};
+    const float* srow[2] = {w.scale + size_t(r / w.block_rows) * size_t(sc), w.scale + size_t((r + 1) / w.block_rows) * size_t(sc)};
+    __m512 tot[2][NT];
+    for (int j = 0; j < 2; ++j)
+      for (int t = 0; t < NT; ++t) tot[j][t] = _mm512_setzero_ps();
+    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
+      __m512 a[2][NT][2];
+      for (int j = 0; j < 2; ++j)
+        for (int t = 0; t < NT; ++t) a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
+      for (int c = c0; c < c0 + bc; c += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[0] + c + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wr[1] + c + ahead), _MM_HINT_T0);
+        const Fp8x64 f = fp8x64_bits(wr[0] + c), g = fp8x64_bits(wr[1] + c);
+        for (int t = 0; t < NT; ++t) {
+          const float* xs = xp + size_t(t) * size_t(K) + c;
+          __m512 x3 = _mm512_loadu_ps(xs), x2 = _mm512_loadu_ps(xs + 16), x1 = _mm512_loadu_ps(xs + 32), x0 = _mm512_loadu_ps(xs + 48);
+          pin(x3);
+          pin(x2);
+          pin(x1);
+          pin(x0);
+          a[0][t][0] = _mm512_fmadd_ps(f.b3, x3, a[0][t][0]);
+          a[1][t][0] = _mm512_fmadd_ps(g.b3, x3, a[1][t][0]);
+          a[0][t][1] = _mm512_fmadd_ps(f.b2, x2, a[0][t][1]);
+          a[1][t][1] = _mm512_fmadd_ps(g.b2, x2, a[1][t][1]);
+          a[0][t][0] = _mm512_fmadd_ps(f.b1, x1, a[0][t][0]);
+          a[1][t][0] = _mm512_fmadd_ps(g.b1, x1, a[1][t][0]);
+          a[0][t][1] = _mm512_fmadd_ps(f.b0, x0, a[0][t][1]);
+          a[1][t][1] = _mm512_fmadd_ps(g.b0, x0, a[1][t][1]);
+        }
+      }
+      for (int j = 0; j < 2; ++j) {
+        const __m512 sv = _mm512_set1_ps(srow[j][blk] * kFp8BitsUndo);
+        for (int t = 0; t < NT; ++t) tot[j][t] = _mm512_fmadd_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]), sv, tot[j][t]);
+      }
+    }
+    for (int j = 0; j < 2; ++j)
+      for (int t = 0; t < NT; ++t)
+        y[size_t(t) * ldy + size_t(r + j - base)] = fp8_finish(tot[j][t], wr[j], srow[j], x + size_t(t) * size_t(K), kfull, K, bc);
+  }
+  if (r < r1) gemv_fp8_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
 }
 
 // One token, four rows at a time sharing the x loads; each row summed exactly as above.
@@ -201,6 +262,47 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
   }
 }
 
+// NT tokens against two rows at a time, each x vector loaded once for both rows; every
+// (row, token) sum in the one-token order (even columns into the first accumulator, odd into
+// the second). 4 x NT accumulators: six tokens fill the 32 registers with the weights and x.
+template <int NT>
+void gemv_bf16_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  const int K = w.cols, k32 = K / 32 * 32;
+  const size_t ahead = prefetch_ahead(2 * size_t(K));
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  int r = r0;
+  for (; r + 2 <= r1; r += 2) {
+    const uint16_t* w0 = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
+    const uint16_t* w1 = w0 + size_t(K);
+    __m512 a[NT][2], b[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = b[t][0] = b[t][1] = _mm512_setzero_ps();
+    for (int c = 0; c < k32; c += 32) {
+      _mm_prefetch(reinterpret_cast<const char*>(w0 + c) + ahead, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + c) + ahead, _MM_HINT_T0);
+      const __m512i v0 = _mm512_loadu_si512(reinterpret_cast<const void*>(w0 + c));
+      const __m512i v1 = _mm512_loadu_si512(reinterpret_cast<const void*>(w1 + c));
+      const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), o0 = _mm512_castsi512_ps(_mm512_and_si512(v0, hi_mask));
+      const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), o1 = _mm512_castsi512_ps(_mm512_and_si512(v1, hi_mask));
+      for (int t = 0; t < NT; ++t) {
+        const float* xd = xp + size_t(t) * size_t(K) + c;
+        __m512 xe = _mm512_loadu_ps(xd), xo = _mm512_loadu_ps(xd + 16);
+        pin(xe);
+        pin(xo);
+        a[t][0] = _mm512_fmadd_ps(e0, xe, a[t][0]);
+        a[t][1] = _mm512_fmadd_ps(o0, xo, a[t][1]);
+        b[t][0] = _mm512_fmadd_ps(e1, xe, b[t][0]);
+        b[t][1] = _mm512_fmadd_ps(o1, xo, b[t][1]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const float* xt = x + size_t(t) * size_t(K);
+      y[size_t(t) * ldy + size_t(r - base)] = bf16_finish(a[t][0], a[t][1], w0, xt, K);
+      y[size_t(t) * ldy + size_t(r + 1 - base)] = bf16_finish(b[t][0], b[t][1], w1, xt, K);
+    }
+  }
+  if (r < r1) gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
+}
+
 void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, int base, int r0, int r1) {
   const int K = w.cols, k32 = K / 32 * 32;
   const size_t ahead = prefetch_ahead(2 * size_t(K));
@@ -228,16 +330,17 @@ void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, i
 }
 
 // ---- many tokens ----------------------------------------------------------------------
-// Tokens in groups of up to six (the accumulators of six tokens fit the 32 registers beside
-// the widened weights); with more than one group the rows go in blocks of 64, each block's
-// weights read from memory once and from cache by the later groups. Every kernel sums a row
-// in the one-token order, so the grouping changes no output bit.
-constexpr int kTokGroup = 6, kRowBlock = 64;
+// Tokens in groups against two rows at a time: up to four for fp8 (16 accumulators and 8 running
+// block sums beside 8 widened weight vectors) and six for bf16 (24 accumulators). With more
+// than one group the rows go in blocks of 64, each block's weights read from memory once and
+// from cache by the later groups. Every kernel sums a row in the one-token order, so the
+// grouping changes no output bit.
+constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
 template <int NT>
 void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1) {
-  if (fp8) gemv_fp8_tokens<NT>(w, x, xb, y, ldy, base, r0, r1);
-  else gemv_bf16_tokens<NT>(w, x, xb, y, ldy, base, r0, r1);
+  if (fp8) gemv_fp8_pairs<NT>(w, x, xb, y, ldy, base, r0, r1);
+  else gemv_bf16_pairs<NT>(w, x, xb, y, ldy, base, r0, r1);
 }
 
 void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1) {
@@ -250,14 +353,15 @@ void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, floa
     case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
     case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
     case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
-    case 5: gemv_group<5>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
-    default: gemv_group<6>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    case 5: gemv_bf16_pairs<5>(w, x, xb, y, ldy, base, r0, r1); break;  // bf16 only: fp8 groups stop at four
+    default: gemv_bf16_pairs<6>(w, x, xb, y, ldy, base, r0, r1); break;
   }
 }
 
 void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1, float* xbuf) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   const size_t cols = size_t(w.cols);
+  const int group = fp8 ? kTokGroupFp8 : kTokGroupBf16;
   for (int t0 = 0; t0 < n; t0 += kTokBuf) {
     const int cnt = std::min(kTokBuf, n - t0);
     for (int i = 0; i < cnt; ++i) {
@@ -265,11 +369,11 @@ void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int
       if (fp8) prescale_x(xi, w.cols, xbuf + size_t(i) * cols);
       else deinterleave_x(xi, w.cols, xbuf + size_t(i) * cols);
     }
-    const int rb_step = cnt <= kTokGroup ? r1 - r0 : kRowBlock;
+    const int rb_step = cnt <= group ? r1 - r0 : kRowBlock;
     for (int rb = r0; rb < r1; rb += rb_step) {
       const int re = std::min(r1, rb + rb_step);
-      // Groups as even as possible (8 tokens: 4 + 4, not 6 + 2).
-      const int groups = (cnt + kTokGroup - 1) / kTokGroup;
+      // Groups as even as possible (bf16, 8 tokens: 4 + 4, not 6 + 2).
+      const int groups = (cnt + group - 1) / group;
       for (int gi = 0, g = 0; gi < groups; ++gi) {
         const int k = (cnt - g) / (groups - gi);
         gemv_prepared(w, x + size_t(t0 + g) * cols, xbuf + size_t(g) * cols, k, y + size_t(t0 + g) * ldy, ldy, base, rb, re);
