@@ -131,55 +131,88 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xp, float* y,
   }
 }
 
-// NT tokens against two rows at a time: each x vector loaded once for both rows (half the x
-// loads per FMA of the one-row loop, which the loads bound once x no longer fits in L1).
-// Every (row, token) sum runs the one-token order: per 64 columns b3 and b1 into the first
-// accumulator, b2 and b0 into the second, per block their sum times the block scale.
-template <int NT>
-void gemv_fp8_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+// NT tokens against NR rows at a time: each x vector loaded once for all NR rows (half the x
+// loads per FMA of the one-row loop or fewer, which the loads bound once x no longer fits in
+// L1). Two rows for up to four tokens, four rows for two (the MTP verification's pair, which
+// two rows leave short of loads in flight). Every (row, token) sum runs the one-token order:
+// per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the second, per block
+// their sum times the block scale. Returns the first row not done (fewer than NR left).
+// One row's 64 widened weights against one token's x into its two accumulators, in the
+// one-token order: b3 and b1 into the first, b2 and b0 into the second.
+inline void fp8_fma4(const Fp8x64& f, const __m512 (&xv)[4], __m512 (&a)[2]) {
+  a[0] = _mm512_fmadd_ps(f.b3, xv[0], a[0]);
+  a[1] = _mm512_fmadd_ps(f.b2, xv[1], a[1]);
+  a[0] = _mm512_fmadd_ps(f.b1, xv[2], a[0]);
+  a[1] = _mm512_fmadd_ps(f.b0, xv[3], a[1]);
+}
+
+template <int NR, int NT>
+int gemv_fp8_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
   const size_t ahead = prefetch_ahead(size_t(K));
   int r = r0;
-  for (; r + 2 <= r1; r += 2) {
-    const uint8_t* wr[2] = {w.data + size_t(r) * size_t(K), w.data + size_t(r + 1) * size_t(K)};
-    const float* srow[2] = {w.scale + size_t(r / w.block_rows) * size_t(sc), w.scale + size_t((r + 1) / w.block_rows) * size_t(sc)};
-    __m512 tot[2][NT];
-    for (int j = 0; j < 2; ++j)
+  for (; r + NR <= r1; r += NR) {
+    const uint8_t* wr[NR];
+    const float* srow[NR];
+    __m512 tot[NR][NT];
+    for (int j = 0; j < NR; ++j) {
+      wr[j] = w.data + size_t(r + j) * size_t(K);
+      srow[j] = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
       for (int t = 0; t < NT; ++t) tot[j][t] = _mm512_setzero_ps();
+    }
     for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
-      __m512 a[2][NT][2];
-      for (int j = 0; j < 2; ++j)
+      __m512 a[NR][NT][2];
+      for (int j = 0; j < NR; ++j)
         for (int t = 0; t < NT; ++t) a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
       for (int c = c0; c < c0 + bc; c += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[0] + c + ahead), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(wr[1] + c + ahead), _MM_HINT_T0);
-        const Fp8x64 f = fp8x64_bits(wr[0] + c), g = fp8x64_bits(wr[1] + c);
-        for (int t = 0; t < NT; ++t) {
-          const float* xs = xp + size_t(t) * size_t(K) + c;
-          __m512 x3 = _mm512_loadu_ps(xs), x2 = _mm512_loadu_ps(xs + 16), x1 = _mm512_loadu_ps(xs + 32), x0 = _mm512_loadu_ps(xs + 48);
-          pin(x3);
-          pin(x2);
-          pin(x1);
-          pin(x0);
-          a[0][t][0] = _mm512_fmadd_ps(f.b3, x3, a[0][t][0]);
-          a[1][t][0] = _mm512_fmadd_ps(g.b3, x3, a[1][t][0]);
-          a[0][t][1] = _mm512_fmadd_ps(f.b2, x2, a[0][t][1]);
-          a[1][t][1] = _mm512_fmadd_ps(g.b2, x2, a[1][t][1]);
-          a[0][t][0] = _mm512_fmadd_ps(f.b1, x1, a[0][t][0]);
-          a[1][t][0] = _mm512_fmadd_ps(g.b1, x1, a[1][t][0]);
-          a[0][t][1] = _mm512_fmadd_ps(f.b0, x0, a[0][t][1]);
-          a[1][t][1] = _mm512_fmadd_ps(g.b0, x0, a[1][t][1]);
+        // Registers decide the loop order (the sums are the same either way): two rows keep
+        // their widened weights and load each token's x in turn; four rows keep both
+        // tokens' x and widen each row in turn.
+        if constexpr (NR == 2) {
+          Fp8x64 f[NR];
+          for (int j = 0; j < NR; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+            f[j] = fp8x64_bits(wr[j] + c);
+          }
+          for (int t = 0; t < NT; ++t) {
+            __m512 xv[4];
+            for (int q = 0; q < 4; ++q) {
+              xv[q] = _mm512_loadu_ps(xp + size_t(t) * size_t(K) + c + 16 * q);
+              pin(xv[q]);
+            }
+            for (int j = 0; j < NR; ++j) fp8_fma4(f[j], xv, a[j][t]);
+          }
+        } else {
+          __m512 xv[NT][4];
+          for (int t = 0; t < NT; ++t)
+            for (int q = 0; q < 4; ++q) {
+              xv[t][q] = _mm512_loadu_ps(xp + size_t(t) * size_t(K) + c + 16 * q);
+              pin(xv[t][q]);
+            }
+          for (int j = 0; j < NR; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+            const Fp8x64 f = fp8x64_bits(wr[j] + c);
+            for (int t = 0; t < NT; ++t) fp8_fma4(f, xv[t], a[j][t]);
+          }
         }
       }
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < NR; ++j) {
         const __m512 sv = _mm512_set1_ps(srow[j][blk] * kFp8BitsUndo);
         for (int t = 0; t < NT; ++t) tot[j][t] = _mm512_fmadd_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]), sv, tot[j][t]);
       }
     }
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < NR; ++j)
       for (int t = 0; t < NT; ++t)
         y[size_t(t) * ldy + size_t(r + j - base)] = fp8_finish(tot[j][t], wr[j], srow[j], x + size_t(t) * size_t(K), kfull, K, bc);
   }
+  return r;
+}
+
+template <int NT>
+void gemv_fp8_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  int r = r0;
+  if constexpr (NT == 2) r = gemv_fp8_tile<4, NT>(w, x, xp, y, ldy, base, r, r1);
+  r = gemv_fp8_tile<2, NT>(w, x, xp, y, ldy, base, r, r1);
   if (r < r1) gemv_fp8_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
 }
 
@@ -262,44 +295,55 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
   }
 }
 
-// NT tokens against two rows at a time, each x vector loaded once for both rows; every
+// NT tokens against NR rows at a time, each x vector loaded once for all NR rows; every
 // (row, token) sum in the one-token order (even columns into the first accumulator, odd into
-// the second). 4 x NT accumulators: six tokens fill the 32 registers with the weights and x.
-template <int NT>
-void gemv_bf16_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+// the second). 2 x NR x NT accumulators: two rows for up to six tokens, four rows for two
+// tokens (the MTP verification's pair, which two rows leave short of loads in flight).
+// Returns the first row not done (fewer than NR left).
+template <int NR, int NT>
+int gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, k32 = K / 32 * 32;
   const size_t ahead = prefetch_ahead(2 * size_t(K));
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
   int r = r0;
-  for (; r + 2 <= r1; r += 2) {
-    const uint16_t* w0 = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
-    const uint16_t* w1 = w0 + size_t(K);
-    __m512 a[NT][2], b[NT][2];
-    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = b[t][0] = b[t][1] = _mm512_setzero_ps();
+  for (; r + NR <= r1; r += NR) {
+    const uint16_t* wr[NR];
+    __m512 a[NR][NT][2];
+    for (int j = 0; j < NR; ++j) {
+      wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
+      for (int t = 0; t < NT; ++t) a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
+    }
     for (int c = 0; c < k32; c += 32) {
-      _mm_prefetch(reinterpret_cast<const char*>(w0 + c) + ahead, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w1 + c) + ahead, _MM_HINT_T0);
-      const __m512i v0 = _mm512_loadu_si512(reinterpret_cast<const void*>(w0 + c));
-      const __m512i v1 = _mm512_loadu_si512(reinterpret_cast<const void*>(w1 + c));
-      const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), o0 = _mm512_castsi512_ps(_mm512_and_si512(v0, hi_mask));
-      const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), o1 = _mm512_castsi512_ps(_mm512_and_si512(v1, hi_mask));
+      __m512 we[NR], wo[NR];
+      for (int j = 0; j < NR; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wr[j] + c));
+        we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+      }
       for (int t = 0; t < NT; ++t) {
         const float* xd = xp + size_t(t) * size_t(K) + c;
         __m512 xe = _mm512_loadu_ps(xd), xo = _mm512_loadu_ps(xd + 16);
         pin(xe);
         pin(xo);
-        a[t][0] = _mm512_fmadd_ps(e0, xe, a[t][0]);
-        a[t][1] = _mm512_fmadd_ps(o0, xo, a[t][1]);
-        b[t][0] = _mm512_fmadd_ps(e1, xe, b[t][0]);
-        b[t][1] = _mm512_fmadd_ps(o1, xo, b[t][1]);
+        for (int j = 0; j < NR; ++j) {
+          a[j][t][0] = _mm512_fmadd_ps(we[j], xe, a[j][t][0]);
+          a[j][t][1] = _mm512_fmadd_ps(wo[j], xo, a[j][t][1]);
+        }
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      const float* xt = x + size_t(t) * size_t(K);
-      y[size_t(t) * ldy + size_t(r - base)] = bf16_finish(a[t][0], a[t][1], w0, xt, K);
-      y[size_t(t) * ldy + size_t(r + 1 - base)] = bf16_finish(b[t][0], b[t][1], w1, xt, K);
-    }
+    for (int t = 0; t < NT; ++t)
+      for (int j = 0; j < NR; ++j)
+        y[size_t(t) * ldy + size_t(r + j - base)] = bf16_finish(a[j][t][0], a[j][t][1], wr[j], x + size_t(t) * size_t(K), K);
   }
+  return r;
+}
+
+template <int NT>
+void gemv_bf16_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  int r = r0;
+  if constexpr (NT == 2) r = gemv_bf16_tile<4, NT>(w, x, xp, y, ldy, base, r, r1);
+  r = gemv_bf16_tile<2, NT>(w, x, xp, y, ldy, base, r, r1);
   if (r < r1) gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
 }
 
