@@ -131,12 +131,6 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xp, float* y,
   }
 }
 
-// NT tokens against NR rows at a time: each x vector loaded once for all NR rows (half the x
-// loads per FMA of the one-row loop or fewer, which the loads bound once x no longer fits in
-// L1). Two rows for up to four tokens, four rows for two (the MTP verification's pair, which
-// two rows leave short of loads in flight). Every (row, token) sum runs the one-token order:
-// per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the second, per block
-// their sum times the block scale. Returns the first row not done (fewer than NR left).
 // One row's 64 widened weights against one token's x into its two accumulators, in the
 // one-token order: b3 and b1 into the first, b2 and b0 into the second.
 inline void fp8_fma4(const Fp8x64& f, const __m512 (&xv)[4], __m512 (&a)[2]) {
@@ -146,8 +140,14 @@ inline void fp8_fma4(const Fp8x64& f, const __m512 (&xv)[4], __m512 (&a)[2]) {
   a[1] = _mm512_fmadd_ps(f.b0, xv[3], a[1]);
 }
 
+// NT tokens against NR rows at a time: each x vector loaded once for all NR rows (half the x
+// loads per FMA of the one-row loop or fewer, which the loads bound once x no longer fits in
+// L1). Two rows for up to four tokens, four rows for two (the MTP verification's pair, which
+// two rows leave short of loads in flight). Every (row, token) sum runs the one-token order:
+// per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the second, per block
+// their sum times the block scale. Rows left over go to the next smaller tile.
 template <int NR, int NT>
-int gemv_fp8_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+void gemv_fp8_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
   const size_t ahead = prefetch_ahead(size_t(K));
   int r = r0;
@@ -205,15 +205,9 @@ int gemv_fp8_tile(const Linear& w, const float* x, const float* xp, float* y, si
       for (int t = 0; t < NT; ++t)
         y[size_t(t) * ldy + size_t(r + j - base)] = fp8_finish(tot[j][t], wr[j], srow[j], x + size_t(t) * size_t(K), kfull, K, bc);
   }
-  return r;
-}
-
-template <int NT>
-void gemv_fp8_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
-  int r = r0;
-  if constexpr (NT == 2) r = gemv_fp8_tile<4, NT>(w, x, xp, y, ldy, base, r, r1);
-  r = gemv_fp8_tile<2, NT>(w, x, xp, y, ldy, base, r, r1);
-  if (r < r1) gemv_fp8_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
+  if (r == r1) return;
+  if constexpr (NR > 2) gemv_fp8_tile<NR / 2, NT>(w, x, xp, y, ldy, base, r, r1);
+  else gemv_fp8_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
 }
 
 // One token, four rows at a time sharing the x loads; each row summed exactly as above.
@@ -299,9 +293,9 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
 // (row, token) sum in the one-token order (even columns into the first accumulator, odd into
 // the second). 2 x NR x NT accumulators: two rows for up to six tokens, four rows for two
 // tokens (the MTP verification's pair, which two rows leave short of loads in flight).
-// Returns the first row not done (fewer than NR left).
+// Rows left over go to the next smaller tile.
 template <int NR, int NT>
-int gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, k32 = K / 32 * 32;
   const size_t ahead = prefetch_ahead(2 * size_t(K));
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
@@ -336,15 +330,9 @@ int gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, s
       for (int j = 0; j < NR; ++j)
         y[size_t(t) * ldy + size_t(r + j - base)] = bf16_finish(a[j][t][0], a[j][t][1], wr[j], x + size_t(t) * size_t(K), K);
   }
-  return r;
-}
-
-template <int NT>
-void gemv_bf16_pairs(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
-  int r = r0;
-  if constexpr (NT == 2) r = gemv_bf16_tile<4, NT>(w, x, xp, y, ldy, base, r, r1);
-  r = gemv_bf16_tile<2, NT>(w, x, xp, y, ldy, base, r, r1);
-  if (r < r1) gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
+  if (r == r1) return;
+  if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, r, r1);
+  else gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
 }
 
 void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, int base, int r0, int r1) {
@@ -381,10 +369,12 @@ void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, i
 // grouping changes no output bit.
 constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
+// Two tokens run against four rows (two rows keep too few loads in flight), more against two.
 template <int NT>
 void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1) {
-  if (fp8) gemv_fp8_pairs<NT>(w, x, xb, y, ldy, base, r0, r1);
-  else gemv_bf16_pairs<NT>(w, x, xb, y, ldy, base, r0, r1);
+  constexpr int kRows = NT == 2 ? 4 : 2;
+  if (fp8) gemv_fp8_tile<kRows, NT>(w, x, xb, y, ldy, base, r0, r1);
+  else gemv_bf16_tile<kRows, NT>(w, x, xb, y, ldy, base, r0, r1);
 }
 
 void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1) {
@@ -397,8 +387,8 @@ void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, floa
     case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
     case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
     case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
-    case 5: gemv_bf16_pairs<5>(w, x, xb, y, ldy, base, r0, r1); break;  // bf16 only: fp8 groups stop at four
-    default: gemv_bf16_pairs<6>(w, x, xb, y, ldy, base, r0, r1); break;
+    case 5: gemv_bf16_tile<2, 5>(w, x, xb, y, ldy, base, r0, r1); break;  // bf16 only: fp8 groups stop at four
+    default: gemv_bf16_tile<2, 6>(w, x, xb, y, ldy, base, r0, r1); break;
   }
 }
 
