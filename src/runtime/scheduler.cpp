@@ -416,6 +416,9 @@ void Scheduler::end(Live& l, std::string error) {
   if (l.req->scheduled != Clock::time_point{}) r.decode_s = seconds(l.req->scheduled, l.req->finished) - r.prefill_s;
   if (l.seq >= 0) engine_.release(l.seq);
   l.seq = -1;
+  // The counters include this request before its client can see the reply: one that reads
+  // the metrics right after finds its own tokens counted.
+  publish_stats();
   if (on_finish_) on_finish_(*l.req, r, error);
   l.req->finish(std::move(r), std::move(error));
 }
