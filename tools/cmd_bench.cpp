@@ -24,7 +24,7 @@ namespace {
 struct Args {
   std::string model, kv_cache = "fp8";
   int prompt = 512, gen = 128, depth = 0, threads = 0, repeat = 3, batch = 1;
-  bool json = false;
+  bool json = false, verify = false;
   uint64_t seed = 1;
   dsa::cli::ParallelFlags par;
 };
@@ -169,6 +169,7 @@ void run(const Args& a) {
     id = int32_t((x >> 33) % uint64_t(c.vocab_size));
   }
   if (a.batch > 1) {
+    if (a.verify) throw Error("bench: --verify times one sequence's steps; leave out --batch");
     run_batch(a, *m, e, ids, threads);
     return;
   }
@@ -207,7 +208,23 @@ void run(const Args& a) {
     step(ids.data(), a.prompt, false);
     e.truncate(sq, a.depth);
   }
-  std::vector<double> pp, tg;
+  // The MTP verification's shape: the main model over a token and its draft in one decode
+  // step (both rows of logits), the draft then rejected, so each step adds one token as a
+  // plain decode step does and the context grows alike.
+  auto verify_run = [&] {
+    e.truncate(sq, a.depth);
+    const StepItem warm{sq, ids.data(), 2, true, 2, 1};
+    e.step(std::span<const StepItem>(&warm, 1));
+    e.truncate(sq, a.depth);
+    const double s = now();
+    for (int i = 0; i < a.gen; ++i) {
+      const StepItem it{sq, &ids[size_t(i)], 2, true, 2, 1};
+      e.step(std::span<const StepItem>(&it, 1));
+      e.truncate(sq, e.length(sq) - 1);
+    }
+    return (now() - s) / a.gen;
+  };
+  std::vector<double> pp, tg, vs;
   for (int r = 0; r < a.repeat; ++r) {
     if (a.prompt > 0) {
       e.truncate(sq, a.depth);
@@ -233,6 +250,10 @@ void run(const Args& a) {
       collect_weights();
       collect(dstat);
       if (!a.json) std::fprintf(stderr, "  decode %d @ depth %d: %.1f tok/s\n", a.gen, a.depth, tg.back());
+      if (a.verify) {
+        vs.push_back(verify_run());
+        if (!a.json) std::fprintf(stderr, "  verify %d @ depth %d: %.2f ms/step\n", a.gen, a.depth, vs.back() * 1e3);
+      }
     }
   }
 
@@ -312,6 +333,10 @@ void run(const Args& a) {
                       {"decode_weights", by_weight},
                       {"decode_outside_kernels_ms_per_token", outside(dstat, tg, a.gen)},
                       {"prefill_outside_kernels_ms_per_token", outside(pstat, pp, a.prompt)}};
+  if (!vs.empty()) {
+    const double one = 1e3 / tgs, two = median(vs) * 1e3;
+    j.update({{"verify_step_ms", two}, {"decode_step_ms", one}, {"verify_over_decode_step", two / one}});
+  }
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -328,6 +353,9 @@ void run(const Args& a) {
     for (auto& [k, v] : j[phase].items())
       std::printf("  %-8s %-15s %8.3f ms/token %8.1f GFLOP/s %7.1f GB/s\n", phase[0] == 'p' ? "prefill" : "decode", k.c_str(),
                   v["ms_per_token"].get<double>(), v["gflops"].get<double>(), v["gbps"].get<double>());
+  if (j.contains("verify_step_ms"))
+    std::printf("verify  %4d steps:  %8.2f ms/step for a token and its draft = %.2fx a one-token step (%.2f ms)\n", a.gen,
+                j["verify_step_ms"].get<double>(), j["verify_over_decode_step"].get<double>(), j["decode_step_ms"].get<double>());
   if (!by_weight.empty()) std::printf("decode matrix products by weight (first of a multi-weight call; x jobs):\n");
   for (const auto& w : by_weight)
     std::printf("  %-16s %-8s %-8s x%-3d %5.1f calls/token %8.3f ms/token %7.1f GB/s\n", w["kernel"].get<std::string>().c_str(),
@@ -353,6 +381,9 @@ void setup_bench(CLI::App& app) {
       ->capture_default_str()
       ->check(dsa::cli::int_in(1, 1024));
   cmd->add_option("--seed", a->seed, "Seed for the random prompt and cache")->capture_default_str();
+  cmd->add_flag("--verify", a->verify,
+                "Also time -n MTP verification steps (a token and its draft through the main model in one step) against the "
+                "one-token steps");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([a, cmd] {
     if (cmd->get_subcommands().empty()) {

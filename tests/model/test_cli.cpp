@@ -59,7 +59,7 @@ TEST(Cli, BenchJsonContract) {
   const std::string model = tmp("bench_tiny");
   ASSERT_EQ(sh(test::dsa_binary() + " make-model --preset tiny --force --out " + model).code, 0);
   // stdout only: the subshell keeps the progress lines on stderr out of the JSON.
-  std::string cmd = test::dsa_binary() + " bench --model " + model + " -p 8 -n 4 --depth 3 --repeat 2 --json 2>/dev/null";
+  std::string cmd = test::dsa_binary() + " bench --model " + model + " -p 8 -n 4 --depth 3 --repeat 2 --verify --json 2>/dev/null";
   cmd.insert(cmd.begin(), '(');
   cmd.push_back(')');
   const auto r = sh(cmd);
@@ -74,6 +74,11 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_FALSE(j.at("cpu_features").get<std::string>().empty());
   const double tg = j["decode_tokens_per_s"], bytes = j["decode_bytes_per_token"], bw = j["read_bandwidth_gbps"];
   EXPECT_NEAR(j.at("decode_roofline_fraction").get<double>(), tg * bytes / (bw * 1e9), 1e-9 * tg * bytes / (bw * 1e9) + 1e-12);
+  // --verify: the two-token step's time against the one-token step's.
+  const double one = j.at("decode_step_ms"), two = j.at("verify_step_ms");
+  EXPECT_NEAR(one, 1e3 / tg, 1e-9 * one);
+  EXPECT_GT(two, 0.0);
+  EXPECT_NEAR(j.at("verify_over_decode_step").get<double>(), two / one, 1e-9 * two / one);
   const double pp = j["prefill_tokens_per_s"], flops = j["prefill_flops_per_token"], peak = j["peak_gflops"];
   EXPECT_NEAR(j.at("prefill_peak_fraction").get<double>(), pp * flops / (peak * 1e9), 1e-9 * pp * flops / (peak * 1e9) + 1e-12);
   const auto cfg = nlohmann::json::parse(std::ifstream(model + "/config.json"));
@@ -180,6 +185,9 @@ TEST(Cli, LogitsErrorsLeaveNoOutput) {
   const auto deep_bench = sh(test::dsa_binary() + " bench --model " + model + " --depth 16000000 -p 1 -n 1 --repeat 1");
   EXPECT_EQ(deep_bench.code, 1) << deep_bench.out;
   EXPECT_NE(deep_bench.out.find("max_position_embeddings"), std::string::npos) << deep_bench.out;
+  const auto verify_batch = sh(test::dsa_binary() + " bench --model " + model + " --batch 2 --verify -p 1 -n 1 --repeat 1");
+  EXPECT_EQ(verify_batch.code, 1) << verify_batch.out;
+  EXPECT_NE(verify_batch.out.find("--verify"), std::string::npos) << verify_batch.out;
   const auto omp = sh("OMP_NUM_THREADS=100000 " + test::dsa_binary() + " inspect --model " + model);
   EXPECT_EQ(omp.code, 1) << omp.out;
   EXPECT_NE(omp.out.find("OMP_NUM_THREADS"), std::string::npos) << omp.out;
