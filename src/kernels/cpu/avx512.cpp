@@ -17,6 +17,7 @@
 #ifdef DSA_AVX512_EMULATED
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4(a, b, imm8)  // SIMDe has it without the alias
 #define DSA_AVX512_NS avx512_emulated
 #else
 #include <immintrin.h>
@@ -454,6 +455,57 @@ void micro_6x32(const float* pk0, const float* pk1, int kc, const float* xp, flo
   }
 }
 
+// Sixteen bytes sign-extended to 32-bit lanes. SIMDe has no 512-bit form of the widening, so
+// its build joins two 256-bit ones (the same lanes).
+inline __m512i widen_i8x16(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+#ifdef DSA_AVX512_EMULATED
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), 1);
+#else
+  return _mm512_cvtepi8_epi32(v);
+#endif
+}
+
+// The panel pack of a full fp8 chunk (16 rows x len columns of one scale block, len a
+// multiple of 16; s[j] is row j's block scale times 2^120): each row's 16 codes widened to
+// 2^-120 times their values (the avx2 fp8x8_bits trick on 16 lanes) and scaled, then a 16 x 16
+// transpose in registers, so every k of the panel is one 64-byte store. The same values as
+// the avx2 pack (one rounding of code * scale), half the shuffles per weight.
+void pack_fp8_chunk(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst) {
+  const __m512i mask = _mm512_set1_epi32(int32_t(0x87F00000u));
+  __m512 sv[16];
+  for (int j = 0; j < 16; ++j) sv[j] = _mm512_set1_ps(s[j]);
+  for (int k = 0; k < len; k += 16) {
+    __m512 r[16];
+    for (int j = 0; j < 16; ++j) {
+      const __m512i v = widen_i8x16(w0 + size_t(j) * ldw + size_t(k));
+      r[j] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), mask)), sv[j]);
+    }
+    // 16 x 16 transpose. Rows interleaved in pairs, then in fours: u[4g + o] holds, in its
+    // 128-bit lane L, rows 4g .. 4g + 3 of column 4L + o. Column c = 4L + o then gathers lane L
+    // of u[o], u[4 + o], u[8 + o], u[12 + o]: a 4 x 4 transpose of 128-bit lanes.
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+      u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+      u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int o = 0; o < 4; ++o) {
+      const __m512 v0 = _mm512_shuffle_f32x4(u[o], u[4 + o], 0x44), v1 = _mm512_shuffle_f32x4(u[o], u[4 + o], 0xEE);
+      const __m512 v2 = _mm512_shuffle_f32x4(u[8 + o], u[12 + o], 0x44), v3 = _mm512_shuffle_f32x4(u[8 + o], u[12 + o], 0xEE);
+      _mm512_storeu_ps(dst + size_t(k + o) * 16, _mm512_shuffle_f32x4(v0, v2, 0x88));
+      _mm512_storeu_ps(dst + size_t(k + 4 + o) * 16, _mm512_shuffle_f32x4(v0, v2, 0xDD));
+      _mm512_storeu_ps(dst + size_t(k + 8 + o) * 16, _mm512_shuffle_f32x4(v1, v3, 0x88));
+      _mm512_storeu_ps(dst + size_t(k + 12 + o) * 16, _mm512_shuffle_f32x4(v1, v3, 0xDD));
+    }
+  }
+}
+
 void gemm_panels2(const float* pk0, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr0, int nr1,
                   bool accumulate) {
   for (int i0 = 0; i0 < n; i0 += 6) {
@@ -529,12 +581,12 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
 namespace dsa::kernels::cpu {
 #ifdef DSA_AVX512_EMULATED
 const Avx512Kernels& avx512_emulated_kernels() {
-  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::indexer_lanes};
+  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes};
   return k;
 }
 #else
 const Avx512Kernels& avx512_native() {
-  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::indexer_lanes};
+  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes};
   return k;
 }
 #endif

@@ -47,6 +47,10 @@ struct Avx512Kernels {
   // accumulate. Each output sums k in order: bitwise the avx2 GEMM.
   void (*gemm_panels2)(const float* pk0, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr0, int nr1,
                        bool accumulate);
+  // The panel pack of a full fp8 chunk: rows [0, 16) x columns [0, len) of w0 (row stride ldw,
+  // len a multiple of 16, one scale block; s[j] = row j's block scale times 2^120) into dst
+  // [len][16], each value code * scale rounded once: the avx2 pack's values.
+  void (*pack_fp8_chunk)(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst);
   // The indexer scan of keys [t0, t1) of one contiguous run (indexer_scores' inner kernel):
   // qT [128][hp] for hp a multiple of 16, w [hp]; every score bitwise the avx2 kernel's.
   void (*indexer_lanes)(const float* qT, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1, float* out);
