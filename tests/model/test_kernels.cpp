@@ -378,6 +378,18 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
     kernels::cpu::mla_sparse_decode(c, qlb.data(), qrb.data(), hh, longsel.data(), int(longsel.size()), 0.3f, ab.data());
     kernels::ref::mla_sparse_decode(c, qlb.data(), qrb.data(), hh, longsel.data(), int(longsel.size()), 0.3f, bb.data());
     EXPECT_LE(max_rel(ab, bb), 1e-5);
+    // The avx512 tile products keep every lane's order: the avx2 tier's bits (16 and 128 heads).
+    const Tier tier = std::get<0>(GetParam());
+    if (tier.isa == kernels::Isa::Avx512) {
+      std::vector<float> a16(size_t(heads) * L), a16_avx2(a16.size()), ab_avx2(ab.size());
+      kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, a16.data());
+      ASSERT_TRUE(test::enter_tier(Tier{"avx2", kernels::Isa::Avx2, false}));
+      kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, a16_avx2.data());
+      kernels::cpu::mla_sparse_decode(c, qlb.data(), qrb.data(), hh, longsel.data(), int(longsel.size()), 0.3f, ab_avx2.data());
+      ASSERT_TRUE(test::enter_tier(tier));
+      EXPECT_TRUE(a16 == a16_avx2) << "16 heads: avx512 sparse decode differs from the avx2 one";
+      EXPECT_TRUE(ab == ab_avx2) << "128 heads: avx512 sparse decode differs from the avx2 one";
+    }
   }
   // Odd head counts take the portable path; it must agree too.
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, a.data());

@@ -522,6 +522,53 @@ void gemm_panels2(const float* pk0, const float* pk1, int kc, const float* xp, i
   }
 }
 
+// ---- sparse MLA attention: sixteen heads per register -------------------------------
+// The avx2 tile kernels (cpu_attention.cpp) keep the heads in lanes, two 8-lane groups for 16
+// heads; here one 16-lane group. Every lane does the avx2 lane's FMAs in the same order (one
+// chain over d per (token, head) score, one chain over the tile's tokens per (column, head)
+// output), so the results are bitwise the avx2 tier's.
+
+// s[j][0:16) = Σ_d k_j[d] qT[d][0:16) for NT tokens: one q load and NT broadcasts per d.
+template <int NT>
+void scores_ntok(const float* qT, size_t ldq, const float* const* k, int d, float* s, size_t lds) {
+  __m512 a[NT];
+  for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
+  for (int i = 0; i < d; ++i, qT += ldq) {
+    const __m512 q = _mm512_loadu_ps(qT);
+    for (int t = 0; t < NT; ++t) a[t] = _mm512_fmadd_ps(q, _mm512_set1_ps(k[t][i]), a[t]);
+  }
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(s + size_t(t) * lds, a[t]);
+}
+
+// n tokens (a multiple of 4; the caller pads the rows): twelve at a time (twelve chains in
+// flight hide the FMA latency), then fours.
+void scores16(const float* qT, size_t ldq, const float* const* k, int n, int d, float* s, size_t lds) {
+  int j = 0;
+  for (; j + 12 <= n; j += 12) scores_ntok<12>(qT, ldq, k + j, d, s + size_t(j) * lds, lds);
+  for (; j < n; j += 4) scores_ntok<4>(qT, ldq, k + j, d, s + size_t(j) * lds, lds);
+}
+
+// oT[c + i][0:16) += Σ_j k_j[c + i] p[j][0:16) for NC columns held in registers across the
+// tokens: one p load and NC broadcasts per token.
+template <int NC>
+void accumulate_cols(const float* p, size_t ldp, const float* const* k, int nj, int c, float* oT, size_t ldo) {
+  __m512 a[NC];
+  for (int i = 0; i < NC; ++i) a[i] = _mm512_loadu_ps(oT + size_t(c + i) * ldo);
+  for (int j = 0; j < nj; ++j) {
+    const __m512 pv = _mm512_loadu_ps(p + size_t(j) * ldp);
+    const float* kj = k[j] + c;
+    for (int i = 0; i < NC; ++i) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(kj[i]), pv, a[i]);
+  }
+  for (int i = 0; i < NC; ++i) _mm512_storeu_ps(oT + size_t(c + i) * ldo, a[i]);
+}
+
+void accumulate16(const float* p, size_t ldp, const float* const* k, int nj, int d, float* oT, size_t ldo) {
+  int c = 0;
+  for (; c + 12 <= d; c += 12) accumulate_cols<12>(p, ldp, k, nj, c, oT, ldo);
+  for (; c + 4 <= d; c += 4) accumulate_cols<4>(p, ldp, k, nj, c, oT, ldo);
+  for (; c < d; ++c) accumulate_cols<1>(p, ldp, k, nj, c, oT, ldo);
+}
+
 // ---- lightning indexer scan ---------------------------------------------------------
 // The avx2 scan (cpu_attention.cpp) with 16 heads per register: dot_j[h] = Σ_d qT[d][h] *
 // k_j[d] as one FMA chain per (key, head) in d order, keys widened to 2^-120 times their
@@ -581,12 +628,12 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
 namespace dsa::kernels::cpu {
 #ifdef DSA_AVX512_EMULATED
 const Avx512Kernels& avx512_emulated_kernels() {
-  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes};
+  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::scores16, avx512_emulated::accumulate16};
   return k;
 }
 #else
 const Avx512Kernels& avx512_native() {
-  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes};
+  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::scores16, avx512::accumulate16};
   return k;
 }
 #endif

@@ -54,6 +54,12 @@ struct Avx512Kernels {
   // The indexer scan of keys [t0, t1) of one contiguous run (indexer_scores' inner kernel):
   // qT [128][hp] for hp a multiple of 16, w [hp]; every score bitwise the avx2 kernel's.
   void (*indexer_lanes)(const float* qT, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1, float* out);
+  // The sparse attention tile's two products for one group of 16 heads in lanes (the avx2
+  // kernels' two 8-lane groups, every lane's sum in their order, so bitwise theirs):
+  // s[j][0:16) = Σ_d k_j[d] qT[d][0:16) for n tokens (a multiple of 4), and
+  // oT[c][0:16) += Σ_j k_j[c] p[j][0:16) for columns c < d.
+  void (*scores16)(const float* qT, size_t ldq, const float* const* k, int n, int d, float* s, size_t lds);
+  void (*accumulate16)(const float* p, size_t ldp, const float* const* k, int nj, int d, float* oT, size_t ldo);
 };
 constexpr int kTokBuf = 24;  // tokens whose inputs a GEMV call prepares at once
 const Avx512Kernels& avx512_native();

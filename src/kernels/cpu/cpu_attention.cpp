@@ -468,6 +468,7 @@ thread_local DecodeScratch t_decode_scratch;  // namespace scope: reserve_decode
 __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheView& c, const float* qt, int hp, const int32_t* idx,
                                                                  int nj, float* oT, float* m, float* l) {
   const int L = c.kv_lora, D = L + c.rope;
+  const bool wide = isa() == Isa::Avx512 && hp % 16 == 0;  // 16 heads per register
   float* sc = t_decode_scratch.sc(hp);  // [token][hp] for one tile
   float* tile = t_decode_scratch.tl(D);
   std::fill(oT, oT + size_t(L) * size_t(hp), 0.0f);
@@ -492,10 +493,12 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
     }
     for (int j = cnt; j < (cnt + 7) / 8 * 8; ++j) rows[j] = rows[0];  // padding tokens: computed, never used
     // Scores of the tile's tokens for every head: pairs of lane groups 6 (then 4) tokens at a
-    // time, a last odd group 8 tokens at a time.
+    // time (on the avx512 tier one 16-lane group), a last odd group 8 tokens at a time.
     const int g16 = hp / 16 * 2;
     const int cnt4 = (cnt + 3) / 4 * 4;
-    for (int g = 0; g < g16; g += 2) scores_16h(qt + 8 * g, size_t(hp), rows, cnt4, D, sc + size_t(8 * g), size_t(hp));
+    for (int g = 0; g < g16; g += 2)
+      if (wide) avx512_kernels().scores16(qt + 8 * g, size_t(hp), rows, cnt4, D, sc + size_t(8 * g), size_t(hp));
+      else scores_16h(qt + 8 * g, size_t(hp), rows, cnt4, D, sc + size_t(8 * g), size_t(hp));
     if (g16 < hp / 8)
       for (int jb = 0; jb < cnt; jb += 8)
         scores_8tok(qt + 8 * g16, size_t(hp), rows + jb, D, sc + size_t(jb) * size_t(hp) + size_t(8 * g16), size_t(hp));
@@ -510,7 +513,10 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
       }
       for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * size_t(hp) + size_t(8 * g)));
     }
-    accumulate_lanes(sc, rows, cnt, L, oT, hp);
+    if (wide)
+      for (int g = 0; g < hp; g += 16) avx512_kernels().accumulate16(sc + g, size_t(hp), rows, cnt, L, oT + g, size_t(hp));
+    else
+      accumulate_lanes(sc, rows, cnt, L, oT, hp);
   }
   for (int g = 0; g < hp / 8; ++g) {
     _mm256_storeu_ps(m + 8 * g, mx[g]);
