@@ -65,7 +65,7 @@ Backend backend();
 
 // Instruction-set tiers of the cpu backend, chosen at run time (one binary runs on every
 // x86-64 machine): generic (portable loops), avx2 (AVX2 + FMA + F16C), avx512 (F, BW, VL,
-// DQ: the decode GEMV, the prefill GEMM and the indexer scan in 512-bit registers, the other
+// DQ: the decode GEMV, the prefill GEMM, the indexer scan and the sparse attention tile in 512-bit registers, the other
 // kernels the avx2 ones). The best tier the CPU and the OS allow runs unless DSA_ISA names a lower
 // one. Each tier keeps the batch invariance of the products below; tiers differ from each
 // other only in summation order.

@@ -1,5 +1,6 @@
 // The avx512 tier's kernels: the decode GEMV (fp8 and bf16, one to many tokens), the
-// prefill GEMM's micro-kernel and the lightning indexer's scan, in 512-bit registers. The numerics are the avx2 kernels'
+// prefill GEMM's micro-kernel and fp8 panel pack, the lightning indexer's scan and the sparse
+// attention tile's products, in 512-bit registers. The numerics are the avx2 kernels'
 // (cpu_linear.cpp): weights placed exactly as f32 bits, f32 FMAs; only the GEMV's lane split
 // differs (64 weights per fp8 load instead of 32), and the GEMM sums every output in the
 // same k order, so its results are bitwise the avx2 GEMM's.
