@@ -18,7 +18,9 @@
 #ifdef DSA_AVX512_EMULATED
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
-#define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4(a, b, imm8)  // SIMDe has it without the alias
+// SIMDe has this one without the alias; GCC's header makes it a macro at -O0.
+#undef _mm512_shuffle_f32x4
+#define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4(a, b, imm8)
 #define DSA_AVX512_NS avx512_emulated
 #else
 #include <immintrin.h>
