@@ -176,8 +176,8 @@ void run(const Args& a) {
   if (!a.json) std::fprintf(stderr, "filling %d cached tokens ...\n", a.depth);
   const SeqId sq = e.add();
   e.fill_synthetic(sq, a.depth, a.seed);
-  auto step = [&](const int32_t* t, int n, bool decode) {
-    const StepItem it{sq, t, n, decode, 1, 0};
+  auto step = [&](const int32_t* t, int n, bool decode, int logits = 1, int unverified = 0) {
+    const StepItem it{sq, t, n, decode, logits, unverified};
     e.step(std::span<const StepItem>(&it, 1));
   };
 
@@ -213,13 +213,11 @@ void run(const Args& a) {
   // plain decode step does and the context grows alike.
   auto verify_run = [&] {
     e.truncate(sq, a.depth);
-    const StepItem warm{sq, ids.data(), 2, true, 2, 1};
-    e.step(std::span<const StepItem>(&warm, 1));
+    step(ids.data(), 2, true, 2, 1);  // warm-up
     e.truncate(sq, a.depth);
     const double s = now();
     for (int i = 0; i < a.gen; ++i) {
-      const StepItem it{sq, &ids[size_t(i)], 2, true, 2, 1};
-      e.step(std::span<const StepItem>(&it, 1));
+      step(&ids[size_t(i)], 2, true, 2, 1);
       e.truncate(sq, e.length(sq) - 1);
     }
     return (now() - s) / a.gen;
