@@ -168,11 +168,11 @@ TEST_P(KernelTwins, LinearMulti) {
 
 // Batch invariance of the decode-role product: n tokens in one call give every token
 // bitwise what it gets alone, whatever n (token groups, row blocks, the thread split), with
-// rows that are not a multiple of four, ragged columns and a call through linear_multi;
-// and they agree with the naive product.
+// rows that are not a multiple of four, ragged columns (800: column chunks of unequal
+// size) and a call through linear_multi; and they agree with the naive product.
 TEST_P(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
   for (DType dt : {DType::F8_E4M3, DType::BF16}) {
-    for (const auto& [rows, cols] : {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}}) {
+    for (const auto& [rows, cols] : {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}, std::pair{45, 800}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
       const auto w = make_linear(dt, rows, cols, 23);
       const int n_max = 30;

@@ -297,46 +297,71 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
 // (row, token) sum in the one-token order (even columns into the first accumulator, odd into
 // the second). 2 x NR x NT accumulators: two rows for up to six tokens, four rows for two
 // tokens (the MTP verification's pair, which two rows leave short of loads in flight).
-// Rows left over go to the next smaller tile.
+// The columns go in chunks of kBf16Chunk. A token's whole x is 8 KB at 2048 columns, so six
+// tokens' x does not stay in L1 beside the weight stream, and the row pair's sweep over all
+// columns reloaded it from L2; one chunk of it (6 KB) does stay while a sub-block of
+// kBf16SubRows rows runs through it, each row group's accumulators parked between chunks.
+// Parking moves no FMA, so every sum keeps the one-token order. Rows left over go to the
+// next smaller tile.
+constexpr int kBf16Chunk = 256, kBf16SubRows = 16;
+
 template <int NR, int NT>
-void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
-  const int K = w.cols, k32 = K / 32 * 32;
+void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&a)[NR][NT][2]) {
   const size_t ahead = prefetch_ahead(2 * size_t(K));
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
-  int r = r0;
-  for (; r + NR <= r1; r += NR) {
-    const uint16_t* wr[NR];
-    __m512 a[NR][NT][2];
+  for (int c = c0; c < c1; c += 32) {
+    __m512 we[NR], wo[NR];
     for (int j = 0; j < NR; ++j) {
-      wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
-      for (int t = 0; t < NT; ++t) a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
+      _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wr[j] + c));
+      we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
     }
-    for (int c = 0; c < k32; c += 32) {
-      __m512 we[NR], wo[NR];
+    for (int t = 0; t < NT; ++t) {
+      const float* xd = xp + size_t(t) * size_t(K) + c;
+      __m512 xe = _mm512_loadu_ps(xd), xo = _mm512_loadu_ps(xd + 16);
+      pin(xe);
+      pin(xo);
       for (int j = 0; j < NR; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);
-        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(wr[j] + c));
-        we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
-      }
-      for (int t = 0; t < NT; ++t) {
-        const float* xd = xp + size_t(t) * size_t(K) + c;
-        __m512 xe = _mm512_loadu_ps(xd), xo = _mm512_loadu_ps(xd + 16);
-        pin(xe);
-        pin(xo);
-        for (int j = 0; j < NR; ++j) {
-          a[j][t][0] = _mm512_fmadd_ps(we[j], xe, a[j][t][0]);
-          a[j][t][1] = _mm512_fmadd_ps(wo[j], xo, a[j][t][1]);
-        }
+        a[j][t][0] = _mm512_fmadd_ps(we[j], xe, a[j][t][0]);
+        a[j][t][1] = _mm512_fmadd_ps(wo[j], xo, a[j][t][1]);
       }
     }
-    for (int t = 0; t < NT; ++t)
-      for (int j = 0; j < NR; ++j)
-        y[size_t(t) * ldy + size_t(r + j - base)] = bf16_finish(a[j][t][0], a[j][t][1], wr[j], x + size_t(t) * size_t(K), K);
   }
-  if (r == r1) return;
-  if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, r, r1);
-  else gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
+}
+
+template <int NR, int NT>
+void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  static_assert(kBf16SubRows % NR == 0);
+  const int K = w.cols, k32 = K / 32 * 32, rfull = r0 + (r1 - r0) / NR * NR;
+  alignas(64) float park[kBf16SubRows / NR][NR][NT][2][16];
+  for (int rs = r0; rs < rfull; rs += kBf16SubRows) {
+    const int re = std::min(rfull, rs + kBf16SubRows);
+    for (int c0 = 0; c0 < std::max(k32, 1); c0 += kBf16Chunk) {
+      const int c1 = std::min(k32, c0 + kBf16Chunk);
+      const bool last = c1 >= k32;
+      for (int r = rs; r < re; r += NR) {
+        auto& pk = park[(r - rs) / NR];
+        const uint16_t* wr[NR];
+        __m512 a[NR][NT][2];
+        for (int j = 0; j < NR; ++j) {
+          wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
+          for (int t = 0; t < NT; ++t)
+            for (int h = 0; h < 2; ++h) a[j][t][h] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(pk[j][t][h]);
+        }
+        bf16_tile_chunk<NR, NT>(wr, xp, K, c0, c1, a);
+        for (int j = 0; j < NR; ++j)
+          for (int t = 0; t < NT; ++t) {
+            if (last) y[size_t(t) * ldy + size_t(r + j - base)] = bf16_finish(a[j][t][0], a[j][t][1], wr[j], x + size_t(t) * size_t(K), K);
+            else
+              for (int h = 0; h < 2; ++h) _mm512_store_ps(pk[j][t][h], a[j][t][h]);
+          }
+      }
+    }
+  }
+  if (rfull == r1) return;
+  if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, rfull, r1);
+  else gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, rfull, r1);
 }
 
 void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, int base, int r0, int r1) {
