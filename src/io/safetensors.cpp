@@ -1,5 +1,6 @@
 #include "io/safetensors.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -255,6 +256,21 @@ TensorBlob make_blob_i32(const std::string& name, std::vector<int64_t> shape, co
   return b;
 }
 
+namespace {
+// A large file just written is flushed and its pages dropped from the page cache, so that the
+// first run that maps it reads it back from disk. Pages the writes left in the cache are small
+// and scattered; read back they come as large folios, and on the development machines the
+// weight stream of a decode step ran 1.5-2x faster from those (v32-mini's fp8 experts 12-16
+// against 21-40 GB/s), so a freshly made model would otherwise be measured slow until evicted.
+void drop_written_pages(const std::string& path, uint64_t data_bytes) {
+  if (data_bytes < (uint64_t(64) << 20)) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::fdatasync(fd) == 0) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+}  // namespace
+
 void write_safetensors(const std::string& path, const std::vector<TensorBlob>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
@@ -296,6 +312,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorBlob>& t
       throw Error("write to '" + tmp + "' failed");
     }
   }
+  drop_written_pages(tmp, off);
   const mode_t mask = ::umask(0);  // mkstemp made it 0600: give it the usual permissions
   ::umask(mask);
   ::chmod(tmp.c_str(), 0666 & ~mask);
