@@ -294,13 +294,16 @@ struct Served {
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
     if (::posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char* const*>(argv), environ) != 0) return;
     signal_pid = pid;
-    for (int i = 0; i < 1200 && !port; ++i) {
+    // Under mpirun rank 0's pid line and the address line come through mpirun's forwarding
+    // in either order: wait for both, or the drain would signal mpirun itself.
+    const bool ranks = command.find("mpirun") != std::string::npos;
+    for (int i = 0; i < 1200 && (!port || (ranks && signal_pid == pid)); ++i) {
       std::ifstream in(log);
       const std::string s((std::istreambuf_iterator<char>(in)), {});
       std::smatch m;
       if (std::regex_search(s, m, std::regex(R"(http://127\.0\.0\.1:(\d+))"))) port = std::stoi(m[1].str());
       if (std::regex_search(s, m, std::regex(R"(rank 0 is pid (\d+))"))) signal_pid = pid_t(std::stoi(m[1].str()));
-      if (!port) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!port || (ranks && signal_pid == pid)) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
   // Greedy ids of an id prompt (models without a tokenizer).
