@@ -15,7 +15,9 @@ dsa_port=18181 llama_port=18182
 dsa_pid=$!
 "$llama" -m "$gguf" --port $llama_port -t 2 --parallel "$maxc" -c $((ctx * maxc)) >/tmp/llama_server_bench.log 2>&1 &
 llama_pid=$!
-trap 'kill $dsa_pid $llama_pid 2>/dev/null || true' EXIT
+# Wait for both to exit: a server still shutting down would hold its port and answer the
+# next run's health check.
+trap 'kill $dsa_pid $llama_pid 2>/dev/null || true; wait $dsa_pid $llama_pid 2>/dev/null || true' EXIT
 for port in $dsa_port $llama_port; do
   until curl -sf http://127.0.0.1:$port/health >/dev/null; do sleep 1; done
 done
