@@ -307,17 +307,18 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
 // (row, token) sum in the one-token order (even columns into the first accumulator, odd into
 // the second). 2 x NR x NT accumulators: two rows for up to six tokens, four rows for two
 // tokens (the MTP verification's pair, which two rows leave short of loads in flight).
-// The columns go in chunks (bf16_chunk). A token's whole x is 8 KB at 2048 columns, so six
+// The columns go in chunks of kBf16Chunk. A token's whole x is 8 KB at 2048 columns, so six
 // tokens' x does not stay in L1 beside the weight stream, and the row pair's sweep over all
-// columns reloaded it from L2; one chunk of it (4-6 KB) does stay while a sub-block of
+// columns reloaded it from L2; one chunk of it (up to 24 KB) does stay while a sub-block of
 // kBf16SubRows rows runs through it, each row group's accumulators parked between chunks.
 // Parking moves no FMA, so every sum keeps the one-token order. Rows left over go to the
 // next smaller tile.
 constexpr int kBf16SubRows = 16;
-// Columns per chunk: x chunks of 4-6 KB while the weights stream from memory (one token group
-// per pass); 1024 when later token groups re-read a row block from cache, where parking the
-// accumulators costs more than the x reloads it saves (measured best of 256, 512 and 1024).
-inline int bf16_chunk(int nt, bool reused) { return reused ? 1024 : nt <= 2 ? 512 : 256; }
+// 1024 columns, whether the weights stream from memory or a later token group re-reads them
+// from cache: on Zen 5 (two cores) the lm_head for 2, 4 and 6 tokens took 9.2-10.2, 12.7-14.9
+// and 16.7-17.1 ms with it against 12.1-12.3 (512), 17.2-17.6 and 22.7 (256); shorter chunks
+// park the accumulators more often than the reloads they save are worth.
+constexpr int kBf16Chunk = 1024;
 
 template <int NR, int NT>
 void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&a)[NR][NT][2]) {
@@ -345,7 +346,8 @@ void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, in
 }
 
 template <int NR, int NT>
-void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1, int chunk) {
+void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  constexpr int chunk = kBf16Chunk;
   static_assert(kBf16SubRows % NR == 0);
   const int K = w.cols, k32 = K / 32 * 32, rfull = r0 + (r1 - r0) / NR * NR;
   alignas(64) float park[kBf16SubRows / NR][NR][NT][2][16];
@@ -374,7 +376,7 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
     }
   }
   if (rfull == r1) return;
-  if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, rfull, r1, chunk);
+  if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, rfull, r1);
   else gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, rfull, r1);
 }
 
@@ -414,25 +416,24 @@ constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
 // Two tokens run against four rows (two rows keep too few loads in flight), more against two.
 template <int NT>
-void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1, bool reused) {
+void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1) {
   constexpr int kRows = NT == 2 ? 4 : 2;
   if (fp8) gemv_fp8_tile<kRows, NT>(w, x, xb, y, ldy, base, r0, r1);
-  else gemv_bf16_tile<kRows, NT>(w, x, xb, y, ldy, base, r0, r1, bf16_chunk(NT, reused));
+  else gemv_bf16_tile<kRows, NT>(w, x, xb, y, ldy, base, r0, r1);
 }
 
-// reused: the rows' weights were read by an earlier token group and come from cache.
-void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1, bool reused) {
+void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   switch (n) {
     case 1:
       if (fp8) gemv_fp8_one(w, x, xb, y, base, r0, r1);
       else gemv_bf16_one(w, x, xb, y, base, r0, r1);
       break;
-    case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1, reused); break;
-    case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1, reused); break;
-    case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1, reused); break;
-    case 5: gemv_bf16_tile<2, 5>(w, x, xb, y, ldy, base, r0, r1, bf16_chunk(5, reused)); break;  // bf16 only: fp8 groups stop at four
-    default: gemv_bf16_tile<2, 6>(w, x, xb, y, ldy, base, r0, r1, bf16_chunk(6, reused)); break;
+    case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
+    case 5: gemv_bf16_tile<2, 5>(w, x, xb, y, ldy, base, r0, r1); break;  // bf16 only: fp8 groups stop at four
+    default: gemv_bf16_tile<2, 6>(w, x, xb, y, ldy, base, r0, r1); break;
   }
 }
 
@@ -454,7 +455,7 @@ void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int
       const int groups = (cnt + group - 1) / group;
       for (int gi = 0, g = 0; gi < groups; ++gi) {
         const int k = (cnt - g) / (groups - gi);
-        gemv_prepared(w, x + size_t(t0 + g) * cols, xbuf + size_t(g) * cols, k, y + size_t(t0 + g) * ldy, ldy, base, rb, re, groups > 1);
+        gemv_prepared(w, x + size_t(t0 + g) * cols, xbuf + size_t(g) * cols, k, y + size_t(t0 + g) * ldy, ldy, base, rb, re);
         g += k;
       }
     }
