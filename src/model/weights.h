@@ -158,6 +158,13 @@ struct Model {
   static std::unique_ptr<Model> load(const std::string& dir, bool load_mtp = true, bool verbose = false, bool prefetch = true,
                                      const RankShard& shard = {});
   uint64_t parameter_count() const;  // tensors bound from the files (weights, not scales)
+  // Reads every byte of this rank's tensors `passes` times (one load per cache line, all
+  // threads), leaving the weights as a process that has been decoding for a while finds
+  // them: on some virtual machines memory left unread for half a minute comes back slowly
+  // (2.6 GB read at 3.4, then 21, then 52 GB/s in three passes on a Zen 5 VM, the same
+  // bytes every time), so a benchmark of a freshly started process would time the host's
+  // memory, not the engine. Returns the bytes read per pass.
+  size_t read_weights(int passes) const;
 };
 
 }  // namespace dsa

@@ -106,6 +106,8 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
     }
     ASSERT_GT(heads, 0u);
     ASSERT_GT(experts, 0u);
+    // One process reads every tensor it maps.
+    EXPECT_EQ(m->read_weights(2), total);
     for (int ranks : {2, E}) {
       if (E % ranks != 0) continue;
       RankShard s;
