@@ -4,7 +4,8 @@
 # (`dsa inspect`) and `dsa plan`'s prediction for the same layout, its links fitted to this
 # job's own `dsa bench comm` (--comm). One line per layout: medians over the rounds. Then
 # batched decode (BATCH sequences, default 16) for one process, --ep 2 and --ep 2 --dp
-# (data-parallel attention), where the planner's EP layout is the data-parallel one.
+# (data-parallel attention); the planner's --replicated-attention is the engine's --ep
+# without --dp.
 #
 #   bench/mpi_layouts.sh MODEL_DIR [ROUNDS] [DSA]
 #
@@ -47,7 +48,8 @@ for l in one ep pp tp; do
   else
     bytes=$("$dsa" inspect --model "$model" --$l 2 | awk '/^  rank/ { printf "%s%s %s", sep, $3, $4; sep = ", " }')
     opts="--$l 2"
-    [ "$l" = ep ] || opts="$opts --ep 1"
+    # The engine's --ep without --dp attends for every sequence on every rank.
+    if [ "$l" = ep ]; then opts="$opts --replicated-attention"; else opts="$opts --ep 1"; fi
     plan=$("$dsa" plan --model "$model" --hardware local --comm "$work/comm.json" --devices 2 $opts --batch 1 --input-len 128 \
       --output-len 32 --context 144 --json 2>/dev/null | field tpot_ms)
   fi
@@ -60,7 +62,8 @@ for l in bone bep bdp; do
   d=$(for f in "$work"/$l.*; do field decode_aggregate_tokens_per_s < "$f"; done | median)
   case $l in
     bone) name=one; bytes=$("$dsa" inspect --model "$model" | sed -n 's/^parameters:.*(\([0-9.]* [KMGT]*i*B\) in.*/\1/p'); opts="--devices 1" ;;
-    bep) name=ep; bytes=$("$dsa" inspect --model "$model" --ep 2 | awk '/^  rank/ { print $3, $4; exit }'); opts="" ;;
+    bep) name=ep; bytes=$("$dsa" inspect --model "$model" --ep 2 | awk '/^  rank/ { print $3, $4; exit }')
+         opts="--comm $work/comm.json --devices 2 --ep 2 --replicated-attention" ;;
     bdp) name=ep+dp; bytes=$("$dsa" inspect --model "$model" --ep 2 --dp | awk '/^  rank/ { print $3, $4; exit }')
          opts="--comm $work/comm.json --devices 2 --ep 2" ;;
   esac

@@ -202,6 +202,10 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--tp", a->req.tp, "Tensor-parallel ways for attention and dense layers")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--dp", a->req.dp, "Data-parallel attention groups (default: devices / (tp*pp))")->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--ep", a->req.ep, "Expert-parallel ways for MoE (default: every device of a pipeline stage)")->check(dsa::cli::int_in(1, 1 << 20));
+  cmd->add_flag("--replicated-attention", a->req.replicated_attention,
+                "Every device of a pipeline stage attends for every sequence, as `dsa` does with --ep and no --dp: the experts "
+                "split over the devices, one all-reduce per MoE layer sums their outputs, the head splits by vocabulary rows "
+                "(default: data-parallel attention)");
   cmd->add_option("--redundant-experts", a->req.redundant_experts,
                   "Extra replicas of popular experts (EPLB), spread with the experts: ep must divide experts + these (default 0)")
       ->check(dsa::cli::int_in(0, 1 << 20));
@@ -260,7 +264,7 @@ void setup_plan(CLI::App& app) {
     // The search chooses these itself (or has no single plan to draw); one given as well
     // would be silently ignored.
     if (a->search)
-      for (const char* name : {"--tp", "--dp", "--ep", "--pp", "--redundant-experts", "--batch", "--context", "--sweep-context",
+      for (const char* name : {"--tp", "--dp", "--ep", "--pp", "--replicated-attention", "--redundant-experts", "--batch", "--context", "--sweep-context",
                                "--sweep-batch", "--svg-cost", "--svg-throughput", "--compare", "--no-ops"})
         if (cmd->count(name) > 0) throw dsa::Error(std::string("--search chooses the layout and batch itself: leave out ") + name);
     run(*a);

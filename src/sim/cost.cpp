@@ -47,10 +47,14 @@ void Layout::validate() const {
   pos("dp", dp);
   pos("ep", ep);
   pos("pp", pp);
+  if (rep < 1) throw Error("attention replicas must be at least 1, got " + std::to_string(rep));
+  if (rep > 1 && dp > 1)
+    throw Error("--replicated-attention runs every sequence's attention on every device of a stage: it has no data-parallel groups "
+                "(--dp " + std::to_string(dp) + ")");
   if (redundant_experts < 0) throw Error("--redundant-experts must not be negative, got " + std::to_string(redundant_experts));
-  if ((tp * dp) % ep != 0)
-    throw Error("--ep " + std::to_string(ep) + " must divide tp*dp = " + std::to_string(tp * dp) +
-                " (experts are spread over the devices of one pipeline stage)");
+  if ((tp * dp * rep) % ep != 0)
+    throw Error("--ep " + std::to_string(ep) + " must divide the " + std::to_string(tp * dp * rep) +
+                " devices of a pipeline stage (experts are spread over them)");
 }
 
 double weight_bytes_per_elem(WeightDtype w) {
@@ -345,7 +349,16 @@ struct Builder {
       gemm("moe.shared_gate_up", T, 2 * sI, h, o.weight);
       gemm("moe.shared_down", T, h, sI, o.weight);
     }
-    if (l.ep > 1) {
+    if (l.rep > 1) {
+      // Every device of the stage already holds every token (replicated attention), so each
+      // computes its own experts' share of every token and one ring all-reduce of the fp32
+      // hidden state sums the shares, as the engine's MoE does without --dp.
+      const double n = double(l.tp) * l.rep;
+      const double bytes = 2.0 * (n - 1) / n * T * h * 4.0;
+      const bool inter = n > l.devices_per_node;
+      comm("moe.allreduce", OpClass::CommEP, inter ? 0 : bytes, inter ? bytes : 0, 2.0 * (n - 1),
+           "T=" + std::to_string(int64_t(T)) + ";ranks=" + std::to_string(int64_t(n)));
+    } else if (l.ep > 1) {
       // Each device dispatches its share (T/tp) of the tokens to k experts: fp8 hidden plus
       // one fp32 scale per 128 going out, bf16 coming back (DeepSeek's dispatch/combine
       // formats). Copies to experts on this device stay local. Within one node everything
@@ -375,7 +388,15 @@ struct Builder {
     const double h = c.hidden_size;
     if (with_embed) memory("embed", T * h * 2.0 * 2.0, 0.0, "T=" + std::to_string(int64_t(T)));
     memory("final_norm", logit_tokens * h * 2.0 * 2.0, logit_tokens * 4.0 * h, "T=" + std::to_string(int64_t(logit_tokens)));
-    gemm("lm_head", logit_tokens, double(c.vocab_size) / l.tp, h, o.weight, /*bf16_weight=*/true);
+    gemm("lm_head", logit_tokens, double(c.vocab_size) / (l.tp * l.rep), h, o.weight, /*bf16_weight=*/true);
+    if (l.rep > 1) {
+      // Replicas split the head by vocabulary rows; every device then gathers all fp32 logits.
+      const double n = double(l.tp) * l.rep;
+      const double bytes = (n - 1) / n * logit_tokens * double(c.vocab_size) * 4.0;
+      const bool inter = n > l.devices_per_node;
+      comm("head.allgather", OpClass::CommTP, inter ? 0 : bytes, inter ? bytes : 0, n - 1,
+           "T=" + std::to_string(int64_t(logit_tokens)) + ";ranks=" + std::to_string(int64_t(n)));
+    }
   }
 };
 

@@ -30,16 +30,22 @@ WeightDtype parse_weight_dtype(const std::string& s);  // fp8 | bf16 | nvfp4
 CacheDtype parse_cache_dtype(const std::string& s);    // fp8 | bf16
 
 // Parallel layout. Attention runs tp-way tensor parallel inside each of dp data-parallel
-// groups; MoE experts are split ep-way (moe_tp() = tp*dp/ep ways inside each expert);
-// pp pipeline stages split the layers. devices() = tp*dp*pp.
+// groups (or rep replicas); MoE experts are split ep-way (moe_tp() = tp*dp*rep/ep ways inside
+// each expert); pp pipeline stages split the layers. devices() = tp*dp*rep*pp.
 struct Layout {
   int tp = 1, dp = 1, ep = 1, pp = 1;
+  // Attention replicas (with dp 1): rep tp groups of a stage run the same tokens' attention,
+  // dense layers and shared expert, as this engine's --ep without --dp does: every rank has
+  // every token, so the routed experts' partial outputs are summed by one all-reduce per MoE
+  // layer instead of being dispatched and combined, and the head is split by vocabulary rows
+  // over the stage with its logits all-gathered.
+  int rep = 1;
   // Extra replicas of popular experts (DeepSeek's EPLB: 32 in its EP32 prefill and EP144
   // decode deployments), so that E + redundant_experts slots spread evenly over ep ranks.
   int redundant_experts = 0;
   int devices_per_node = 8;  // from the hardware profile: decides NVLink vs network hops
-  int devices() const { return tp * dp * pp; }
-  int moe_tp() const { return tp * dp / ep; }
+  int devices() const { return tp * dp * rep * pp; }
+  int moe_tp() const { return tp * dp * rep / ep; }
   void validate() const;  // throws dsa::Error
 };
 

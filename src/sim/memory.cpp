@@ -39,13 +39,14 @@ WeightBytes weight_bytes_per_device(const SimModel& m, const Layout& l, const Op
   WeightBytes w;
   for (int li = 0; li < c.num_hidden_layers; ++li) add_layer(m, l, o, li, 1.0 / l.pp, w);
   const double h = c.hidden_size, V = c.vocab_size;
-  w.embed_head = 2.0 * V * h / l.tp * (c.tie_word_embeddings ? 1 : 2);
+  // Replicas (Layout::rep) split the head by vocabulary rows, not the embedding.
+  w.embed_head = 2.0 * V * h / l.tp * (c.tie_word_embeddings ? 1.0 : 1.0 + 1.0 / l.rep);
   w.norms += 2.0 * h;
   if (o.mtp > 0 && c.num_nextn_predict_layers > 0) {
     WeightBytes t;
     add_layer(m, l, o, c.num_hidden_layers, 1.0, t);
     // eh_proj (bf16 [h, 2h]), enorm/hnorm/shared_head.norm, and the MTP head (DeepSeek ships its own).
-    w.mtp = t.total() + 2.0 * h * 2 * h + 3 * 2.0 * h + 2.0 * V * h / l.tp;
+    w.mtp = t.total() + 2.0 * h * 2 * h + 3 * 2.0 * h + 2.0 * V * h / (l.tp * l.rep);
   }
   return w;
 }

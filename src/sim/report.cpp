@@ -47,9 +47,11 @@ void phase_table(std::string& o, const PhaseResult& r) {
     flops += t.op.flops;
     bytes += t.op.bytes + t.op.comm_intra + t.op.comm_inter;
   }
+  // Replicated attention (Layout::rep) sums the experts' outputs with an all-reduce.
+  const bool rep = std::any_of(r.ops.begin(), r.ops.end(), [](const OpTime& t) { return t.op.name.find("moe.allreduce") != std::string::npos; });
   o += fmt("  %-28s %7s %11.1f %11.1f %11.1f\n", "total", "", flops / 1e9, bytes / 1e6, r.compute_us + r.ep_comm_us + r.other_comm_us);
-  o += fmt("  step: compute+memory %.1f us, expert all-to-all %.1f us%s, other communication %.1f us -> %.1f us\n",
-           r.compute_us, r.ep_comm_us,
+  o += fmt("  step: compute+memory %.1f us, expert %s %.1f us%s, other communication %.1f us -> %.1f us\n",
+           r.compute_us, rep ? "all-reduce" : "all-to-all", r.ep_comm_us,
            r.micro_batches > 1 ? " (two micro-batches: each hides the other's all-to-all; rows sum both)" : "",
            r.other_comm_us, r.step_us);
 }
@@ -63,8 +65,12 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
   const auto& l = p.layout;
   std::string o;
   o += fmt("dsa plan: %s on %d x %s (%s)\n", m.name.c_str(), l.devices(), hw.name.c_str(), hw.description.c_str());
-  o += fmt("layout    tp %d x dp %d x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, l.dp, l.pp,
-           l.devices(), l.ep, (m.cfg.n_routed_experts + l.redundant_experts) / std::max(1, l.ep));
+  if (l.rep > 1)
+    o += fmt("layout    tp %d x %d attention replicas x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, l.rep,
+             l.pp, l.devices(), l.ep, (m.cfg.n_routed_experts + l.redundant_experts) / std::max(1, l.ep));
+  else
+    o += fmt("layout    tp %d x dp %d x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, l.dp, l.pp,
+             l.devices(), l.ep, (m.cfg.n_routed_experts + l.redundant_experts) / std::max(1, l.ep));
   if (l.redundant_experts > 0) o += fmt(": %d experts + %d redundant replicas", m.cfg.n_routed_experts, l.redundant_experts);
   o += ")\n";
   o += fmt("dtypes    weights %s, kv cache %s, attention %s, mtp %d", weight_name(r.opt.weight), cache_name(r.opt.cache),
@@ -163,7 +169,9 @@ std::string format_json(const PlanContext& c, const PlanResult& p, const std::ve
       {"hardware_description", c.hw->description},
       {"has_indexer", c.model->has_indexer},
       {"devices", p.layout.devices()},
-      {"layout", {{"tp", p.layout.tp}, {"dp", p.layout.dp}, {"ep", p.layout.ep}, {"pp", p.layout.pp}, {"redundant_experts", p.layout.redundant_experts}}},
+      {"layout",
+       {{"tp", p.layout.tp}, {"dp", p.layout.dp}, {"attention_replicas", p.layout.rep}, {"ep", p.layout.ep}, {"pp", p.layout.pp},
+        {"redundant_experts", p.layout.redundant_experts}}},
       {"weight_dtype", weight_name(r.opt.weight)},
       {"kv_cache", cache_name(r.opt.cache)},
       {"mtp", r.opt.mtp},

@@ -186,7 +186,9 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
                       const KernelTable* kt, bool overlap) {
   PhaseResult one = cost_single(m, hw, l, o, s, kt);
   Step sa, sb;
-  if (!overlap || one.ep_comm_us <= 0 || !split_step(s, sa, sb)) return one;
+  // Replicated attention sums the experts with an all-reduce, not the dispatch and combine
+  // this schedule interleaves.
+  if (!overlap || l.rep > 1 || one.ep_comm_us <= 0 || !split_step(s, sa, sb)) return one;
   // Two micro-batches (DeepSeek's and TensorRT-LLM's wide-EP serving, SGLang's two-batch
   // overlap): in every MoE layer each stage of one runs beside a stage of the other,
   //   [rest 0 | combine 1]  [dispatch 0 | rest 1]  [experts 0 | dispatch 1]  [combine 0 | experts 1],
@@ -221,10 +223,17 @@ Layout resolve_layout(const PlanRequest& r, const Hardware& hw) {
   if (devices <= 0) devices = r.dp > 0 ? l.tp * r.dp * l.pp : std::max(std::min(l.devices_per_node, 8), l.tp * l.pp);
   if (devices % (l.tp * l.pp) != 0)
     throw Error("--devices " + std::to_string(devices) + " is not a multiple of tp*pp = " + std::to_string(l.tp * l.pp));
-  l.dp = r.dp > 0 ? r.dp : devices / (l.tp * l.pp);
-  if (l.tp * l.dp * l.pp != devices)
+  if (r.replicated_attention) {
+    if (r.dp > 1)
+      throw Error("--replicated-attention runs every sequence's attention on every device of a stage: leave out --dp " + std::to_string(r.dp));
+    l.dp = 1;
+    l.rep = devices / (l.tp * l.pp);
+  } else {
+    l.dp = r.dp > 0 ? r.dp : devices / (l.tp * l.pp);
+  }
+  if (l.tp * l.dp * l.rep * l.pp != devices)
     throw Error("tp*dp*pp = " + std::to_string(l.tp * l.dp * l.pp) + " does not match --devices " + std::to_string(devices));
-  l.ep = r.ep > 0 ? r.ep : l.tp * l.dp;
+  l.ep = r.ep > 0 ? r.ep : l.tp * l.dp * l.rep;
   l.redundant_experts = r.redundant_experts;
   if (devices > l.devices_per_node && !(hw.inter_node_bandwidth_gbps > 0))
     throw Error("--devices " + std::to_string(devices) + " spans several nodes, but hardware profile '" + hw.name +

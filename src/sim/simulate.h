@@ -57,6 +57,7 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
 struct PlanRequest {
   int devices = 0;           // 0: tp*dp*pp, or the node size when nothing is given
   int tp = 1, dp = 0, ep = 0, pp = 1;  // dp 0: devices/(tp*pp); ep 0: tp*dp (all of a stage)
+  bool replicated_attention = false;   // Layout::rep = devices/(tp*pp), dp 1 (the engine's --ep without --dp)
   int redundant_experts = 0;  // extra expert replicas (EPLB), spread with the experts
   int64_t batch = 0;         // concurrent sequences in the whole deployment; 0: auto
   int64_t input_len = 4096, output_len = 1024;

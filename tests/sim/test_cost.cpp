@@ -186,6 +186,33 @@ TEST(SimCost, TensorAndExpertParallelSplitsAndCommunication) {
   EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (2 * 2 * 0.5 * 256 * 2));
 }
 
+TEST(SimCost, ReplicatedAttentionAllReducesTheExpertsAndSplitsTheHead) {
+  const SimModel t = tiny();
+  Layout l;
+  l.rep = 2;
+  l.ep = 2;
+  l.devices_per_node = 8;
+  const double T = 4;
+  const auto ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, l, Options{}));
+  EXPECT_REL(ops.at("attn.q_b_proj").flops, 3 * 2 * T * (4 * 48) * 64);  // every head on every replica
+  EXPECT_REL(ops.at("mlp.gate_up").flops, 2 * T * (2 * 512) * 256);      // the dense MLP whole
+  // The 4 tokens' 8 picks over 2 ranks, each expert whole.
+  EXPECT_REL(ops.at("moe.experts_gate_up").flops, 2 * 2 * 4 * 128 * 256);
+  // No dispatch: one ring all-reduce of 4 x 256 fp32 per MoE layer (2 of the 3 layers).
+  EXPECT_EQ(ops.count("moe.dispatch"), 0u);
+  EXPECT_EQ(ops.count("tp.allreduce"), 0u);
+  EXPECT_REL(ops.at("moe.allreduce").comm_intra, 2 * (2.0 * 1 / 2 * T * 256 * 4));
+  EXPECT_EQ(ops.at("moe.allreduce").cls, OpClass::CommEP);
+  // The head: half the vocabulary's rows per rank, then every rank gathers the other half.
+  EXPECT_REL(ops.at("lm_head").flops, 2 * T * 500 * 256);
+  EXPECT_REL(ops.at("head.allgather").comm_intra, 0.5 * T * 1000 * 4);
+  EXPECT_EQ(l.devices(), 2);
+  // Replicas and data-parallel groups are two answers to one question.
+  Layout both = l;
+  both.dp = 2;
+  EXPECT_THROW(op_plan(t, Step{}, both, Options{}), dsa::Error);
+}
+
 TEST(SimCost, RedundantExpertsAreSlotsSharingTheAssignments) {
   const SimModel t = tiny();
   Layout l;

@@ -72,6 +72,15 @@ TEST(SimMemory, WeightsPerDevice) {
   EXPECT_REL(we.routed_experts, w.routed_experts / 2);  // 4 of 8 experts per device
   EXPECT_REL(we.attention, w.attention);                // attention replicated under dp
 
+  Layout rep;  // the engine's --ep 2 without --dp: everything but the experts and the head whole
+  rep.rep = 2;
+  rep.ep = 2;
+  const WeightBytes wr = weight_bytes_per_device(t, rep, Options{});
+  EXPECT_REL(wr.routed_experts, w.routed_experts / 2);
+  EXPECT_REL(wr.attention, w.attention);
+  EXPECT_REL(wr.dense_mlp, w.dense_mlp);
+  EXPECT_REL(wr.embed_head, 1000 * 256 * 2 * 1.5);  // the embedding and half the head
+
   Layout red;  // 8 experts + 1 redundant replica = 9 slots over 3 ranks: 3 experts' weights each
   red.dp = 3;
   red.ep = 3;
@@ -567,6 +576,19 @@ TEST(SimPlan, TwoMicroBatchesHideTheAllToAll) {
   // One decode sequence cannot be split: overlap changes nothing.
   const Step lone{Phase::Decode, 1, 1, 100};
   EXPECT_REL(cost_step(t, hw, l, o, lone, nullptr, true).step_us, cost_step(t, hw, l, o, lone, nullptr, false).step_us);
+  // Replicated attention has no all-to-all to hide, only its all-reduce: one batch.
+  PlanRequest rep = r;
+  rep.replicated_attention = true;
+  const Layout lr = resolve_layout(rep, hw);
+  EXPECT_EQ(lr.dp, 1);
+  EXPECT_EQ(lr.rep, 8);
+  EXPECT_EQ(lr.ep, 8);
+  const PhaseResult rr = cost_step(t, hw, lr, o, full, nullptr, true);
+  ASSERT_GT(rr.ep_comm_us, 0);
+  EXPECT_EQ(rr.micro_batches, 1);
+  EXPECT_REL(rr.step_us, rr.compute_us + rr.ep_comm_us + rr.other_comm_us);
+  rep.dp = 2;
+  EXPECT_THROW(resolve_layout(rep, hw), dsa::Error);
   // With no all-to-all (one device) there is nothing to hide and the step stays one batch.
   PlanRequest solo;
   solo.devices = 1;
