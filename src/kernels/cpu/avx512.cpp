@@ -9,6 +9,7 @@
 // binary does not), and for the tests with DSA_AVX512_EMULATED on an emulation of the
 // intrinsics, so that the tier is checked on machines without AVX-512.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -32,9 +33,11 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 // GCC 12's AVX-512 headers build some vectors from a self-initialized "undefined" one
-// (_mm512_undefined_ps), which -Wmaybe-uninitialized reports wherever they are inlined.
+// (_mm512_undefined_ps), which -Wmaybe-uninitialized (or -Wuninitialized, depending on
+// where they are inlined) reports.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #define DSA_AVX512_NS avx512
@@ -659,6 +662,140 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
   }
 }
 
+
+// ---- element-wise and top-k --------------------------------------------------------
+// exp on 16 lanes: the avx2 exp8's range reduction and polynomial step for step, so each
+// lane is bitwise exp8's. 2^n is built from the integral n by the 1.5 * 2^23 rounding trick
+// (exact for |n| < 2^22) where exp8 converts to int: the same exponent bits.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-87.3365447504f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i biased = _mm512_castps_si512(_mm512_add_ps(n, _mm512_set1_ps(0x1.8p23f + 127.0f)));
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(biased, 23)));
+}
+
+// Sixteen weights of a norm vector as f32 (f32 as stored, bf16 shifted up by 16).
+inline __m512 load_norm_weights16(const Vec& w, int c) {
+  if (w.dtype == DType::F32) return _mm512_loadu_ps(reinterpret_cast<const float*>(w.data) + c);
+  const uint8_t* p = w.data + 2 * size_t(c);
+#ifdef DSA_AVX512_EMULATED
+  const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+#else
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#endif
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+// One row of rmsnorm: the sum of squares in four 16-lane accumulators (a few ulp from the
+// reference's index order, as the avx2 row's eight-lane ones are), then (x * inv) * w in the
+// reference's rounding order.
+void rmsnorm_row(const float* x, const Vec& w, int dim, float eps, float* y) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int c = 0;
+  for (; c + 64 <= dim; c += 64) {
+    const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + c + 16);
+    const __m512 d = _mm512_loadu_ps(x + c + 32), e = _mm512_loadu_ps(x + c + 48);
+    s0 = _mm512_fmadd_ps(a, a, s0);
+    s1 = _mm512_fmadd_ps(b, b, s1);
+    s2 = _mm512_fmadd_ps(d, d, s2);
+    s3 = _mm512_fmadd_ps(e, e, s3);
+  }
+  for (; c + 16 <= dim; c += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(x + c), s0);
+  float ss = hsum16(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  for (; c < dim; ++c) ss += x[c] * x[c];
+  const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
+  const __m512 vi = _mm512_set1_ps(inv);
+  c = 0;
+  for (; c + 16 <= dim; c += 16) _mm512_storeu_ps(y + c, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + c), vi), load_norm_weights16(w, c)));
+  for (; c < dim; ++c) y[c] = x[c] * inv * w.at(c);
+}
+
+// silu(gate) * up over [b, e): the avx2 formula on 16 lanes (bitwise its results), the last
+// few elements padded through the same vector formula so that no element's result depends
+// on where the array ends.
+void silu_mul(const float* gate, const float* up, size_t b, size_t e, float* out) {
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  auto f = [&](__m512 g, __m512 u) { return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, g)))), u); };
+  size_t i = b;
+  for (; i + 16 <= e; i += 16) _mm512_storeu_ps(out + i, f(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+  if (i < e) {
+    alignas(64) float g16[16] = {}, u16[16] = {}, o16[16];
+    std::copy(gate + i, gate + e, g16);
+    std::copy(up + i, up + e, u16);
+    _mm512_store_ps(o16, f(_mm512_load_ps(g16), _mm512_load_ps(u16)));
+    std::copy(o16, o16 + (e - i), out + i);
+  }
+}
+
+// One 128-point Walsh-Hadamard transform in eight registers. Each butterfly is the other
+// tiers' f32 (a + b, a - b) on the same two values, so the bits are theirs whatever the
+// order: stages 1, 2, 4 and 8 pair lanes of one register (the partner lane
+// brought over by a permute, the upper lane of each pair taking partner - self), 16, 32
+// and 64 pair whole registers.
+void hadamard128_one(float* t) {
+  __m512 v[8];
+  for (int i = 0; i < 8; ++i) v[i] = _mm512_loadu_ps(t + 16 * i);
+  const __mmask16 upper1 = 0xAAAA, upper2 = 0xCCCC, upper4 = 0xF0F0, upper8 = 0xFF00;
+  for (auto& x : v) {
+    __m512 p = _mm512_shuffle_ps(x, x, 0xB1);  // lanes i ^ 1
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper1, p, x);
+    p = _mm512_shuffle_ps(x, x, 0x4E);  // lanes i ^ 2
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper2, p, x);
+    p = _mm512_shuffle_f32x4(x, x, 0xB1);  // lanes i ^ 4
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper4, p, x);
+    p = _mm512_shuffle_f32x4(x, x, 0x4E);  // lanes i ^ 8
+    x = _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper8, p, x);
+  }
+  for (int h = 1; h < 8; h *= 2)
+    for (int i = 0; i < 8; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const __m512 a = v[j], b = v[j + h];
+        v[j] = _mm512_add_ps(a, b);
+        v[j + h] = _mm512_sub_ps(a, b);
+      }
+  const __m512 s = _mm512_set1_ps(0.08838834764831845f);  // 128^-0.5
+  for (int i = 0; i < 8; ++i) _mm512_storeu_ps(t + 16 * i, _mm512_mul_ps(v[i], s));
+}
+
+// The last pass of topk's radix select: in position order, every score whose order key is
+// above tau and the first `ties` equal to it, 16 positions per step, the chosen lanes
+// compressed into out. Keys compare as signed integers here (the order key with its top bit
+// flipped: SIMDe has no unsigned 512-bit compare), which orders them the same way.
+int topk_emit(const float* scores, int n, uint32_t tau, int ties, int k, int32_t* out) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), zero = _mm512_setzero_si512();
+  const __m512i t = _mm512_set1_epi32(int32_t(tau ^ 0x80000000u));
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int cnt = 0, j = 0;
+  for (; j + 16 <= n && cnt < k; j += 16) {
+    // + 0.0f turns -0 into +0 (they tie, as in order_key).
+    const __m512i u = _mm512_castps_si512(_mm512_add_ps(_mm512_loadu_ps(scores + j), _mm512_setzero_ps()));
+    const __m512i key = _mm512_mask_xor_epi32(u, _mm512_cmpgt_epi32_mask(zero, u), u, magnitude);
+    uint32_t take = _mm512_cmpgt_epi32_mask(key, t);
+    for (uint32_t eq = _mm512_cmpeq_epi32_mask(key, t); eq && ties > 0; eq &= eq - 1, --ties) take |= eq & (~eq + 1);
+    _mm512_mask_compressstoreu_epi32(out + cnt, __mmask16(take), _mm512_add_epi32(lanes, _mm512_set1_epi32(j)));
+    cnt += __builtin_popcount(take);
+  }
+  for (; j < n && cnt < k; ++j) {
+    float f = scores[j] + 0.0f;
+    uint32_t key;
+    std::memcpy(&key, &f, 4);
+    key ^= uint32_t(int32_t(key) >> 31) | 0x80000000u;
+    if (key > tau || (key == tau && ties-- > 0)) out[cnt++] = j;
+  }
+  return cnt;
+}
+
 }  // namespace
 }  // namespace dsa::kernels::cpu::DSA_AVX512_NS
 
@@ -672,12 +809,15 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
 namespace dsa::kernels::cpu {
 #ifdef DSA_AVX512_EMULATED
 const Avx512Kernels& avx512_emulated_kernels() {
-  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::scores16, avx512_emulated::accumulate16};
+  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::scores16, avx512_emulated::accumulate16,
+                                 avx512_emulated::rmsnorm_row, avx512_emulated::silu_mul, avx512_emulated::topk_emit,
+                                 avx512_emulated::hadamard128_one};
   return k;
 }
 #else
 const Avx512Kernels& avx512_native() {
-  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::scores16, avx512::accumulate16};
+  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::scores16, avx512::accumulate16,
+                                 avx512::rmsnorm_row, avx512::silu_mul, avx512::topk_emit, avx512::hadamard128_one};
   return k;
 }
 #endif

@@ -60,6 +60,15 @@ struct Avx512Kernels {
   // oT[c][0:16) += Σ_j k_j[c] p[j][0:16) for columns c < d.
   void (*scores16)(const float* qT, size_t ldq, const float* const* k, int n, int d, float* s, size_t lds);
   void (*accumulate16)(const float* p, size_t ldp, const float* const* k, int nj, int d, float* oT, size_t ldo);
+  // One row of rmsnorm (f32 or bf16 weights): the sum of squares in 16-lane accumulators.
+  void (*rmsnorm_row)(const float* x, const Vec& w, int dim, float eps, float* y);
+  // silu(gate) * up over elements [b, e): bitwise the avx2 kernel's results.
+  void (*silu_mul)(const float* gate, const float* up, size_t b, size_t e, float* out);
+  // topk's last pass: positions (ascending) of the scores whose order key exceeds tau, and
+  // of the first `ties` whose key equals it, at most k of them; returns how many.
+  int (*topk_emit)(const float* scores, int n, uint32_t tau, int ties, int k, int32_t* out);
+  // One 128-point Hadamard transform in place, scaled by 128^-0.5: bitwise the other tiers.
+  void (*hadamard128)(float* x);
 };
 constexpr int kTokBuf = 24;  // tokens whose inputs a GEMV call prepares at once
 const Avx512Kernels& avx512_native();

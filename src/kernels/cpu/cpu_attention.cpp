@@ -232,6 +232,10 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   }
   const uint32_t tau = prefix;
   int cnt = 0, ties = need;
+  if (isa() == Isa::Avx512) {
+    avx512_kernels().topk_emit(scores, n, tau, ties, k, out);
+    return;
+  }
   for (int j = 0; j < n && cnt < k; ++j) {
     const uint32_t key = order_key(scores[j]);
     if (key > tau || (key == tau && ties-- > 0)) out[cnt++] = j;
