@@ -210,6 +210,31 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
   return r;
 }
 
+// The work of a step that one pipeline stage does once: the embedding (first stage), the final
+// norm, the head and its gather, and the MTP layer (last stage).
+static double edge_stage_us(const PhaseResult& r) {
+  double us = 0;
+  for (const OpTime& t : r.ops) {
+    const std::string& n = t.op.name;
+    if (n == "embed" || n == "final_norm" || n == "lm_head" || n == "head.allgather" || n.rfind("mtp.", 0) == 0) us += t.time_us;
+  }
+  return us;
+}
+
+// Micro-batches of `seqs` sequences that a batch fills in each dp group (at most pp).
+static int64_t micro_batches_in_flight(int64_t batch, const Layout& l, int64_t seqs) {
+  return std::clamp<int64_t>((batch + l.dp * seqs - 1) / (l.dp * seqs), 1, l.pp);
+}
+
+double pipeline_round_us(const PhaseResult& r, int pp, int64_t micro_batches) {
+  // step_us is the average stage's layers plus all the edge work: the last stage, the
+  // slowest. A micro-batch's own pass runs every stage in turn (the layers once, the edge
+  // work once), and mb micro-batches in flight need mb of the slowest stage's steps.
+  const double edge = edge_stage_us(r);
+  const double pass = (r.step_us - edge) * pp + edge;
+  return std::max(pass, double(micro_batches) * r.step_us);
+}
+
 Layout resolve_layout(const PlanRequest& r, const Hardware& hw) {
   // 0 means "derive it" for devices, dp and ep; tp and pp have no automatic value.
   if (r.tp < 1 || r.pp < 1) throw Error("--tp and --pp must be at least 1");
@@ -327,7 +352,7 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
     p.prefill.steps = int((done + chunk) / chunk);
   }
   p.prefill.step = Step{Phase::Prefill, r.prefill_batch, computed, hit};
-  p.ttft_ms = p.prefill.step_us * l.pp / 1e3;
+  p.ttft_ms = pipeline_round_us(p.prefill, l.pp, 1) / 1e3;  // a lone prompt's pass
   p.prefill_tokens_per_s_per_device =
       double(r.prefill_batch) * double(r.input_len) * l.dp / (p.prefill.step_us / 1e6) / devices;
   p.prefill_computed_tokens_per_s_per_device = p.prefill_tokens_per_s_per_device * double(r.input_len - hit) / double(r.input_len);
@@ -335,19 +360,20 @@ PlanResult simulate(const SimModel& m, const Hardware& hw, const PlanRequest& r,
   // Decode: the batch is spread over dp groups and pp micro-batches; each step verifies
   // 1 + mtp tokens per sequence and keeps tokens_per_step of them on average.
   const int64_t seqs = std::max<int64_t>(1, (p.batch + l.dp * l.pp - 1) / (l.dp * l.pp));
+  const int64_t mb = micro_batches_in_flight(p.batch, l, seqs);
   const Step ds{Phase::Decode, seqs, 1 + r.opt.mtp, p.context};
   p.decode = cost_step(m, hw, l, r.opt, ds, kt, r.overlap);
   p.decode_cached_tokens_per_device = seqs * l.pp * decode_depth;
   p.decode_fits = cache_holds(p.memory, seqs * l.pp, decode_depth);
-  const double round_s = p.decode.step_us * l.pp / 1e6;  // every sequence advances once
+  const double round_s = pipeline_round_us(p.decode, l.pp, mb) / 1e6;  // every sequence advances once
   p.tpot_ms = round_s * 1e3 / p.tokens_per_step;
-  p.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * p.tokens_per_step / round_s / devices;
+  p.decode_tokens_per_s_per_device = double(seqs) * l.dp * double(mb) * p.tokens_per_step / round_s / devices;
 
   // Prefill and decode sharing the same devices (no disaggregation): every sequence costs
   // its share of a prefill step and output_len/tokens_per_step decode rounds.
-  const double prefill_s = double(seqs) * l.pp / double(r.prefill_batch) * p.prefill.step_us / 1e6;
+  const double prefill_s = double(seqs) * double(mb) / double(r.prefill_batch) * p.prefill.step_us / 1e6;
   const double decode_s = double(r.output_len) / p.tokens_per_step * round_s;
-  p.e2e_output_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * double(r.output_len) / (prefill_s + decode_s) / devices;
+  p.e2e_output_tokens_per_s_per_device = double(seqs) * l.dp * double(mb) * double(r.output_len) / (prefill_s + decode_s) / devices;
 
   p.prefill_cost_per_m = cost_per_million(p.price_per_hour, p.prefill_tokens_per_s_per_device);
   p.decode_cost_per_m = cost_per_million(p.price_per_hour, p.decode_tokens_per_s_per_device);
@@ -366,12 +392,13 @@ PositionCost cost_at_position(const SimModel& m, const Hardware& hw, const PlanR
   const PhaseResult pr = cost_step(m, hw, l, r.opt, ps, kt, r.overlap);
   const double prefill_tps = double(r.prefill_batch) * double(n) * l.dp / (pr.step_us / 1e6) / devices;
   const int64_t seqs = std::max<int64_t>(1, (base.batch + l.dp * l.pp - 1) / (l.dp * l.pp));
+  const int64_t mb = micro_batches_in_flight(base.batch, l, seqs);
   const Step ds{Phase::Decode, seqs, 1 + r.opt.mtp, position};
   const PhaseResult dr = cost_step(m, hw, l, r.opt, ds, kt, r.overlap);
   c.fits = cache_holds(base.memory, seqs * l.pp, position + 1 + r.opt.mtp);
-  const double round_s = dr.step_us * l.pp / 1e6;
+  const double round_s = pipeline_round_us(dr, l.pp, mb) / 1e6;
   c.tpot_ms = round_s * 1e3 / base.tokens_per_step;
-  c.decode_tokens_per_s_per_device = double(seqs) * l.dp * l.pp * base.tokens_per_step / round_s / devices;
+  c.decode_tokens_per_s_per_device = double(seqs) * l.dp * double(mb) * base.tokens_per_step / round_s / devices;
   c.prefill_cost_per_m = cost_per_million(base.price_per_hour, prefill_tps);
   c.decode_cost_per_m = cost_per_million(base.price_per_hour, c.decode_tokens_per_s_per_device);
   return c;

@@ -53,6 +53,10 @@ OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt);
 // (see cost_step in simulate.cpp), taken when that is faster than one batch.
 PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, const Options& o, const Step& s,
                       const KernelTable* kt, bool overlap);
+// One pipeline round of a phase's step over pp stages with `micro_batches` (at most pp) in
+// flight: the longer of one micro-batch's pass through every stage (its layers once, the
+// embedding, head and MTP layer once) and micro_batches steps of the slowest (last) stage.
+double pipeline_round_us(const PhaseResult& r, int pp, int64_t micro_batches);
 
 struct PlanRequest {
   int devices = 0;           // 0: tp*dp*pp, or the node size when nothing is given

@@ -506,6 +506,38 @@ TEST(SimPlan, ServingFigures) {
   EXPECT_THROW(simulate(t, hw, bad), dsa::Error);
 }
 
+TEST(SimPlan, PipelineRoundsCountTheHeadOncePerPass) {
+  const SimModel t = tiny();
+  const Hardware hw = toy();
+  PlanRequest r;
+  r.devices = 2;
+  r.pp = 2;
+  r.input_len = 64;
+  r.output_len = 32;
+  r.overlap = false;
+  auto edge = [](const PhaseResult& ph) {
+    double us = 0;
+    for (const auto& op : ph.ops)
+      if (op.op.name == "embed" || op.op.name == "final_norm" || op.op.name == "lm_head") us += op.time_us;
+    return us;
+  };
+  // One sequence: one micro-batch, its pass runs both stages' layers and the head once.
+  r.batch = 1;
+  const PlanResult one = simulate(t, hw, r);
+  ASSERT_EQ(one.layout.pp, 2);
+  const double e1 = edge(one.decode);
+  ASSERT_GT(e1, 0);
+  EXPECT_REL(one.tpot_ms, ((one.decode.step_us - e1) * 2 + e1) / 1e3);
+  EXPECT_REL(one.decode_tokens_per_s_per_device, 1 / (one.tpot_ms / 1e3) / 2);
+  EXPECT_REL(one.ttft_ms, ((one.prefill.step_us - edge(one.prefill)) * 2 + edge(one.prefill)) / 1e3);
+  // Two: both stages busy, the round is two steps of the last stage (the head's).
+  r.batch = 2;
+  const PlanResult two = simulate(t, hw, r);
+  EXPECT_REL(two.tpot_ms, two.decode.step_us * 2 / 1e3);
+  EXPECT_REL(two.decode_tokens_per_s_per_device, 2 / (two.tpot_ms / 1e3) / 2);
+  EXPECT_LT(one.tpot_ms, two.tpot_ms);
+}
+
 // A micro-batch's stage times, summed by operator name: the all-to-all's two directions,
 // the routed experts (and their activation), and all other computation.
 struct StageSums {
