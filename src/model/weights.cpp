@@ -332,8 +332,11 @@ size_t Model::read_weights(int passes) const {
   }
   uint64_t acc = 0;
   for (int p = 0; p < passes; ++p)
-    for (const auto& [base, len] : ranges) {
-      const auto n = int64_t(len / 64);
+    for (const auto& range : ranges) {
+      // Plain names, not structured bindings: clang before 16 cannot use those in the
+      // OpenMP region below.
+      const uint8_t* base = range.first;
+      const auto n = int64_t(range.second / 64);
 #pragma omp parallel for schedule(static) reduction(^ : acc)
       for (int64_t i = 0; i < n; ++i) {
         uint64_t v;
