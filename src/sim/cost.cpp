@@ -171,6 +171,12 @@ struct Builder {
     op.shape = shape;
     add(std::move(op));
   }
+  // A collective among `ranks` devices: over NVLink-class links within a node, else over the
+  // network.
+  void comm_among(const char* name, OpClass cls, double bytes, double ranks, double hops, const std::string& shape) {
+    const bool inter = ranks > l.devices_per_node;
+    comm(name, cls, inter ? 0 : bytes, inter ? bytes : 0, hops, shape);
+  }
 
   WeightDtype attn_w() const { return o.weight == WeightDtype::BF16 ? WeightDtype::BF16 : WeightDtype::FP8; }
 
@@ -299,9 +305,8 @@ struct Builder {
   void allreduce(double T) {
     // Ring all-reduce of the bf16 hidden state: 2(tp-1)/tp of it leaves each device.
     const double bytes = 2.0 * (l.tp - 1) / l.tp * T * m.cfg.hidden_size * 2.0;
-    const bool inter = l.tp > l.devices_per_node;
-    comm("tp.allreduce", OpClass::CommTP, inter ? 0 : bytes, inter ? bytes : 0, 2.0 * (l.tp - 1),
-         "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp));
+    comm_among("tp.allreduce", OpClass::CommTP, bytes, l.tp, 2.0 * (l.tp - 1),
+               "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp));
   }
 
   void moe(double T, const Step&) {
@@ -354,10 +359,8 @@ struct Builder {
       // computes its own experts' share of every token and one ring all-reduce of the fp32
       // hidden state sums the shares, as the engine's MoE does without --dp.
       const double n = double(l.tp) * l.rep;
-      const double bytes = 2.0 * (n - 1) / n * T * h * 4.0;
-      const bool inter = n > l.devices_per_node;
-      comm("moe.allreduce", OpClass::CommEP, inter ? 0 : bytes, inter ? bytes : 0, 2.0 * (n - 1),
-           "T=" + std::to_string(int64_t(T)) + ";ranks=" + std::to_string(int64_t(n)));
+      comm_among("moe.allreduce", OpClass::CommEP, 2.0 * (n - 1) / n * T * h * 4.0, n, 2.0 * (n - 1),
+                 "T=" + std::to_string(int64_t(T)) + ";ranks=" + std::to_string(int64_t(n)));
     } else if (l.ep > 1) {
       // Each device dispatches its share (T/tp) of the tokens to k experts: fp8 hidden plus
       // one fp32 scale per 128 going out, bf16 coming back (DeepSeek's dispatch/combine
@@ -392,10 +395,8 @@ struct Builder {
     if (l.rep > 1) {
       // Replicas split the head by vocabulary rows; every device then gathers all fp32 logits.
       const double n = double(l.tp) * l.rep;
-      const double bytes = (n - 1) / n * logit_tokens * double(c.vocab_size) * 4.0;
-      const bool inter = n > l.devices_per_node;
-      comm("head.allgather", OpClass::CommTP, inter ? 0 : bytes, inter ? bytes : 0, n - 1,
-           "T=" + std::to_string(int64_t(logit_tokens)) + ";ranks=" + std::to_string(int64_t(n)));
+      comm_among("head.allgather", OpClass::CommTP, (n - 1) / n * logit_tokens * double(c.vocab_size) * 4.0, n, n - 1,
+                 "T=" + std::to_string(int64_t(logit_tokens)) + ";ranks=" + std::to_string(int64_t(n)));
     }
   }
 };
@@ -428,9 +429,7 @@ std::vector<Op> op_plan(const SimModel& m, const Step& s, const Layout& l, const
   b.weight = 1.0;
   b.head(T, logits, /*with_embed=*/false);
   if (l.pp > 1) {
-    const double bytes = T * c.hidden_size * 2.0;
-    const bool inter = l.devices() > l.devices_per_node;
-    b.comm("pp.send", OpClass::CommPP, inter ? 0 : bytes, inter ? bytes : 0, 1.0, "T=" + std::to_string(int64_t(T)));
+    b.comm_among("pp.send", OpClass::CommPP, T * c.hidden_size * 2.0, l.devices(), 1.0, "T=" + std::to_string(int64_t(T)));
   }
 
   if (o.mtp > 0) {

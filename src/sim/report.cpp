@@ -36,7 +36,8 @@ std::string grouped(int64_t v) {  // 1234567 -> 1,234,567
   return (v < 0 ? "-" : "") + out;
 }
 
-void phase_table(std::string& o, const PhaseResult& r) {
+// all_reduce: the layout sums the experts with an all-reduce (replicated attention).
+void phase_table(std::string& o, const PhaseResult& r, bool all_reduce) {
   o += fmt("  %-28s %7s %11s %11s %11s %6s  %s\n", "operator", "count", "GFLOP", "MB", "time us", "share", "bound");
   const double total = std::max(r.compute_us + r.ep_comm_us + r.other_comm_us, 1e-9);
   for (const auto& t : r.ops)
@@ -47,11 +48,9 @@ void phase_table(std::string& o, const PhaseResult& r) {
     flops += t.op.flops;
     bytes += t.op.bytes + t.op.comm_intra + t.op.comm_inter;
   }
-  // Replicated attention (Layout::rep) sums the experts' outputs with an all-reduce.
-  const bool rep = std::any_of(r.ops.begin(), r.ops.end(), [](const OpTime& t) { return t.op.name.find("moe.allreduce") != std::string::npos; });
   o += fmt("  %-28s %7s %11.1f %11.1f %11.1f\n", "total", "", flops / 1e9, bytes / 1e6, r.compute_us + r.ep_comm_us + r.other_comm_us);
   o += fmt("  step: compute+memory %.1f us, expert %s %.1f us%s, other communication %.1f us -> %.1f us\n",
-           r.compute_us, rep ? "all-reduce" : "all-to-all", r.ep_comm_us,
+           r.compute_us, all_reduce ? "all-reduce" : "all-to-all", r.ep_comm_us,
            r.micro_batches > 1 ? " (two micro-batches: each hides the other's all-to-all; rows sum both)" : "",
            r.other_comm_us, r.step_us);
 }
@@ -65,12 +64,9 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
   const auto& l = p.layout;
   std::string o;
   o += fmt("dsa plan: %s on %d x %s (%s)\n", m.name.c_str(), l.devices(), hw.name.c_str(), hw.description.c_str());
-  if (l.rep > 1)
-    o += fmt("layout    tp %d x %d attention replicas x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, l.rep,
-             l.pp, l.devices(), l.ep, (m.cfg.n_routed_experts + l.redundant_experts) / std::max(1, l.ep));
-  else
-    o += fmt("layout    tp %d x dp %d x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, l.dp, l.pp,
-             l.devices(), l.ep, (m.cfg.n_routed_experts + l.redundant_experts) / std::max(1, l.ep));
+  const std::string groups = l.rep > 1 ? fmt("%d attention replicas", l.rep) : fmt("dp %d", l.dp);
+  o += fmt("layout    tp %d x %s x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, groups.c_str(), l.pp,
+           l.devices(), l.ep, (m.cfg.n_routed_experts + l.redundant_experts) / std::max(1, l.ep));
   if (l.redundant_experts > 0) o += fmt(": %d experts + %d redundant replicas", m.cfg.n_routed_experts, l.redundant_experts);
   o += ")\n";
   o += fmt("dtypes    weights %s, kv cache %s, attention %s, mtp %d", weight_name(r.opt.weight), cache_name(r.opt.cache),
@@ -109,10 +105,10 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
              p.prefill.step.context > 0 ? fmt(" after %s cached", grouped(p.prefill.step.context).c_str()).c_str() : "",
              p.prefill.steps > 1 ? fmt(" in %d chunks of up to %s (rows sum them)", p.prefill.steps, grouped(r.prefill_chunk).c_str()).c_str()
                                  : "");
-    phase_table(o, p.prefill);
+    phase_table(o, p.prefill, p.layout.rep > 1);
     o += fmt("\ndecode: %s sequences x %s token(s) at depth %s per dp group, one device\n", grouped(p.decode.step.seqs).c_str(),
              grouped(p.decode.step.new_tokens).c_str(), grouped(p.decode.step.context).c_str());
-    phase_table(o, p.decode);
+    phase_table(o, p.decode, p.layout.rep > 1);
     o += "\n";
   }
   o += "results\n";
