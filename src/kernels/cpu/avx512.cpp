@@ -324,9 +324,13 @@ constexpr int kBf16SubRows = 16;
 constexpr int kBf16Chunk = 1024;
 
 template <int NR, int NT>
-void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&a)[NR][NT][2]) {
+void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&acc)[NR][NT][2]) {
   const size_t ahead = prefetch_ahead(2 * size_t(K));
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  // Local accumulators: through the reference, a compiler that does not inline this
+  // function cannot rule out that the x loads alias them, and stores all 24 every step.
+  __m512 a[NR][NT][2];
+  std::memcpy(a, acc, sizeof a);
   for (int c = c0; c < c1; c += 32) {
     __m512 we[NR], wo[NR];
     for (int j = 0; j < NR; ++j) {
@@ -346,6 +350,7 @@ void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, in
       }
     }
   }
+  std::memcpy(acc, a, sizeof a);
 }
 
 template <int NR, int NT>
