@@ -202,6 +202,12 @@ struct Tokenizer::Impl {
   static constexpr size_t kCacheWordMin = 12;
   static constexpr size_t kCacheWordMax = 128;
 
+  // Construction from tokenizer.json and tokenizer_config.json, in this order.
+  std::unordered_map<std::string_view, int32_t> read_vocab(const nlohmann::json& j, const nlohmann::json& model);
+  void read_merges(const nlohmann::json& model, const std::unordered_map<std::string_view, int32_t>& str_to_id);
+  void read_added_tokens(const nlohmann::json& j);
+  void read_config(const nlohmann::json& cfg);
+
   void split_added(std::string_view text, std::vector<Segment>& out, std::deque<std::string>& arena) const;
   void split_with(const Trie& trie, std::string_view text, std::vector<Segment>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
@@ -401,6 +407,125 @@ Tokenizer Tokenizer::from_file(const std::string& tokenizer_json, const std::str
   }
 }
 
+namespace {
+
+// Every id indexes the tokenizer's tables: read it as 64 bits and bound it (get<int32_t>
+// would wrap 2^32 to 0, and a negative added-token id wrote before the tables).
+int32_t token_id(const nlohmann::json& v, const std::string& what) {
+  if (!v.is_number_integer()) throw Error(what + ": id is not an integer: " + v.dump());
+  if (!json_int_in(v, 0, kMaxTokenId - 1)) throw Error(what + ": id " + v.dump() + " is outside [0, " + std::to_string(kMaxTokenId) + ")");
+  return int32_t(v.get<int64_t>());
+}
+
+// The number of ids the tables hold: the highest id of model.vocab and added_tokens, plus one.
+// The tables are sized by it: one id of 9118250 in a 2 KB file asked for 290 MB. Gaps are
+// allowed, up to kMaxUnusedIds unused ids in all.
+size_t id_count(const nlohmann::json& j, const nlohmann::json& vocab) {
+  int32_t max_id = -1;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, token_id(it.value(), "model.vocab '" + it.key() + "'"));
+  if (j.contains("added_tokens"))
+    for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, token_id(a.at("id"), "added_tokens"));
+  const size_t entries = vocab.size() + (j.contains("added_tokens") ? j["added_tokens"].size() : 0);
+  if (size_t(max_id) + 1 > entries + kMaxUnusedIds)
+    throw Error("id " + std::to_string(max_id) + " is far beyond the " + std::to_string(entries) +
+                " entries of model.vocab and added_tokens (at most " + std::to_string(kMaxUnusedIds) + " unused ids)");
+  return static_cast<size_t>(max_id + 1);
+}
+
+// One merge rule as its two token strings: "a b" (older files) or ["a", "b"] (tokenizers >= 0.20).
+std::pair<std::string, std::string> merge_pair(const nlohmann::json& mg, int32_t rank) {
+  if (mg.is_array() && mg.size() == 2) return {mg[0].get<std::string>(), mg[1].get<std::string>()};
+  if (!mg.is_string()) throw Error("merge #" + std::to_string(rank) + " is neither 'a b' nor [a, b]");
+  const auto& s = mg.get_ref<const std::string&>();
+  const size_t sp = s.find(' ');
+  if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) throw Error("merge '" + s + "' is not of the form 'a b'");
+  return {s.substr(0, sp), s.substr(sp + 1)};
+}
+
+}  // namespace
+
+// model.vocab into the id tables; returns each token string's id (views into the json, for the merges).
+std::unordered_map<std::string_view, int32_t> Tokenizer::Impl::read_vocab(const nlohmann::json& j, const nlohmann::json& model) {
+  const auto& vocab = model.at("vocab");
+  const size_t n = id_count(j, vocab);
+  token_bytes.assign(n, std::string());
+  valid.assign(n, 0);
+  special.assign(n, 0);
+  byte_id.fill(-1);
+  std::unordered_map<std::string_view, int32_t> str_to_id;
+  str_to_id.reserve(vocab.size());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const int32_t id = it.value().get<int32_t>();
+    str_to_id.emplace(it.key(), id);
+    valid[static_cast<size_t>(id)] = 1;
+    if (auto b = byte_level_to_bytes(it.key())) {
+      if (b->size() == 1) byte_id[static_cast<unsigned char>((*b)[0])] = id;
+      bytes_to_id.emplace(*b, id);
+      token_bytes[static_cast<size_t>(id)] = std::move(*b);
+    } else {
+      // Not in the byte alphabet (e.g. a special token string also listed in the vocab):
+      // the ByteLevel decoder passes such a token through as its UTF-8 text.
+      token_bytes[static_cast<size_t>(id)] = it.key();
+    }
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto it = str_to_id.find(model["unk_token"].get_ref<const std::string&>());
+    if (it != str_to_id.end()) unk_id = it->second;
+  }
+  return str_to_id;
+}
+
+void Tokenizer::Impl::read_merges(const nlohmann::json& model, const std::unordered_map<std::string_view, int32_t>& str_to_id) {
+  const auto& list = model.at("merges");
+  merges.reserve(list.size());
+  int32_t rank = 0;
+  for (const auto& mg : list) {
+    const auto [a, b] = merge_pair(mg, rank);
+    auto ia = str_to_id.find(a), ib = str_to_id.find(b), ij = str_to_id.find(a + b);
+    if (ia == str_to_id.end() || ib == str_to_id.end() || ij == str_to_id.end())
+      throw Error("merge '" + a + " " + b + "' uses a token that is not in the vocabulary");
+    merges.insert(MergeTable::key(ia->second, ib->second), {rank, ij->second});
+    ++rank;
+  }
+}
+
+// Added tokens. They decode through the ByteLevel decoder like any token: if every
+// character is in the byte alphabet they map back to bytes, otherwise to their UTF-8 text.
+void Tokenizer::Impl::read_added_tokens(const nlohmann::json& j) {
+  if (!j.contains("added_tokens")) return;
+  for (const auto& a : j["added_tokens"]) {
+    AddedToken at;
+    at.content = a.at("content").get<std::string>();
+    at.id = a.at("id").get<int32_t>();
+    at.lstrip = a.value("lstrip", false);
+    at.rstrip = a.value("rstrip", false);
+    at.single_word = a.value("single_word", false);
+    const auto idx = static_cast<int32_t>(added.size());
+    const auto id = static_cast<size_t>(at.id);
+    valid[id] = 1;
+    special[id] = a.value("special", false) ? 1 : 0;
+    auto b = byte_level_to_bytes(at.content);
+    token_bytes[id] = b ? *b : at.content;
+    added_by_content.emplace(at.content, at.id);
+    // tokenizers matches a normalized token by its content passed through the normalizer.
+    if (a.value("normalized", true)) trie_norm.insert(norm.apply(at.content), idx);
+    else trie_raw.insert(at.content, idx);
+    added.push_back(std::move(at));
+  }
+}
+
+// tokenizer_config.json: BOS/EOS strings and the add_bos_token default.
+void Tokenizer::Impl::read_config(const nlohmann::json& cfg) {
+  for (auto [key, dst] : {std::pair{"bos_token", &bos}, std::pair{"eos_token", &eos}}) {
+    const std::string s = config_token(cfg, key);
+    if (s.empty()) continue;
+    auto it = added_by_content.find(s);
+    if (it != added_by_content.end()) *dst = it->second;
+  }
+  if (cfg.is_object() && cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
+    add_bos_default = cfg["add_bos_token"].get<bool>();
+}
+
 Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cfg) {
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
@@ -412,122 +537,17 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json& cf
       if (model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty())
         throw Error(std::string("model.") + k + " is not supported");
     m.ignore_merges = model.value("ignore_merges", false);
-
     m.norm = tok::Normalizer::from_json(j.contains("normalizer") ? j["normalizer"] : nlohmann::json(nullptr));
     m.pre = tok::PreTokenizer::from_json(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : nlohmann::json(nullptr));
     if (!m.pre.has_byte_level()) throw Error("not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer)");
-
     // Vocabulary: token strings are in the byte-level alphabet; keep them as raw bytes.
-    const auto& vocab = model.at("vocab");
-    // Every id indexes the tables below: read it as 64 bits and bound it (get<int32_t>
-    // would wrap 2^32 to 0, and a negative added-token id wrote before the tables).
-    auto token_id = [](const nlohmann::json& v, const std::string& what) {
-      if (!v.is_number_integer()) throw Error(what + ": id is not an integer: " + v.dump());
-      if (!json_int_in(v, 0, kMaxTokenId - 1)) throw Error(what + ": id " + v.dump() + " is outside [0, " + std::to_string(kMaxTokenId) + ")");
-      return int32_t(v.get<int64_t>());
-    };
-    int32_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, token_id(it.value(), "model.vocab '" + it.key() + "'"));
-    std::vector<const std::string*> vocab_str;
-    if (j.contains("added_tokens"))
-      for (const auto& a : j["added_tokens"]) max_id = std::max(max_id, token_id(a.at("id"), "added_tokens"));
-    // The tables below are sized by the highest id: one id of 9118250 in a 2 KB file asked
-    // for 290 MB. Gaps are allowed, up to kMaxUnusedIds unused ids in all.
-    const size_t entries = vocab.size() + (j.contains("added_tokens") ? j["added_tokens"].size() : 0);
-    if (size_t(max_id) + 1 > entries + kMaxUnusedIds)
-      throw Error("id " + std::to_string(max_id) + " is far beyond the " + std::to_string(entries) +
-                  " entries of model.vocab and added_tokens (at most " + std::to_string(kMaxUnusedIds) + " unused ids)");
-    const auto n = static_cast<size_t>(max_id + 1);
-    m.token_bytes.assign(n, std::string());
-    m.valid.assign(n, 0);
-    m.special.assign(n, 0);
-    m.byte_id.fill(-1);
-    std::unordered_map<std::string_view, int32_t> str_to_id;
-    str_to_id.reserve(vocab.size());
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int32_t id = it.value().get<int32_t>();
-      if (id < 0) throw Error("negative id in model.vocab");
-      str_to_id.emplace(it.key(), id);
-      m.valid[static_cast<size_t>(id)] = 1;
-      if (auto b = byte_level_to_bytes(it.key())) {
-        if (b->size() == 1) m.byte_id[static_cast<unsigned char>((*b)[0])] = id;
-        m.bytes_to_id.emplace(*b, id);
-        m.token_bytes[static_cast<size_t>(id)] = std::move(*b);
-      } else {
-        // Not in the byte alphabet (e.g. a special token string also listed in the vocab):
-        // the ByteLevel decoder passes such a token through as its UTF-8 text.
-        m.token_bytes[static_cast<size_t>(id)] = it.key();
-      }
-    }
-    if (model.contains("unk_token") && model["unk_token"].is_string()) {
-      auto it = str_to_id.find(model["unk_token"].get_ref<const std::string&>());
-      if (it != str_to_id.end()) m.unk_id = it->second;
-    }
-
-    // Merges: "a b" strings (older files) or ["a", "b"] pairs (tokenizers >= 0.20).
-    const auto& merges = model.at("merges");
-    m.merges.reserve(merges.size());
-    std::string joined;
-    int32_t rank = 0;
-    for (const auto& mg : merges) {
-      std::string a, b;
-      if (mg.is_string()) {
-        const auto& s = mg.get_ref<const std::string&>();
-        const size_t sp = s.find(' ');
-        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          throw Error("merge '" + s + "' is not of the form 'a b'");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (mg.is_array() && mg.size() == 2) {
-        a = mg[0].get<std::string>();
-        b = mg[1].get<std::string>();
-      } else {
-        throw Error("merge #" + std::to_string(rank) + " is neither 'a b' nor [a, b]");
-      }
-      joined = a + b;
-      auto ia = str_to_id.find(a), ib = str_to_id.find(b), ij = str_to_id.find(joined);
-      if (ia == str_to_id.end() || ib == str_to_id.end() || ij == str_to_id.end())
-        throw Error("merge '" + a + " " + b + "' uses a token that is not in the vocabulary");
-      m.merges.insert(MergeTable::key(ia->second, ib->second), {rank, ij->second});
-      ++rank;
-    }
-
-    // Added tokens. They decode through the ByteLevel decoder like any token: if every
-    // character is in the byte alphabet they map back to bytes, otherwise to their UTF-8 text.
-    if (j.contains("added_tokens")) {
-      for (const auto& a : j["added_tokens"]) {
-        AddedToken at;
-        at.content = a.at("content").get<std::string>();
-        at.id = a.at("id").get<int32_t>();
-        at.lstrip = a.value("lstrip", false);
-        at.rstrip = a.value("rstrip", false);
-        at.single_word = a.value("single_word", false);
-        const auto idx = static_cast<int32_t>(m.added.size());
-        const auto id = static_cast<size_t>(at.id);
-        m.valid[id] = 1;
-        m.special[id] = a.value("special", false) ? 1 : 0;
-        auto b = byte_level_to_bytes(at.content);
-        m.token_bytes[id] = b ? *b : at.content;
-        m.added_by_content.emplace(at.content, at.id);
-        // tokenizers matches a normalized token by its content passed through the normalizer.
-        if (a.value("normalized", true)) m.trie_norm.insert(m.norm.apply(at.content), idx);
-        else m.trie_raw.insert(at.content, idx);
-        m.added.push_back(std::move(at));
-      }
-    }
+    const auto str_to_id = m.read_vocab(j, model);
+    m.read_merges(model, str_to_id);
+    m.read_added_tokens(j);
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("malformed tokenizer.json: ") + e.what());
   }
-
-  // tokenizer_config.json: BOS/EOS strings and the add_bos_token default.
-  for (auto [key, dst] : {std::pair{"bos_token", &m.bos}, std::pair{"eos_token", &m.eos}}) {
-    const std::string s = config_token(cfg, key);
-    if (s.empty()) continue;
-    auto it = m.added_by_content.find(s);
-    if (it != m.added_by_content.end()) *dst = it->second;
-  }
-  if (cfg.is_object() && cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
-    m.add_bos_default = cfg["add_bos_token"].get<bool>();
+  m.read_config(cfg);
   return Tokenizer(std::move(impl));
 }
 
