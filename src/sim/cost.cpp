@@ -180,92 +180,129 @@ struct Builder {
 
   WeightDtype attn_w() const { return o.weight == WeightDtype::BF16 ? WeightDtype::BF16 : WeightDtype::FP8; }
 
+  static std::string token_shape(double T) { return "T=" + std::to_string(int64_t(T)); }
+  // Attention heads on this device.
+  double heads() const { return double(m.cfg.num_attention_heads) / l.tp; }
+
   void layer(int li, const Step& s) {
     const auto& c = m.cfg;
-    const double h = c.hidden_size, ql = c.q_lora_rank, kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim;
-    const double nope = c.qk_nope_head_dim, vd = c.v_head_dim, qk = c.qk_head_dim();
-    const double H = double(c.num_attention_heads) / l.tp;
     const double T = double(s.seqs) * double(s.new_tokens);
-    const std::string tshape = "T=" + std::to_string(int64_t(T));
-    const WeightDtype aw = attn_w();
+    attention_in(T);
+    if (m.has_indexer && c.is_indexer_full(li)) indexer(T, s);
+    attention_core(T, s);
+    const double cb = mla_cache_bytes(m, o.cache);
+    gemm("attn.o_proj", T, c.hidden_size, heads() * c.v_head_dim, attn_w());
+    memory("attn.cache_write", T * cb, 0.0, token_shape(T));
+    if (l.tp > 1) allreduce(T);
+    if (c.is_moe_layer(li)) moe(T, s);
+    else mlp(T);
+    if (l.tp > 1) allreduce(T);
+  }
 
-    memory("layer.norms", T * (2 * h + ql + kvl) * 2.0 * 2.0, T * 4.0 * (2 * h + ql + kvl), tshape);
+  // The norms and the query and latent projections, with RoPE.
+  void attention_in(double T) {
+    const auto& c = m.cfg;
+    const double h = c.hidden_size, ql = c.q_lora_rank, kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim, H = heads();
+    const WeightDtype aw = attn_w();
+    memory("layer.norms", T * (2 * h + ql + kvl) * 2.0 * 2.0, T * 4.0 * (2 * h + ql + kvl), token_shape(T));
     gemm("attn.q_a_proj", T, ql, h, aw);
     gemm("attn.kv_a_proj", T, kvl + rope, h, aw);
-    gemm("attn.q_b_proj", T, H * qk, ql, aw);
+    gemm("attn.q_b_proj", T, H * c.qk_head_dim(), ql, aw);
     // RoPE of every head's query and of the shared key, in place (bf16 in and out).
-    memory("attn.rope", T * (H + 1) * rope * 2.0 * 2.0, T * (H + 1) * rope * 3.0, tshape);
+    memory("attn.rope", T * (H + 1) * rope * 2.0 * 2.0, T * (H + 1) * rope * 3.0, token_shape(T));
+  }
 
-    const bool full_idx = m.has_indexer && c.is_indexer_full(li);
-    if (full_idx) {
-      const double IH = c.index_n_heads, D = c.index_head_dim;
-      gemm("indexer.wq_b", T, IH * D, ql, aw);
-      gemm("indexer.wk", T, D, h, aw);
-      ops[index.at(prefix + "indexer.wk")].bytes += T * indexer_cache_bytes(m) * weight;  // k cache write
-      gemm("indexer.weights_proj", T, IH, h, aw, /*bf16_weight=*/true);
-      // Each head's query and the token's key: RoPE, Hadamard rotation and fp8 quantization
-      // (bf16 in, fp8 out; log2(128) = 7 butterfly additions per value plus the rotation,
-      // the block max and the scaling).
-      memory("indexer.quant", T * (IH + 1) * D * 3.0, T * (IH + 1) * D * 10.0, tshape);
-      const double keys_all = sum_keys(s.context, s.new_tokens, kNoCap);
-      const double visible = double(s.context + s.new_tokens);
-      Op score;
-      score.name = "indexer.score";
-      score.cls = OpClass::Indexer;
-      score.bits = 8;
-      score.flops = double(s.seqs) * keys_all * 2.0 * IH * D;
-      score.bytes = double(s.seqs) * visible * indexer_cache_bytes(m) +
-                    T * IH * D + double(s.seqs) * keys_all * 4.0;  // keys, fp8 q, fp32 logits out
-      score.shape = "seqs=" + std::to_string(s.seqs) + ";new=" + std::to_string(s.new_tokens) +
-                    ";ctx=" + std::to_string(s.context) + ";H=" + std::to_string(int64_t(IH));
-      add(std::move(score));
-      // Top-k of index_topk among every scored key: one pass over the fp32 logits in memory
-      // terms (GPU radix selects keep the histogram passes on chip); its compute side counts
-      // one operation per key, which the `topk` efficiency turns into the selection rate a
-      // CPU radix select reaches over its several passes.
-      Op tk;
-      tk.name = "indexer.topk";
-      tk.cls = OpClass::Topk;
-      tk.bytes = double(s.seqs) * keys_all * 4.0;
-      tk.flops = double(s.seqs) * keys_all;
-      tk.shape = score_shape(s);
-      add(std::move(tk));
-    }
+  // A layer with its own lightning indexer: its projections, the scan over every cached key
+  // and the top-k.
+  void indexer(double T, const Step& s) {
+    const auto& c = m.cfg;
+    const double h = c.hidden_size, ql = c.q_lora_rank, IH = c.index_n_heads, D = c.index_head_dim;
+    const WeightDtype aw = attn_w();
+    gemm("indexer.wq_b", T, IH * D, ql, aw);
+    gemm("indexer.wk", T, D, h, aw);
+    ops[index.at(prefix + "indexer.wk")].bytes += T * indexer_cache_bytes(m) * weight;  // k cache write
+    gemm("indexer.weights_proj", T, IH, h, aw, /*bf16_weight=*/true);
+    // Each head's query and the token's key: RoPE, Hadamard rotation and fp8 quantization
+    // (bf16 in, fp8 out; log2(128) = 7 butterfly additions per value plus the rotation,
+    // the block max and the scaling).
+    memory("indexer.quant", T * (IH + 1) * D * 3.0, T * (IH + 1) * D * 10.0, token_shape(T));
+    const double keys_all = sum_keys(s.context, s.new_tokens, kNoCap);
+    const double visible = double(s.context + s.new_tokens);
+    Op score;
+    score.name = "indexer.score";
+    score.cls = OpClass::Indexer;
+    score.bits = 8;
+    score.flops = double(s.seqs) * keys_all * 2.0 * IH * D;
+    score.bytes = double(s.seqs) * visible * indexer_cache_bytes(m) +
+                  T * IH * D + double(s.seqs) * keys_all * 4.0;  // keys, fp8 q, fp32 logits out
+    score.shape = "seqs=" + std::to_string(s.seqs) + ";new=" + std::to_string(s.new_tokens) +
+                  ";ctx=" + std::to_string(s.context) + ";H=" + std::to_string(int64_t(IH));
+    add(std::move(score));
+    // Top-k of index_topk among every scored key: one pass over the fp32 logits in memory
+    // terms (GPU radix selects keep the histogram passes on chip); its compute side counts
+    // one operation per key, which the `topk` efficiency turns into the selection rate a
+    // CPU radix select reaches over its several passes.
+    Op tk;
+    tk.name = "indexer.topk";
+    tk.cls = OpClass::Topk;
+    tk.bytes = double(s.seqs) * keys_all * 4.0;
+    tk.flops = double(s.seqs) * keys_all;
+    tk.shape = score_shape(s);
+    add(std::move(tk));
+  }
 
-    const int64_t cap = m.has_indexer ? int64_t(c.index_topk) : kNoCap;
-    const double keys = sum_keys(s.context, s.new_tokens, cap);
+  // Decode always runs the absorbed (MQA, 576/512) form. Prefill of a dense model runs the
+  // expanded (MHA, 192/128) form, as DeepSeek does; a sparse model uses it too ("masked MHA
+  // mode") while that costs fewer FLOPs than the absorbed sparse form, i.e. for short prompts.
+  bool expanded_attention(const Step& s) const {
+    if (s.phase != Phase::Prefill) return false;
+    if (!m.has_indexer) return true;
+    const auto& c = m.cfg;
+    const double kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim, H = heads();
+    const double keys = sum_keys(s.context, s.new_tokens, int64_t(c.index_topk));
+    const double visible = double(s.context + s.new_tokens);
+    const double dense_keys = sum_keys(s.context, s.new_tokens, kNoCap);
+    const double mha = dense_keys * 2.0 * H * (c.qk_head_dim() + vd) + visible * 2.0 * H * (nope + vd) * kvl;  // per sequence
+    const double mqa = keys * 2.0 * H * (2.0 * kvl + rope) + double(s.new_tokens) * 2.0 * H * kvl * (nope + vd);  // per sequence
+    return mha <= mqa;
+  }
+
+  // One of kv_b's halves applied per head in the absorbed form: q_nope into the latent space
+  // (K half), or the latent output back to values (V half).
+  void absorb(const char* name, double T, double in, double out) {
+    const WeightDtype aw = attn_w();
+    const double H = heads();
+    Op op;
+    op.name = name;
+    op.cls = OpClass::Gemm;
+    op.bits = aw == WeightDtype::FP8 ? 8 : 16;
+    op.flops = 2.0 * T * H * in * out;
+    op.bytes = H * in * out * weight_bytes_per_elem(aw) + T * H * in * 2.0 + T * H * out * 2.0;
+    op.weight_elems = op.bits <= 8 ? H * in * out : 0.0;
+    op.shape = token_shape(T) + ";H=" + std::to_string(int64_t(H));
+    add(std::move(op));
+  }
+
+  // Scores and the weighted sum over the visible (dense, or the indexer's top-k) keys.
+  void attention_core(double T, const Step& s) {
+    const auto& c = m.cfg;
+    const double kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+    const double qk = c.qk_head_dim(), H = heads();
+    const double keys = sum_keys(s.context, s.new_tokens, m.has_indexer ? int64_t(c.index_topk) : kNoCap);
     const double visible = double(s.context + s.new_tokens);
     const double cb = mla_cache_bytes(m, o.cache);
-    // Decode always runs the absorbed (MQA, 576/512) form. Prefill of a dense model runs the
-    // expanded (MHA, 192/128) form, as DeepSeek does; a sparse model uses it too ("masked MHA
-    // mode") while that costs fewer FLOPs than the absorbed sparse form, i.e. for short prompts.
-    bool expanded = false;
-    if (s.phase == Phase::Prefill) {
-      const double dense_keys = sum_keys(s.context, s.new_tokens, kNoCap);
-      const double mha = dense_keys * 2.0 * H * (qk + vd) + visible * 2.0 * H * (nope + vd) * kvl;  // per sequence
-      const double mqa = keys * 2.0 * H * (2.0 * kvl + rope) + double(s.new_tokens) * 2.0 * H * kvl * (nope + vd);  // per sequence
-      expanded = !m.has_indexer || mha <= mqa;
-    }
+    const bool expanded = expanded_attention(s);
     Op core;
     core.name = "attn.core";
     core.bits = 16;  // fp8 caches are dequantized to bf16 before the MMA (FlashMLA)
     core.shape = score_shape(s) + ";H=" + std::to_string(int64_t(H));
     if (expanded) {
-      gemm("attn.kv_b_proj", double(s.seqs) * visible, H * (nope + vd), kvl, aw);
+      gemm("attn.kv_b_proj", double(s.seqs) * visible, H * (nope + vd), kvl, attn_w());
       core.cls = OpClass::AttentionDense;
       core.flops = double(s.seqs) * sum_keys(s.context, s.new_tokens, kNoCap) * 2.0 * H * (qk + vd);
-      core.bytes = double(s.seqs) * visible * H * (qk + vd) * 2.0 +
-                   T * H * (qk + vd) * 2.0;
+      core.bytes = double(s.seqs) * visible * H * (qk + vd) * 2.0 + T * H * (qk + vd) * 2.0;
     } else {
-      Op qa;  // q_nope absorbed into the latent space through kv_b's K half
-      qa.name = "attn.q_absorb";
-      qa.cls = OpClass::Gemm;
-      qa.bits = aw == WeightDtype::FP8 ? 8 : 16;
-      qa.flops = 2.0 * T * H * nope * kvl;
-      qa.bytes = H * nope * kvl * weight_bytes_per_elem(aw) + T * H * nope * 2.0 + T * H * kvl * 2.0;
-      qa.weight_elems = qa.bits <= 8 ? H * nope * kvl : 0.0;
-      qa.shape = tshape + ";H=" + std::to_string(int64_t(H));
-      add(std::move(qa));
+      absorb("attn.q_absorb", T, nope, kvl);
       core.cls = m.has_indexer ? OpClass::AttentionSparse : OpClass::AttentionDense;
       core.flops = double(s.seqs) * keys * 2.0 * H * (2.0 * kvl + rope);
       // Sparse queries gather their own top-k rows; dense ones share each cached key.
@@ -273,29 +310,15 @@ struct Builder {
       core.bytes = key_bytes + T * H * (kvl + rope) * 2.0 + T * H * kvl * 2.0;
     }
     add(std::move(core));
-    if (!expanded) {
-      Op vu;  // latent output back to per-head values through kv_b's V half
-      vu.name = "attn.v_up";
-      vu.cls = OpClass::Gemm;
-      vu.bits = aw == WeightDtype::FP8 ? 8 : 16;
-      vu.flops = 2.0 * T * H * kvl * vd;
-      vu.bytes = H * kvl * vd * weight_bytes_per_elem(aw) + T * H * kvl * 2.0 + T * H * vd * 2.0;
-      vu.weight_elems = vu.bits <= 8 ? H * kvl * vd : 0.0;
-      vu.shape = tshape + ";H=" + std::to_string(int64_t(H));
-      add(std::move(vu));
-    }
-    gemm("attn.o_proj", T, h, H * vd, aw);
-    memory("attn.cache_write", T * cb, 0.0, tshape);
-    if (l.tp > 1) allreduce(T);
+    if (!expanded) absorb("attn.v_up", T, kvl, vd);
+  }
 
-    if (c.is_moe_layer(li)) moe(T, s);
-    else {
-      const double I = double(c.intermediate_size) / l.tp;
-      gemm("mlp.gate_up", T, 2 * I, h, o.weight);
-      memory("mlp.act", T * I * 3.0 * 2.0, T * I * 4.0, tshape);  // silu(gate) * up
-      gemm("mlp.down", T, h, I, o.weight);
-    }
-    if (l.tp > 1) allreduce(T);
+  // A dense layer's MLP.
+  void mlp(double T) {
+    const double I = double(m.cfg.intermediate_size) / l.tp;
+    gemm("mlp.gate_up", T, 2 * I, m.cfg.hidden_size, o.weight);
+    memory("mlp.act", T * I * 3.0 * 2.0, T * I * 4.0, token_shape(T));  // silu(gate) * up
+    gemm("mlp.down", T, m.cfg.hidden_size, I, o.weight);
   }
 
   static std::string score_shape(const Step& s) {
