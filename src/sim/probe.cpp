@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -206,11 +207,14 @@ void fill_floats(float* p, size_t n, uint64_t seed) {
 
 namespace {
 
-// One engine-kernel probe: a call, how many timed calls it makes per round, and the mean
-// seconds per call of each round.
+// One engine-kernel probe: a call, how many timed calls it makes per round, the work of one
+// call in the unit its rate is reported in (bytes, FLOPs or keys), and the mean seconds per
+// call of each round. The call's buffers live in the lambda's captures.
 struct Probe {
+  Probe(std::function<void()> c, int n, double w) : call(std::move(c)), calls_per_round(n), work(w) {}
   std::function<void()> call;
   int calls_per_round;
+  double work;
   std::vector<double> round_means;
   double fastest = 1e30;
 };
@@ -219,343 +223,385 @@ struct Probe {
 // probe and round). Interleaving spreads each probe over the whole few seconds instead of
 // one short burst: on a shared machine the rate moves from second to second, and a probe
 // that sees only one second would carry that second's speed into every prediction.
-void run_rounds(std::vector<Probe>& probes, int rounds) {
+void run_rounds(std::vector<Probe*>& probes, int rounds) {
   for (int r = 0; r < rounds; ++r)
-    for (Probe& p : probes) {
-      p.call();
+    for (Probe* p : probes) {
+      p->call();
       double sum = 0;
-      for (int i = 0; i < p.calls_per_round; ++i) {
+      for (int i = 0; i < p->calls_per_round; ++i) {
         const auto t0 = Clock::now();
-        p.call();
+        p->call();
         const double s = std::chrono::duration<double>(Clock::now() - t0).count();
         sum += s;
-        p.fastest = std::min(p.fastest, s);
+        p->fastest = std::min(p->fastest, s);
       }
-      p.round_means.push_back(sum / p.calls_per_round);
+      p->round_means.push_back(sum / p->calls_per_round);
     }
 }
 
-// Seconds per call as `dsa bench` reports its own rates: the mean of each round (every
-// stall inside a round counts, as inside one benchmark repeat), then the median of the
-// rounds (one slow or fast round does not move it).
-double median_of_round_means(const Probe& p) {
+// Work per second as `dsa bench` reports its own rates: the mean of each round (every stall
+// inside a round counts, as inside one benchmark repeat), then the median of the rounds (one
+// slow or fast round does not move it).
+double rate(const Probe& p) {
   std::vector<double> m = p.round_means;
   std::sort(m.begin(), m.end());
   const size_t n = m.size();
-  return n % 2 ? m[n / 2] : 0.5 * (m[n / 2 - 1] + m[n / 2]);
+  return p.work / (n % 2 ? m[n / 2] : 0.5 * (m[n / 2 - 1] + m[n / 2]));
+}
+
+std::vector<float> floats(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  fill_floats(v.data(), n, seed);
+  return v;
+}
+
+// The bytes the weight-streaming probes read: each call reads a different part of 192 MiB,
+// so that no part read again is still in a last-level cache of up to 64 MiB (AMD's victim
+// L3 keeps some lines of a buffer just twice its size). The bytes are one repeated code that
+// reads as an ordinary number as e4m3 (1.25) and as bf16 (about 7e-4): the kernels' work
+// does not depend on the values.
+struct WeightBuffer {
+  static constexpr size_t kBytes = size_t(192) << 20, kRegion = size_t(64) << 20;
+  std::vector<uint8_t> bytes = std::vector<uint8_t>(kBytes, 0x3A);
+  std::vector<float> scales = std::vector<float>(64 * 64, 1.0f);  // fp8 block scales of any matrix here
+};
+using Weights = std::shared_ptr<const WeightBuffer>;
+
+// Weight streaming: one-token GEMVs over a 64 MiB bf16 matrix that comes from DRAM as the
+// decode weights do (a decode token's product).
+Probe gemv_bf16_probe(const Weights& wb, int cols) {
+  struct State {
+    Linear w;
+    std::vector<float> x, y;
+    size_t call = 0;
+  };
+  auto st = std::make_shared<State>();
+  st->w.dtype = DType::BF16;
+  st->w.rows = int(WeightBuffer::kRegion / 2 / size_t(cols));
+  st->w.cols = cols;
+  st->x = floats(size_t(cols), 1);
+  st->y.resize(size_t(st->w.rows));
+  return {[wb, st] {
+            st->w.data = wb->bytes.data() + (st->call++ % 3) * WeightBuffer::kRegion;
+            kernels::linear_decode(st->w, st->x.data(), 1, st->y.data());
+          },
+          8, double(st->w.bytes())};
+}
+
+// fp8 GEMVs as decode runs a MoE layer's experts: one linear_multi over sixteen [512 x 2048]
+// matrices (gate and up projections: 2 KB rows), then one over eight [2048 x 512] (down
+// projections: 512-byte rows, which stream about a sixth slower), the two-to-one byte mix of
+// the expert weights; 24 MiB per call, rotating over eight such sets so every call reads
+// from DRAM. With `tokens` > 1 per job (a batched decode step) the products are
+// compute-bound, and the rate is in FLOPs instead of bytes.
+Probe expert_gemv_probe(const Weights& wb, int tokens, int calls_per_round) {
+  constexpr int kUp = 16, kDown = 8, kSets = 8, kPerSet = kUp + kDown;
+  struct State {
+    std::vector<Linear> w = std::vector<Linear>(size_t(kPerSet) * kSets);
+    std::vector<kernels::LinearJob> jobs = std::vector<kernels::LinearJob>(size_t(kPerSet) * kSets);
+    std::vector<float> x, y;
+    size_t call = 0;
+  };
+  auto st = std::make_shared<State>();
+  st->x = floats(size_t(tokens) * 2048, tokens == 1 ? 1 : 3);
+  st->y.resize(size_t(tokens) * (size_t(kUp) * 512 + size_t(kDown) * 2048));
+  for (size_t j = 0; j < st->w.size(); ++j) {
+    const size_t k = j % kPerSet;
+    const bool down = k >= size_t(kUp);
+    Linear& w = st->w[j];
+    w.dtype = DType::F8_E4M3;
+    w.data = wb->bytes.data() + j * (size_t(1) << 20);
+    w.rows = down ? 2048 : 512;
+    w.cols = down ? 512 : 2048;
+    w.scale = wb->scales.data();
+    const size_t y_at = down ? size_t(kUp) * 512 + (k - size_t(kUp)) * 2048 : k * 512;
+    st->jobs[j] = {&w, st->x.data(), st->y.data() + y_at * size_t(tokens), tokens};
+  }
+  const double work = tokens == 1 ? double(kPerSet) * double(st->w[0].bytes()) : 2.0 * tokens * double(kPerSet) * 512.0 * 2048.0;
+  return {[wb, st] {
+            // One expert layer's products: the next of the sets, up projections then down.
+            kernels::LinearJob* set = &st->jobs[(st->call++ % kSets) * kPerSet];
+            kernels::linear_multi(set, kUp);
+            kernels::linear_multi(set + kUp, kDown);
+          },
+          calls_per_round, work};
+}
+
+// Packed GEMMs on fp8 [1024 x 2048] weights (2 MiB each: compute-bound at these row counts).
+// kGemmLargeRows rows: one GEMM split across the threads (a dense prefill projection).
+// kGemmSmallRows rows: eight experts' GEMMs in a parallel loop, each on one thread, as the
+// engine's MoE prefill runs them (kernels called inside a parallel region run single-threaded).
+Probe gemm_probe(const Weights& wb, bool experts) {
+  static constexpr int kExperts = 8;
+  struct State {
+    std::vector<Linear> w = std::vector<Linear>(kExperts);
+    std::vector<float> x, y;
+  };
+  auto st = std::make_shared<State>();
+  for (int e = 0; e < kExperts; ++e) {
+    Linear& w = st->w[size_t(e)];
+    w.dtype = DType::F8_E4M3;
+    w.data = wb->bytes.data() + size_t(e) * (size_t(2) << 20);
+    w.rows = 1024;
+    w.cols = 2048;
+    w.scale = wb->scales.data();
+  }
+  st->x = floats(size_t(kGemmLargeRows) * 2048, 2);
+  st->y.resize(size_t(std::max(kGemmLargeRows, kExperts * kGemmSmallRows)) * 1024);
+  if (!experts)
+    return {[wb, st] { kernels::linear(st->w[0], st->x.data(), kGemmLargeRows, st->y.data()); }, 2,
+            2.0 * kGemmLargeRows * 1024.0 * 2048.0};
+  return {[wb, st] {
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int e = 0; e < kExperts; ++e)
+              kernels::linear(st->w[size_t(e)], st->x.data() + size_t(e) * kGemmSmallRows * 2048, kGemmSmallRows,
+                              st->y.data() + size_t(e) * kGemmSmallRows * 1024);
+          },
+          2, 2.0 * kExperts * kGemmSmallRows * 1024.0 * 2048.0};
+}
+
+// Lightning indexer scan: 16 heads over 16,384 cached fp8 keys (2 MiB), each call on a
+// different slice of the weight buffer: at depth the engine's keys come from DRAM, the
+// weights streamed since the previous token having pushed them out of the cache.
+Probe indexer_probe(const Weights& wb) {
+  constexpr int kHeads = 16, kKeys = 16384;
+  constexpr size_t kSlice = size_t(kKeys) * 128, kSlices = WeightBuffer::kBytes / kSlice;
+  struct State {
+    std::vector<float> w = floats(kHeads, 3), k_scale = floats(kKeys, 4), out = std::vector<float>(kKeys);
+    size_t call = 0;
+  };
+  auto st = std::make_shared<State>();
+  for (float& v : st->k_scale) v = 0.01f + std::abs(v);
+  return {[wb, st] {
+            const uint8_t* k8 = wb->bytes.data() + (st->call++ % kSlices) * kSlice;
+            kernels::IndexKeyView keys;
+            keys.k8 = k8;
+            keys.k_scale = st->k_scale.data();
+            kernels::indexer_scores(k8 + kSlice - 4096, st->w.data(), kHeads, keys, kKeys, st->out.data());
+          },
+          6, 2.0 * kHeads * 128.0 * kKeys};
+}
+
+// Top-k of 2,048 among 16,384 distinct scores (the indexer's output at that depth).
+Probe topk_probe() {
+  auto scores = std::make_shared<std::vector<float>>(floats(16384, 5));
+  auto sel = std::make_shared<std::vector<int32_t>>(2048);
+  return {[scores, sel] { kernels::topk(scores->data(), int(scores->size()), 2048, sel->data()); }, 4, double(scores->size())};
+}
+
+// An fp8 latent cache (the engine's layout) of `tokens` rows: 64 distinct tokens, repeated
+// (the values do not change the work).
+struct LatentCache {
+  static constexpr int kLatent = 512, kRope = 64;
+  MlaCacheView view;
+  std::vector<uint8_t> bytes;
+  explicit LatentCache(size_t tokens) {
+    view.type = CacheType::FP8;
+    view.kv_lora = kLatent;
+    view.rope = kRope;
+    const size_t tb = view.token_bytes();
+    bytes.resize(tb * std::max<size_t>(tokens, 64));
+    view.data = bytes.data();
+    std::vector<float> lat(kLatent), kr(kRope);
+    for (int t = 0; t < 64; ++t) {
+      fill_floats(lat.data(), lat.size(), 10 + uint64_t(t));
+      fill_floats(kr.data(), kr.size(), 90000 + uint64_t(t));
+      kernels::mla_cache_write(view, t, lat.data(), kr.data());
+    }
+    for (size_t t = 64; t < tokens; ++t) std::memcpy(bytes.data() + t * tb, bytes.data() + (t % 64) * tb, tb);
+  }
+};
+
+// Absorbed sparse decode: 16 heads over 2,048 latents selected in position order from a
+// 16,384-token fp8 cache, alternating between four such caches (51 MiB in all) so each call
+// gathers from DRAM, as a decode step at depth does.
+Probe sparse_decode_probe() {
+  constexpr int kHeads = 16, kSelected = 2048, kContext = 16384, kCopies = 4, L = LatentCache::kLatent, R = LatentCache::kRope;
+  struct State {
+    LatentCache cache{size_t(kContext) * kCopies};
+    std::vector<float> q_lat = floats(size_t(kHeads) * L, 6), q_rope = floats(size_t(kHeads) * R, 7), out = std::vector<float>(size_t(kHeads) * L);
+    std::vector<int32_t> idx = std::vector<int32_t>(kSelected);
+    size_t call = 0;
+  };
+  auto st = std::make_shared<State>();
+  // 2,048 of 16,384 positions, ascending (the top-k's order), spread by a fixed stride with a
+  // small pseudo-random jitter.
+  uint64_t s = 12345;
+  for (int j = 0; j < kSelected; ++j) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    st->idx[size_t(j)] = j * (kContext / kSelected) + int32_t((s >> 40) % uint64_t(kContext / kSelected));
+  }
+  return {[st] {
+            MlaCacheView c = st->cache.view;
+            c.data = st->cache.bytes.data() + (st->call++ % kCopies) * c.token_bytes() * size_t(kContext);
+            kernels::mla_sparse_decode(c, st->q_lat.data(), st->q_rope.data(), kHeads, st->idx.data(), kSelected, 0.05f, st->out.data());
+          },
+          6, 2.0 * kHeads * kSelected * (2.0 * L + R)};
+}
+
+// The expanded (MHA) attention shapes of prefill: 16 heads x (128 nope + 64 rope | 128 v).
+constexpr int kMhaHeads = 16, kNope = 128, kRope = 64, kV = 128;
+
+// Prefill attention in the expanded form: 32 queries in parallel as the engine runs them,
+// each over 512 selected keys.
+Probe sparse_prefill_probe() {
+  static constexpr int kKeys = 512, kQueries = 32, H = kMhaHeads;
+  struct State {
+    std::vector<float> kv = floats(size_t(kKeys) * H * (kNope + kV), 8), k_rope = floats(size_t(kKeys) * kRope, 9);
+    std::vector<float> q = floats(size_t(kQueries) * H * (kNope + kRope), 11), out = std::vector<float>(size_t(kQueries) * H * kV);
+    std::vector<int32_t> idx = std::vector<int32_t>(kKeys);
+  };
+  auto st = std::make_shared<State>();
+  for (int t = 0; t < kKeys; ++t) st->idx[size_t(t)] = t;
+  return {[st] {
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int i = 0; i < kQueries; ++i)
+              kernels::mha_sparse_prefill(&st->q[size_t(i) * H * (kNope + kRope)], st->kv.data(), st->k_rope.data(), H, kNope, kRope, kV,
+                                          st->idx.data(), kKeys, 0.07f, &st->out[size_t(i) * H * kV]);
+          },
+          1, 2.0 * kQueries * H * kKeys * double(kNope + kRope + kV)};
+}
+
+// A fresh prompt's causal attention in the expanded form, as the engine runs it while the
+// prompt is no longer than index_topk: blocks of 16 queries per head in a parallel loop over
+// blocks and heads, each query over every key up to its position (256 tokens).
+Probe causal_prefill_probe() {
+  static constexpr int kTokens = 256, H = kMhaHeads, kBlocks = kTokens / 16;
+  static constexpr size_t kQRow = size_t(H) * (kNope + kRope), kORow = size_t(H) * kV;
+  struct State {
+    std::vector<float> kv = floats(size_t(kTokens) * H * (kNope + kV), 12), k_rope = floats(size_t(kTokens) * kRope, 13);
+    std::vector<float> q = floats(size_t(kTokens) * kQRow, 14), out = std::vector<float>(size_t(kTokens) * kORow);
+  };
+  auto st = std::make_shared<State>();
+  return {[st] {
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int t = 0; t < kBlocks * H; ++t) {
+              const int blk = kBlocks - 1 - t / H, h = t % H;
+              kernels::mha_causal_prefill_head(&st->q[size_t(blk) * 16 * kQRow + size_t(h) * (kNope + kRope)], kQRow, 16, blk * 16,
+                                               st->kv.data(), st->k_rope.data(), H, h, kNope, kRope, kV, 0.07f,
+                                               &st->out[size_t(blk) * 16 * kORow + size_t(h) * kV], kORow);
+            }
+          },
+          1, 2.0 * (double(kTokens) * (kTokens + 1) / 2) * H * double(kNope + kRope + kV)};
+}
+
+// The operator table's bytes for the element-wise work of elementwise_probe: one MoE layer's
+// share of a kEltTokens-token prefill chunk of the benchmark model.
+double elementwise_plan_bytes() {
+  const SimModel mini = load_model("v32-mini");
+  double bytes = 0;
+  for (const Op& op : op_plan(mini, Step{Phase::Prefill, 1, kEltTokens, 0}, Layout{}, Options{}))
+    if (op.name == "layer.norms" || op.name == "attn.rope" || op.name == "indexer.quant" || op.name == "moe.act" ||
+        op.name == "attn.cache_write")
+      bytes += op.bytes / op.count;
+  return bytes;
+}
+
+// Element-wise work of one MoE layer with an indexer, called as the engine's forward pass
+// calls it for a chunk of kEltTokens prompt tokens with the benchmark model's shapes (hidden
+// 2048, 16 heads, latent 512, rope 64, indexer 16 x 128, 6 + 1 experts of 512): RMSNorms,
+// per-vector RoPE, the indexer's Hadamard rotation and fp8 quantization, the experts'
+// silu * up and the fp8 cache write. Its rate is expressed in the operator table's own
+// bytes for that work, so that the plan charges the same kernels at the speed they ran here.
+Probe elementwise_probe() {
+  constexpr int T = kEltTokens, Hd = 2048, Hq = 16, QL = 512, KL = 512, RR = 64, IH = 16, MI = 512, EX = 7;
+  struct State {
+    std::vector<float> x = floats(size_t(T) * Hd, 21), y = std::vector<float>(size_t(T) * Hd), q = floats(size_t(T) * Hq * 192, 22);
+    std::vector<float> k_rope = floats(size_t(T) * RR, 23), iq = std::vector<float>(size_t(T) * IH * 128), ik = std::vector<float>(size_t(T) * 128);
+    std::vector<float> g = floats(size_t(T) * EX * MI, 24), u = floats(size_t(T) * EX * MI, 25);
+    std::vector<float> cos = std::vector<float>(RR / 2), sin = std::vector<float>(RR / 2);
+    std::vector<float> iscale = std::vector<float>(size_t(T) * IH), kscale = std::vector<float>(T);
+    std::vector<uint8_t> iq8 = std::vector<uint8_t>(size_t(T) * IH * 128), ik8 = std::vector<uint8_t>(size_t(T) * 128);
+    std::vector<uint8_t> norm_bf16 = std::vector<uint8_t>(size_t(Hd) * 2);
+    std::vector<float> ln_w = std::vector<float>(128, 1.0f), ln_b = std::vector<float>(128, 0.0f);
+    LatentCache cache{size_t(T)};
+  };
+  auto st = std::make_shared<State>();
+  for (int i = 0; i < RR / 2; ++i) {
+    st->cos[size_t(i)] = std::cos(0.1f * float(i));
+    st->sin[size_t(i)] = std::sin(0.1f * float(i));
+  }
+  for (int i = 0; i < Hd; ++i) {  // bf16 norm weights (1.0), as the checkpoints store them
+    st->norm_bf16[size_t(2 * i)] = 0x80;
+    st->norm_bf16[size_t(2 * i + 1)] = 0x3F;
+  }
+  return {[st] {
+            using namespace kernels;
+            State& e = *st;
+            const Vec w{DType::BF16, e.norm_bf16.data(), Hd};
+            const Vec lw{DType::F32, reinterpret_cast<const uint8_t*>(e.ln_w.data()), 128};
+            const Vec lb{DType::F32, reinterpret_cast<const uint8_t*>(e.ln_b.data()), 128};
+            rmsnorm(e.x.data(), w, T, Hd, 1e-6f, e.y.data());  // input norm
+            rmsnorm(e.y.data(), w, T, QL, 1e-6f, e.y.data());  // q latent norm
+            rmsnorm(e.x.data(), w, T, KL, 1e-6f, e.x.data());  // kv latent norm
+            for (int i = 0; i < T; ++i) {
+              for (int h = 0; h < Hq; ++h) rope(&e.q[(size_t(i) * Hq + size_t(h)) * 192 + 128], RR, e.cos.data(), e.sin.data(), true);
+              rope(&e.k_rope[size_t(i) * RR], RR, e.cos.data(), e.sin.data(), true);
+            }
+            for (int i = 0; i < T; ++i)
+              for (int h = 0; h < IH; ++h) rope(&e.iq[(size_t(i) * IH + size_t(h)) * 128], RR, e.cos.data(), e.sin.data(), false);
+            hadamard128(e.iq.data(), T * IH);
+            for (int r = 0; r < T * IH; ++r) act_quant_fp8(&e.iq[size_t(r) * 128], 128, 128, true, &e.iq8[size_t(r) * 128], &e.iscale[size_t(r)]);
+            layernorm(e.ik.data(), lw, lb, T, 128, 1e-6f, e.ik.data());
+            for (int i = 0; i < T; ++i) rope(&e.ik[size_t(i) * 128], RR, e.cos.data(), e.sin.data(), false);
+            hadamard128(e.ik.data(), T);
+            for (int i = 0; i < T; ++i) act_quant_fp8(&e.ik[size_t(i) * 128], 128, 128, true, &e.ik8[size_t(i) * 128], &e.kscale[size_t(i)]);
+            for (int i = 0; i < T; ++i) mla_cache_write(e.cache.view, i, &e.x[size_t(i) * Hd], &e.k_rope[size_t(i) * RR]);
+            silu_mul(e.g.data(), e.u.data(), e.g.size(), e.g.data());  // in place, as the experts run it
+            rmsnorm(e.x.data(), w, T, Hd, 1e-6f, e.y.data());           // post-attention norm
+          },
+          2, elementwise_plan_bytes()};
+}
+
+// One kernel call with almost no work, large enough to be split across the threads. Its
+// fastest call of all rounds counts: on a shared machine a fork or join that waits for a
+// descheduled thread costs a scheduler time slice (milliseconds), a property of the
+// machine's load, not of the call.
+Probe call_probe(const Weights& wb) {
+  struct State {
+    Linear w;
+    std::vector<float> x = floats(64, 1), y = std::vector<float>(256);
+  };
+  auto st = std::make_shared<State>();
+  st->w.dtype = DType::BF16;
+  st->w.data = wb->bytes.data();
+  st->w.rows = 256;
+  st->w.cols = 64;
+  return {[wb, st] { kernels::linear_decode(st->w, st->x.data(), 1, st->y.data()); }, 20, 1.0};
 }
 
 }  // namespace
 
 KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
-  using namespace dsa::kernels;
   const int saved = omp_get_max_threads();
   if (threads > 0) omp_set_num_threads(threads);
-  const Backend backend_before = backend();
-  set_backend(Backend::Cpu);  // the optimized kernels, whatever DSA_KERNELS says
+  const Backend backend_before = kernels::backend();
+  kernels::set_backend(Backend::Cpu);  // the optimized kernels, whatever DSA_KERNELS says
   KernelRates r;
-  std::vector<Probe> probes;
-
-  // Weight streaming: one-token GEMVs over matrices that come from DRAM as the decode weights
-  // do. Each call reads a different part of a 192 MiB buffer, so that no part read again is
-  // still in a last-level cache of up to 64 MiB (AMD's victim L3 keeps some lines of a
-  // buffer just twice its size). The bytes are one repeated code that reads as an ordinary
-  // number as e4m3 (1.25) and as bf16 (about 7e-4): the kernels' work does not depend on
-  // the values.
-  const size_t wbytes = size_t(192) << 20, region = size_t(64) << 20;
-  std::vector<uint8_t> wbuf(wbytes);
-  std::memset(wbuf.data(), 0x3A, wbytes);
-  const int bf16_cols = std::clamp(gemv_bf16_cols, 256, 65536);
-  r.gemv_bf16_cols = bf16_cols;
-  std::vector<float> x(size_t(std::max(8192, bf16_cols))), y(size_t(std::max<size_t>(8192, region / 2 / size_t(bf16_cols))));
-  fill_floats(x.data(), x.size(), 1);
-  Linear gemv_bf16;
-  gemv_bf16.dtype = DType::BF16;
-  gemv_bf16.rows = int(region / 2 / size_t(bf16_cols));
-  gemv_bf16.cols = bf16_cols;
-  size_t gemv_bf16_call = 0;
-  probes.push_back({[&] {
-                      gemv_bf16.data = wbuf.data() + (gemv_bf16_call++ % 3) * region;
-                      linear_decode(gemv_bf16, x.data(), 1, y.data());  // a decode token's product
-                    },
-                    8, {}});
-  const size_t p_gemv_bf16 = probes.size() - 1;
-
-  // fp8 GEMVs as decode runs a MoE layer's experts: one linear_multi over sixteen
-  // [512 x 2048] matrices (gate and up projections: 2 KB rows), then one over eight
-  // [2048 x 512] (down projections: 512-byte rows, which stream about a sixth slower), the
-  // two-to-one byte mix of the expert weights; 24 MiB per call, rotating over eight such
-  // sets so every call reads from DRAM.
-  std::vector<float> scales(64 * 64, 1.0f);
-  const int fp8_up = 16, fp8_down = 8, fp8_sets = 8;
-  const size_t fp8_per_set = size_t(fp8_up + fp8_down);
-  std::vector<Linear> fp8_ws(fp8_per_set * fp8_sets);
-  std::vector<float> fp8_y(size_t(fp8_up) * 512 + size_t(fp8_down) * 2048);
-  std::vector<LinearJob> fp8_calls(fp8_ws.size());
-  for (size_t j = 0; j < fp8_ws.size(); ++j) {
-    const bool down = j % fp8_per_set >= size_t(fp8_up);
-    const size_t k = j % fp8_per_set;
-    fp8_ws[j].dtype = DType::F8_E4M3;
-    fp8_ws[j].data = wbuf.data() + j * (size_t(1) << 20);
-    fp8_ws[j].rows = down ? 2048 : 512;
-    fp8_ws[j].cols = down ? 512 : 2048;
-    fp8_ws[j].scale = scales.data();
-    fp8_calls[j] = {&fp8_ws[j], x.data(), &fp8_y[down ? size_t(fp8_up) * 512 + (k - size_t(fp8_up)) * 2048 : k * 512]};
-  }
-  // One expert layer's products: the next of the sets of calls, up projections then down.
-  auto expert_layer = [&](std::vector<LinearJob>& calls, size_t& next) {
-    LinearJob* set = &calls[(next++ % fp8_sets) * fp8_per_set];
-    linear_multi(set, fp8_up);
-    linear_multi(set + fp8_up, fp8_down);
-  };
-  size_t gemv_fp8_call = 0;
-  probes.push_back({[&] { expert_layer(fp8_calls, gemv_fp8_call); }, 6, {}});
-  const size_t p_gemv_fp8 = probes.size() - 1;
-  // The same products for kGemvTokens tokens per job (a batched decode step): compute-bound,
-  // so with the one-token probe it gives the decode-role kernels' cost per weight and token.
-  std::vector<float> xt(size_t(kGemvTokens) * 2048), yt(size_t(kGemvTokens) * fp8_y.size());
-  fill_floats(xt.data(), xt.size(), 3);
-  std::vector<LinearJob> fp8_token_calls(fp8_calls);
-  for (size_t j = 0; j < fp8_token_calls.size(); ++j) {
-    fp8_token_calls[j].x = xt.data();
-    fp8_token_calls[j].y = yt.data() + size_t(fp8_calls[j].y - fp8_y.data()) * kGemvTokens;
-    fp8_token_calls[j].n = kGemvTokens;
-  }
-  size_t gemv_tokens_call = 0;
-  probes.push_back({[&] { expert_layer(fp8_token_calls, gemv_tokens_call); }, 2, {}});
-  const size_t p_gemv_tokens = probes.size() - 1;
-
-  // Packed GEMMs on fp8 [1024 x 2048] weights (2 MiB each: compute-bound at these row
-  // counts). 512 rows: one GEMM split across the threads (a dense prefill projection). 48
-  // rows: eight experts' GEMMs in a parallel loop, each on one thread, as the engine's MoE
-  // prefill runs them (kernels called inside a parallel region run single-threaded).
-  const int experts = 8;
-  std::vector<Linear> gemm_ws(experts);
-  for (int e = 0; e < experts; ++e) {
-    gemm_ws[size_t(e)].dtype = DType::F8_E4M3;
-    gemm_ws[size_t(e)].data = wbuf.data() + size_t(e) * (size_t(2) << 20);
-    gemm_ws[size_t(e)].rows = 1024;
-    gemm_ws[size_t(e)].cols = 2048;
-    gemm_ws[size_t(e)].scale = scales.data();
-  }
-  std::vector<float> xs(size_t(kGemmLargeRows) * 2048), ys(size_t(std::max(kGemmLargeRows, experts * kGemmSmallRows)) * 1024);
-  fill_floats(xs.data(), xs.size(), 2);
-  probes.push_back({[&] { linear(gemm_ws[0], xs.data(), kGemmLargeRows, ys.data()); }, 2, {}});
-  const size_t p_gemm_large = probes.size() - 1;
-  probes.push_back({[&] {
-#pragma omp parallel for schedule(dynamic, 1)
-                      for (int e = 0; e < experts; ++e)
-                        linear(gemm_ws[size_t(e)], xs.data() + size_t(e) * kGemmSmallRows * 2048, kGemmSmallRows,
-                               ys.data() + size_t(e) * kGemmSmallRows * 1024);
-                    },
-                    2, {}});
-  const size_t p_gemm_small = probes.size() - 1;
-
-  // Lightning indexer scan: 16 heads over 16,384 cached fp8 keys (2 MiB), each call on a
-  // different slice of the weight buffer: at depth the engine's keys come from DRAM, the
-  // weights streamed since the previous token having pushed them out of the cache.
-  const int ix_heads = 16, ix_keys = 16384;
-  const size_t ix_slice = size_t(ix_keys) * 128, ix_slices = wbytes / ix_slice;
-  std::vector<float> ix_w(ix_heads), ix_ks(ix_keys), ix_out(ix_keys);
-  fill_floats(ix_w.data(), ix_w.size(), 3);
-  fill_floats(ix_ks.data(), ix_ks.size(), 4);
-  for (float& v : ix_ks) v = 0.01f + std::abs(v);
-  size_t ix_call = 0;
-  probes.push_back({[&] {
-                      const uint8_t* k8 = wbuf.data() + (ix_call++ % ix_slices) * ix_slice;
-                      kernels::IndexKeyView keys;
-                      keys.k8 = k8;
-                      keys.k_scale = ix_ks.data();
-                      indexer_scores(k8 + ix_slice - 4096, ix_w.data(), ix_heads, keys, ix_keys, ix_out.data());
-                    },
-                    6, {}});
-  const size_t p_indexer = probes.size() - 1;
-  // Top-k over 16,384 distinct scores (the indexer's output at that depth).
-  std::vector<float> tk_scores(16384);
-  fill_floats(tk_scores.data(), tk_scores.size(), 5);
-  std::vector<int32_t> tk_sel(2048);
-  probes.push_back({[&] { topk(tk_scores.data(), int(tk_scores.size()), 2048, tk_sel.data()); }, 4, {}});
-  const size_t p_topk = probes.size() - 1;
-
-  // Absorbed sparse decode: 16 heads over 2,048 latents selected in position order from a
-  // 16,384-token fp8 cache (the engine's 784-byte layout), alternating between four such
-  // caches (51 MiB in all) so each call gathers from DRAM, as a decode step at depth does.
-  const int sd_heads = 16, L = 512, R = 64, sd_n = 2048, sd_ctx = 16384, sd_copies = 4;
-  MlaCacheView sd_cache;
-  sd_cache.type = CacheType::FP8;
-  sd_cache.kv_lora = L;
-  sd_cache.rope = R;
-  const size_t tb = sd_cache.token_bytes();
-  std::vector<uint8_t> sd_bytes(tb * size_t(sd_ctx) * sd_copies);
-  {
-    std::vector<float> lat(L), kr(R);
-    sd_cache.data = sd_bytes.data();
-    for (int t = 0; t < 64; ++t) {  // 64 distinct tokens, repeated: values do not change the work
-      fill_floats(lat.data(), lat.size(), 10 + uint64_t(t));
-      fill_floats(kr.data(), kr.size(), 90000 + uint64_t(t));
-      mla_cache_write(sd_cache, t, lat.data(), kr.data());
-    }
-    for (size_t t = 64; t < size_t(sd_ctx) * sd_copies; ++t) std::memcpy(sd_bytes.data() + t * tb, sd_bytes.data() + (t % 64) * tb, tb);
-  }
-  std::vector<float> sd_ql(size_t(sd_heads) * L), sd_qr(size_t(sd_heads) * R), sd_o(size_t(sd_heads) * L);
-  fill_floats(sd_ql.data(), sd_ql.size(), 6);
-  fill_floats(sd_qr.data(), sd_qr.size(), 7);
-  // 2,048 of 16,384 positions, ascending (the top-k's order), spread by a fixed stride
-  // with a small pseudo-random jitter.
-  std::vector<int32_t> sd_idx(sd_n);
-  {
-    uint64_t s = 12345;
-    for (int j = 0; j < sd_n; ++j) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      sd_idx[size_t(j)] = j * (sd_ctx / sd_n) + int32_t((s >> 40) % uint64_t(sd_ctx / sd_n));
-    }
-  }
-  size_t sd_call = 0;
-  probes.push_back({[&] {
-                      sd_cache.data = sd_bytes.data() + (sd_call++ % sd_copies) * tb * size_t(sd_ctx);
-                      mla_sparse_decode(sd_cache, sd_ql.data(), sd_qr.data(), sd_heads, sd_idx.data(), sd_n, 0.05f, sd_o.data());
-                    },
-                    6, {}});
-  const size_t p_sparse_decode = probes.size() - 1;
-
-  // Prefill attention in the expanded (MHA) form: queries in parallel as the engine runs
-  // them, each over 512 keys of 16 heads x (128 nope + 64 rope | 128 v).
-  const int sp_heads = 16, nope = 128, vd = 128, sp_n = 512, queries = 32;
-  std::vector<float> sp_kv(size_t(sp_n) * sp_heads * (nope + vd)), sp_kr(size_t(sp_n) * R),
-      sp_q(size_t(queries) * sp_heads * (nope + R)), sp_o(size_t(queries) * sp_heads * vd);
-  fill_floats(sp_kv.data(), sp_kv.size(), 8);
-  fill_floats(sp_kr.data(), sp_kr.size(), 9);
-  fill_floats(sp_q.data(), sp_q.size(), 11);
-  std::vector<int32_t> sp_idx(sp_n);
-  for (int t = 0; t < sp_n; ++t) sp_idx[size_t(t)] = t;
-  probes.push_back({[&] {
-#pragma omp parallel for schedule(dynamic, 1)
-                      for (int i = 0; i < queries; ++i)
-                        mha_sparse_prefill(&sp_q[size_t(i) * sp_heads * (nope + R)], sp_kv.data(), sp_kr.data(), sp_heads, nope,
-                                           R, vd, sp_idx.data(), sp_n, 0.07f, &sp_o[size_t(i) * sp_heads * vd]);
-                    },
-                    1, {}});
-  const size_t p_sparse_prefill = probes.size() - 1;
-
-  // A fresh prompt's causal attention in the expanded (MHA) form, as the engine runs it while
-  // the prompt is no longer than index_topk: blocks of 16 queries per head in a parallel
-  // loop over blocks and heads, each query over every key up to its position (256 tokens).
-  const int cp_tokens = 256, cp_heads = 16;
-  std::vector<float> cp_kv(size_t(cp_tokens) * cp_heads * (nope + vd)), cp_kr(size_t(cp_tokens) * R),
-      cp_q(size_t(cp_tokens) * cp_heads * (nope + R)), cp_o(size_t(cp_tokens) * cp_heads * vd);
-  fill_floats(cp_kv.data(), cp_kv.size(), 12);
-  fill_floats(cp_kr.data(), cp_kr.size(), 13);
-  fill_floats(cp_q.data(), cp_q.size(), 14);
-  probes.push_back({[&] {
-                      const int blocks = cp_tokens / 16;
-                      const size_t q_row = size_t(cp_heads) * (nope + R), o_row = size_t(cp_heads) * vd;
-#pragma omp parallel for schedule(dynamic, 1)
-                      for (int t = 0; t < blocks * cp_heads; ++t) {
-                        const int blk = blocks - 1 - t / cp_heads, h = t % cp_heads;
-                        mha_causal_prefill_head(&cp_q[size_t(blk) * 16 * q_row + size_t(h) * (nope + R)], q_row, 16, blk * 16,
-                                                cp_kv.data(), cp_kr.data(), cp_heads, h, nope, R, vd, 0.07f,
-                                                &cp_o[size_t(blk) * 16 * o_row + size_t(h) * vd], o_row);
-                      }
-                    },
-                    1, {}});
-  const size_t p_causal_prefill = probes.size() - 1;
-
-  // Element-wise work of one MoE layer with an indexer, called as the engine's forward pass
-  // calls it for a chunk of kEltTokens prompt tokens with the benchmark model's shapes
-  // (hidden 2048, 16 heads, latent 512, rope 64, indexer 16 x 128, 6 + 1 experts of 512):
-  // RMSNorms, per-vector RoPE, the indexer's Hadamard rotation and fp8 quantization, the
-  // experts' silu * up and the fp8 cache write. Its rate is expressed in the operator
-  // table's own bytes for that work (op_plan below), so that the plan charges the same
-  // kernels at the speed they ran here.
-  constexpr int T = kEltTokens, Hd = 2048, Hq = 16, QL = 512, KL = 512, RR = 64, IH = 16, MI = 512, EX = 7;
-  std::vector<float> e_x(size_t(T) * Hd), e_y(size_t(T) * Hd), e_q(size_t(T) * Hq * 192), e_kr(size_t(T) * RR),
-      e_iq(size_t(T) * IH * 128), e_ik(size_t(T) * 128), e_g(size_t(T) * EX * MI), e_u(size_t(T) * EX * MI),
-      e_cos(RR / 2), e_sin(RR / 2), e_iscale(size_t(T) * IH), e_kscale(T);
-  std::vector<uint8_t> e_iq8(size_t(T) * IH * 128), e_ik8(size_t(T) * 128), e_wbf16(size_t(Hd) * 2);
-  fill_floats(e_x.data(), e_x.size(), 21);
-  fill_floats(e_q.data(), e_q.size(), 22);
-  fill_floats(e_kr.data(), e_kr.size(), 23);
-  fill_floats(e_g.data(), e_g.size(), 24);
-  fill_floats(e_u.data(), e_u.size(), 25);
-  for (int i = 0; i < RR / 2; ++i) {
-    e_cos[size_t(i)] = std::cos(0.1f * float(i));
-    e_sin[size_t(i)] = std::sin(0.1f * float(i));
-  }
-  for (int i = 0; i < Hd; ++i) {  // bf16 norm weights (1.0), as the checkpoints store them
-    e_wbf16[size_t(2 * i)] = 0x80;
-    e_wbf16[size_t(2 * i + 1)] = 0x3F;
-  }
-  std::vector<float> e_lnw(128, 1.0f), e_lnb(128, 0.0f);
-  const Vec e_w{DType::BF16, e_wbf16.data(), Hd};
-  const Vec e_lw{DType::F32, reinterpret_cast<const uint8_t*>(e_lnw.data()), 128};
-  const Vec e_lb{DType::F32, reinterpret_cast<const uint8_t*>(e_lnb.data()), 128};
-  MlaCacheView e_cache = sd_cache;  // the fp8 cache of the sparse-decode probe: T rows of it
-  e_cache.data = sd_bytes.data();
-  probes.push_back({[&] {
-                      rmsnorm(e_x.data(), e_w, T, Hd, 1e-6f, e_y.data());  // input norm
-                      rmsnorm(e_y.data(), e_w, T, QL, 1e-6f, e_y.data());  // q latent norm
-                      rmsnorm(e_x.data(), e_w, T, KL, 1e-6f, e_x.data());  // kv latent norm
-                      for (int i = 0; i < T; ++i) {
-                        for (int h = 0; h < Hq; ++h) rope(&e_q[(size_t(i) * Hq + size_t(h)) * 192 + 128], RR, e_cos.data(), e_sin.data(), true);
-                        rope(&e_kr[size_t(i) * RR], RR, e_cos.data(), e_sin.data(), true);
-                      }
-                      for (int i = 0; i < T; ++i)
-                        for (int h = 0; h < IH; ++h) rope(&e_iq[(size_t(i) * IH + size_t(h)) * 128], RR, e_cos.data(), e_sin.data(), false);
-                      hadamard128(e_iq.data(), T * IH);
-                      for (int r = 0; r < T * IH; ++r)
-                        act_quant_fp8(&e_iq[size_t(r) * 128], 128, 128, true, &e_iq8[size_t(r) * 128], &e_iscale[size_t(r)]);
-                      layernorm(e_ik.data(), e_lw, e_lb, T, 128, 1e-6f, e_ik.data());
-                      for (int i = 0; i < T; ++i) rope(&e_ik[size_t(i) * 128], RR, e_cos.data(), e_sin.data(), false);
-                      hadamard128(e_ik.data(), T);
-                      for (int i = 0; i < T; ++i)
-                        act_quant_fp8(&e_ik[size_t(i) * 128], 128, 128, true, &e_ik8[size_t(i) * 128], &e_kscale[size_t(i)]);
-                      for (int i = 0; i < T; ++i) mla_cache_write(e_cache, i, &e_x[size_t(i) * Hd], &e_kr[size_t(i) * RR]);
-                      silu_mul(e_g.data(), e_u.data(), e_g.size(), e_g.data());  // in place, as the experts run it
-                      rmsnorm(e_x.data(), e_w, T, Hd, 1e-6f, e_y.data());  // post-attention norm
-                    },
-                    2, {}});
-  const size_t p_elementwise = probes.size() - 1;
-
-  // One kernel call with almost no work, large enough to be split across the threads. The
-  // fastest call of all rounds: on a shared machine a fork or join that waits for a
-  // descheduled thread costs a scheduler time slice (milliseconds), a property of the
-  // machine's load, not of the call.
-  Linear tiny;
-  tiny.dtype = DType::BF16;
-  tiny.data = wbuf.data();
-  tiny.rows = 256;
-  tiny.cols = 64;
-  probes.push_back({[&] { linear_decode(tiny, x.data(), 1, y.data()); }, 20, {}});
-  const size_t p_call = probes.size() - 1;
-
+  r.gemv_bf16_cols = std::clamp(gemv_bf16_cols, 256, 65536);
+  const Weights wb = std::make_shared<WeightBuffer>();
+  Probe gemv_bf16 = gemv_bf16_probe(wb, r.gemv_bf16_cols), gemv_fp8 = expert_gemv_probe(wb, 1, 6),
+        gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemm_large = gemm_probe(wb, false), gemm_small = gemm_probe(wb, true),
+        indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
+        sparse_prefill = sparse_prefill_probe(), causal_prefill = causal_prefill_probe(), elementwise = elementwise_probe(),
+        call = call_probe(wb);
+  std::vector<Probe*> probes = {&gemv_bf16,     &gemv_fp8,       &gemv_tokens,    &gemm_large,  &gemm_small, &indexer,
+                                &top,           &sparse_decode,  &sparse_prefill, &causal_prefill, &elementwise, &call};
   run_rounds(probes, 15);
-
-  auto sec = [&](size_t i) { return median_of_round_means(probes[i]); };
-  r.gemv_bf16_gbps = double(gemv_bf16.bytes()) / sec(p_gemv_bf16) / 1e9;
-  r.gemv_fp8_gbps = double(fp8_per_set) * double(fp8_ws[0].bytes()) / sec(p_gemv_fp8) / 1e9;
-  r.gemv_fp8_tokens_gflops = 2.0 * kGemvTokens * double(fp8_per_set) * 512.0 * 2048.0 / sec(p_gemv_tokens) / 1e9;
-  r.gemm_large_gflops = 2.0 * kGemmLargeRows * 1024.0 * 2048.0 / sec(p_gemm_large) / 1e9;
-  r.gemm_small_gflops = 2.0 * experts * kGemmSmallRows * 1024.0 * 2048.0 / sec(p_gemm_small) / 1e9;
-  r.indexer_gflops = 2.0 * ix_heads * 128.0 * ix_keys / sec(p_indexer) / 1e9;
-  r.topk_keys_per_s = double(tk_scores.size()) / sec(p_topk);
-  r.sparse_decode_gflops = 2.0 * sd_heads * sd_n * (2.0 * L + R) / sec(p_sparse_decode) / 1e9;
-  r.sparse_prefill_gflops = 2.0 * queries * sp_heads * sp_n * double(nope + R + vd) / sec(p_sparse_prefill) / 1e9;
-  r.causal_prefill_gflops =
-      2.0 * (double(cp_tokens) * (cp_tokens + 1) / 2) * cp_heads * double(nope + R + vd) / sec(p_causal_prefill) / 1e9;
-  r.call_overhead_us = probes[p_call].fastest * 1e6;
-  {
-    // The operator table's bytes for the element-wise work above: one MoE layer's share.
-    const SimModel mini = load_model("v32-mini");
-    double bytes = 0;
-    for (const Op& op : op_plan(mini, Step{Phase::Prefill, 1, T, 0}, Layout{}, Options{}))
-      if (op.name == "layer.norms" || op.name == "attn.rope" || op.name == "indexer.quant" || op.name == "moe.act" ||
-          op.name == "attn.cache_write")
-        bytes += op.bytes / op.count;
-    r.elementwise_gbps = bytes / sec(p_elementwise) / 1e9;
-  }
-  set_backend(backend_before);
+  r.gemv_bf16_gbps = rate(gemv_bf16) / 1e9;
+  r.gemv_fp8_gbps = rate(gemv_fp8) / 1e9;
+  r.gemv_fp8_tokens_gflops = rate(gemv_tokens) / 1e9;
+  r.gemm_large_gflops = rate(gemm_large) / 1e9;
+  r.gemm_small_gflops = rate(gemm_small) / 1e9;
+  r.indexer_gflops = rate(indexer) / 1e9;
+  r.topk_keys_per_s = rate(top);
+  r.sparse_decode_gflops = rate(sparse_decode) / 1e9;
+  r.sparse_prefill_gflops = rate(sparse_prefill) / 1e9;
+  r.causal_prefill_gflops = rate(causal_prefill) / 1e9;
+  r.elementwise_gbps = rate(elementwise) / 1e9;
+  r.call_overhead_us = call.fastest * 1e6;
+  kernels::set_backend(backend_before);
   if (threads > 0) omp_set_num_threads(saved);
-  g_sink = g_sink + uint64_t(y[0] > 0);
   return r;
 }
 
