@@ -27,73 +27,54 @@ struct Args {
   dsa::cli::ParallelFlags par;
 };
 
-void serve(Args& a) {
-  using namespace dsa;
-  // Signals are taken by one waiting thread: block them before any thread starts.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-
-  // Under mpirun rank 0 serves and drives the engine; the other ranks' engines follow its
-  // calls (mpirun forwards SIGINT/SIGTERM to them too: blocked above, the leader's drain
-  // ends them).
-  const RankShard shard = a.par.shard();
-  const bool leader = shard.rank == 0;
-  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/leader, /*prefetch=*/true, shard);
-  const ModelConfig& c = model->config;
-
-  EngineOptions eo;
-  eo.cache = cli::parse_cache_type(a.kv_cache);
+dsa::EngineOptions engine_options(const Args& a, const dsa::ModelConfig& c) {
+  dsa::EngineOptions eo;
+  eo.cache = dsa::cli::parse_cache_type(a.kv_cache);
   eo.max_ctx = c.max_position_embeddings > 0 ? std::min(a.ctx, c.max_position_embeddings) : a.ctx;
   eo.max_seqs = a.max_seqs;
   eo.max_step_tokens = std::max(a.max_batch_tokens, a.max_seqs * (a.mtp ? 2 : 1));  // a verify step carries two tokens
   eo.mtp = a.mtp;
   a.cache.apply(eo);
-  Engine engine(*model, eo);
-  if (!leader) {
-    engine.follow();
-    return;
-  }
-  engine.lead();
-  std::optional<Tokenizer> tok;
-  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json")) tok.emplace(Tokenizer::from_dir(a.model));
-  else std::fprintf(stderr, "no tokenizer.json: serving token ids only (/v1/completions with id prompts)\n");
-  std::fprintf(stderr, "%s\n", engine.capacity().describe().c_str());
+  return eo;
+}
 
-  server::Metrics metrics;
-  SchedulerOptions so;
+dsa::SchedulerOptions scheduler_options(const Args& a, const dsa::EngineOptions& eo) {
+  dsa::SchedulerOptions so;
   so.max_seqs = a.max_seqs;
   so.max_batch_tokens = eo.max_step_tokens;
   so.prefill_chunk = eo.max_step_tokens;
   so.max_waiting = a.max_queue;
   so.mtp = a.mtp;
-  Scheduler sched(engine, tok ? &*tok : nullptr, so, [&](const Request& r, const GenerateResult& res, const std::string&) { metrics.record(r, res); });
+  return so;
+}
 
-  server::ModelInfo info;
+// The model as /v1/models names it: --served-model-name, else the directory's name.
+dsa::server::ModelInfo model_info(const Args& a, const dsa::ModelConfig& c, const dsa::Tokenizer* tok) {
+  dsa::server::ModelInfo info;
   info.name = a.name.empty() ? std::filesystem::path(a.model).lexically_normal().filename().string() : a.name;
   if (info.name.empty()) info.name = std::filesystem::path(a.model).lexically_normal().parent_path().filename().string();
   info.family = c.family;
   info.vocab_size = c.vocab_size;
-  info.tok = tok ? &*tok : nullptr;
-  server::ServerOptions o;
+  info.tok = tok;
+  return info;
+}
+
+dsa::server::ServerOptions server_options(const Args& a, const dsa::EngineOptions& eo) {
+  dsa::server::ServerOptions o;
   o.host = a.host;
   o.port = a.port;
   o.api_key = a.api_key;
-  o.max_body = size_t(cli::parse_bytes(a.max_body, "--max-body"));
+  o.max_body = size_t(dsa::cli::parse_bytes(a.max_body, "--max-body"));
   o.http_threads = a.http_threads > 0 ? a.http_threads : a.max_seqs + a.max_queue + 8;
   o.limits.max_ctx = eo.max_ctx;
   o.limits.max_tokens = a.max_tokens > 0 ? a.max_tokens : eo.max_ctx;
   o.limits.max_n = a.max_n;
-  server::Server srv(sched, metrics, info, o);
-  const int port = srv.bind();
-  std::fprintf(stderr, "serving '%s' on http://%s:%d (OpenAI API under /v1, chat page at /)\n", info.name.c_str(), a.host.c_str(), port);
-  if (shard.ranks > 1)
-    std::fprintf(stderr, "%d ranks (%s); rank 0 is pid %d: SIGTERM it to drain (signalling mpirun ends the job at once)\n", shard.ranks,
-                 shard.describe().c_str(), int(::getpid()));
-  std::fflush(stderr);
+  return o;
+}
 
+// Rank 0's serving: the HTTP server on its own thread, the scheduler (and so the engine) on
+// this one, a third thread waiting for SIGINT/SIGTERM (blocked in every thread) to drain.
+void serve_until_stopped(const Args& a, dsa::Engine& engine, dsa::Scheduler& sched, dsa::server::Server& srv, const sigset_t& sigs) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -110,6 +91,47 @@ void serve(Args& a) {
   http.join();
   pthread_kill(waiter.native_handle(), SIGTERM);  // wakes it if no signal came
   waiter.join();
+}
+
+void serve(Args& a) {
+  using namespace dsa;
+  // Signals are taken by one waiting thread: block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  // Under mpirun rank 0 serves and drives the engine; the other ranks' engines follow its
+  // calls (mpirun forwards SIGINT/SIGTERM to them too: blocked above, the leader's drain
+  // ends them).
+  const RankShard shard = a.par.shard();
+  const bool leader = shard.rank == 0;
+  auto model = Model::load(a.model, /*load_mtp=*/a.mtp, /*verbose=*/leader, /*prefetch=*/true, shard);
+  const EngineOptions eo = engine_options(a, model->config);
+  Engine engine(*model, eo);
+  if (!leader) {
+    engine.follow();
+    return;
+  }
+  engine.lead();
+  std::optional<Tokenizer> tok;
+  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json")) tok.emplace(Tokenizer::from_dir(a.model));
+  else std::fprintf(stderr, "no tokenizer.json: serving token ids only (/v1/completions with id prompts)\n");
+  std::fprintf(stderr, "%s\n", engine.capacity().describe().c_str());
+
+  server::Metrics metrics;
+  Scheduler sched(engine, tok ? &*tok : nullptr, scheduler_options(a, eo),
+                  [&](const Request& r, const GenerateResult& res, const std::string&) { metrics.record(r, res); });
+  const server::ModelInfo info = model_info(a, model->config, tok ? &*tok : nullptr);
+  server::Server srv(sched, metrics, info, server_options(a, eo));
+  const int port = srv.bind();
+  std::fprintf(stderr, "serving '%s' on http://%s:%d (OpenAI API under /v1, chat page at /)\n", info.name.c_str(), a.host.c_str(), port);
+  if (shard.ranks > 1)
+    std::fprintf(stderr, "%d ranks (%s); rank 0 is pid %d: SIGTERM it to drain (signalling mpirun ends the job at once)\n", shard.ranks,
+                 shard.describe().c_str(), int(::getpid()));
+  std::fflush(stderr);
+  serve_until_stopped(a, engine, sched, srv, sigs);
   std::fprintf(stderr, "stopped\n");
 }
 
