@@ -39,6 +39,63 @@ void rank(std::vector<Candidate>& v, bool by_cost) {
 
 }  // namespace
 
+namespace {
+
+// The layout's request: tp x pp with data-parallel attention over the rest of the devices,
+// experts over every device of a stage, and EPLB-style replicas, only as many as make the
+// experts spread evenly.
+PlanRequest layout_request(const PlanRequest& base, const ModelConfig& c, int devices, int tp, int pp) {
+  PlanRequest r = base;
+  r.devices = devices;
+  r.tp = tp;
+  r.pp = pp;
+  r.dp = devices / (tp * pp);
+  r.ep = tp * r.dp;
+  r.redundant_experts = c.n_routed_experts > 0 ? (r.ep - c.n_routed_experts % r.ep) % r.ep : 0;
+  return r;
+}
+
+// Under a TPOT target the target bounds the batch, not the plain plan's 128 per device
+// (which would hide what a large-memory device can hold): the largest number of sequences
+// per unit (dp group and micro-batch) that fits and meets the target, 0 if none. Both fail
+// from some batch on (the workspace grows with the batch, the cache shrinks), so double
+// from `start` until one fails, then bisect. p ends as the plan of the answer.
+int64_t largest_batch_meeting_tpot(const SimModel& m, const Hardware& hw, const PlanRequest& r, int64_t unit, int64_t start,
+                                   double max_tpot_ms, const KernelTable* kt, PlanResult& p) {
+  const auto ok = [&](int64_t n) {
+    PlanResult q = plan_at(m, hw, r, n * unit, kt);
+    const bool pass = q.decode_fits && q.tpot_ms <= max_tpot_ms;
+    if (pass) p = std::move(q);  // a batch that passes becomes lo: no final re-run
+    return pass;
+  };
+  int64_t lo = 0, hi = start;
+  while (ok(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {  // lo meets it (0: none found yet), hi does not
+    const int64_t mid = (lo + hi) / 2;
+    (ok(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+// Separate prefill and decode pools, each with its best layout, sized so that the prefill
+// pool's device-seconds per request match the decode pool's.
+Disaggregated disaggregate(const Candidate& prefill, const Candidate& decode, const PlanRequest& w) {
+  Disaggregated d;
+  d.prefill = prefill;
+  d.decode = decode;
+  d.prefill_device_s = double(w.input_len) / prefill.plan.prefill_tokens_per_s_per_device;
+  d.decode_device_s = double(w.output_len) / decode.plan.decode_tokens_per_s_per_device;
+  d.prefill_share = d.prefill_device_s / (d.prefill_device_s + d.decode_device_s);
+  d.output_tokens_per_s_per_device = double(w.output_len) / (d.prefill_device_s + d.decode_device_s);
+  d.cost_per_million_output = cost_per_million(decode.plan.price_per_hour, d.output_tokens_per_s_per_device);
+  return d;
+}
+
+}  // namespace
+
 SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchRequest& s, const KernelTable* kt) {
   if (s.devices < 0) throw Error("--devices must be positive (or left out)");
   if (s.max_devices < 1) throw Error("--max-devices must be at least 1");
@@ -49,20 +106,14 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
   SearchResult out;
   Candidate best_prefill, best_decode;
   bool have_prefill = false, have_decode = false;
-  for (int devices : counts) {
+  // Every layout of every count: tensor parallelism stays inside a node (its all-reduces are
+  // per layer) and splits heads; pipeline stages split the layers.
+  for (int devices : counts)
     for (int tp = 1; tp <= std::min(node, devices); tp *= 2) {
-      // Tensor parallelism stays inside a node (its all-reduces are per layer) and splits heads.
       if (devices % tp != 0 || c.num_attention_heads % tp != 0) continue;
       for (int pp = 1; pp <= std::min(devices / tp, c.num_hidden_layers); pp *= 2) {
         if ((devices / tp) % pp != 0) continue;
-        PlanRequest r = s.base;
-        r.devices = devices;
-        r.tp = tp;
-        r.pp = pp;
-        r.dp = devices / (tp * pp);
-        r.ep = tp * r.dp;
-        // EPLB-style replicas, only as many as make the experts spread evenly.
-        r.redundant_experts = c.n_routed_experts > 0 ? (r.ep - c.n_routed_experts % r.ep) % r.ep : 0;
+        PlanRequest r = layout_request(s.base, c, devices, tp, pp);
         ++out.layouts;
         PlanResult p = plan_at(m, hw, r, 0, kt);
         if (!p.memory.fits || !p.decode_fits) continue;
@@ -77,32 +128,9 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
         // Sequences per dp group and micro-batch: the batch moves in steps of dp*pp.
         const int64_t unit = int64_t(r.dp) * r.pp;
         int64_t seqs = std::max<int64_t>(1, p.batch / unit);
-        if (s.max_tpot_ms > 0) {
-          // Under a TPOT target the target bounds the batch, not the plain plan's 128 per
-          // device (which would hide what a large-memory device can hold): the largest batch
-          // that fits and meets the target. Both fail from some batch on (the workspace grows
-          // with the batch, the cache shrinks), so double until one fails, then bisect.
-          // A batch that passes becomes lo, so p ends as the plan at lo: no final re-run.
-          const auto ok = [&](int64_t n) {
-            PlanResult q = plan_at(m, hw, r, n * unit, kt);
-            const bool pass = q.decode_fits && q.tpot_ms <= s.max_tpot_ms;
-            if (pass) p = std::move(q);
-            return pass;
-          };
-          int64_t lo = 0, hi = seqs;
-          while (ok(hi)) {
-            lo = hi;
-            hi *= 2;
-          }
-          while (hi - lo > 1) {  // lo meets it (0: none found yet), hi does not
-            const int64_t mid = (lo + hi) / 2;
-            (ok(mid) ? lo : hi) = mid;
-          }
-          if (lo == 0) continue;
-          seqs = lo;
-        } else {
-          p = plan_at(m, hw, r, seqs * unit, kt);  // the explicit batch's plan, as its options give
-        }
+        if (s.max_tpot_ms > 0) seqs = largest_batch_meeting_tpot(m, hw, r, unit, seqs, s.max_tpot_ms, kt, p);
+        else p = plan_at(m, hw, r, seqs * unit, kt);  // the explicit batch's plan, as its options give
+        if (seqs == 0) continue;
         r.batch = seqs * unit;
         Candidate cand{r, p, cost_per_million(p.price_per_hour, p.e2e_output_tokens_per_s_per_device), hw.name};
         // A decode pool never prefills, so TTFT does not bind it.
@@ -113,17 +141,8 @@ SearchResult search_layouts(const SimModel& m, const Hardware& hw, const SearchR
         if (ttft_ok) out.candidates.push_back(std::move(cand));
       }
     }
-  }
   if (have_prefill && have_decode) {
-    Disaggregated& d = out.disaggregated;
-    d.prefill = best_prefill;
-    d.decode = best_decode;
-    const PlanRequest& w = s.base;
-    d.prefill_device_s = double(w.input_len) / best_prefill.plan.prefill_tokens_per_s_per_device;
-    d.decode_device_s = double(w.output_len) / best_decode.plan.decode_tokens_per_s_per_device;
-    d.prefill_share = d.prefill_device_s / (d.prefill_device_s + d.decode_device_s);
-    d.output_tokens_per_s_per_device = double(w.output_len) / (d.prefill_device_s + d.decode_device_s);
-    d.cost_per_million_output = cost_per_million(best_decode.plan.price_per_hour, d.output_tokens_per_s_per_device);
+    out.disaggregated = disaggregate(best_prefill, best_decode, s.base);
     out.has_disaggregated = true;
   }
   rank(out.candidates, false);
