@@ -142,6 +142,66 @@ void parse_indexer_schedule(const Reader& r, ModelConfig& c) {
   if (n > 0 && !c.indexer_full[0]) r.fail("indexer_types", "layer 0 must run its own indexer (\"full\"): a shared layer needs an earlier full layer");
 }
 
+Family parse_family(const Reader& r, const std::string& model_type) {
+  if (model_type == "deepseek_v32") return Family::DeepseekV32;
+  if (model_type == "glm_moe_dsa") return Family::GlmMoeDsa;
+  if (model_type.empty()) r.fail("model_type", "missing (expected \"deepseek_v32\" or \"glm_moe_dsa\")");
+  r.fail("model_type", "unknown model_type '" + model_type + "' (expected \"deepseek_v32\" or \"glm_moe_dsa\")");
+}
+
+// eos_token_id: one id or a list of them.
+void parse_eos(const Reader& r, ModelConfig& c) {
+  if (!r.has("eos_token_id")) return;
+  const json& e = r.j["eos_token_id"];
+  if (e.is_number_integer()) c.eos_token_ids.push_back(r.as_int(e, "eos_token_id"));
+  else if (e.is_array())
+    for (const auto& x : e) c.eos_token_ids.push_back(r.as_int(x, "eos_token_id"));
+  else r.fail("eos_token_id", "expected an integer or a list of integers");
+}
+
+void parse_moe(const Reader& r, ModelConfig& c) {
+  c.n_routed_experts = r.opt_int("n_routed_experts", 0);
+  c.n_shared_experts = r.opt_int("n_shared_experts", 0);
+  c.moe_intermediate_size = c.n_routed_experts > 0 ? r.req_int("moe_intermediate_size") : r.opt_int("moe_intermediate_size", 0);
+  c.num_experts_per_tok = c.n_routed_experts > 0 ? r.req_int("num_experts_per_tok") : 0;
+  c.n_group = r.opt_int("n_group", 1);
+  c.topk_group = r.opt_int("topk_group", 1);
+  c.routed_scaling_factor = r.opt_pos(r.j, "routed_scaling_factor", 1.0);
+  if (c.routed_scaling_factor > 1e4)
+    r.fail("routed_scaling_factor", "must be at most 1e4 (released models use 1-2.5), got " + r.j["routed_scaling_factor"].dump());
+  c.scoring_func = r.opt_str("scoring_func", "sigmoid");
+  c.topk_method = r.opt_str("topk_method", "noaux_tc");
+  c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
+  c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 0);
+  c.moe_layer_freq = r.opt_int("moe_layer_freq", 1);
+  c.moe_router_dtype = r.opt_str("moe_router_dtype", "");
+}
+
+// quantization_config: fp8 e4m3 in blocks, with power-of-two (ue8m0) scales or plain f32 ones.
+void parse_quantization(const Reader& r, ModelConfig& c) {
+  if (!r.has("quantization_config")) return;
+  const json& q = r.j["quantization_config"];
+  if (!q.is_object()) r.fail("quantization_config", "expected an object");
+  const Reader qr{q, r.where};
+  const std::string method = qr.opt_str("quant_method", "");
+  if (method != "fp8") r.fail("quantization_config.quant_method", "unsupported '" + method + "' (expected \"fp8\")");
+  const std::string fmt = qr.opt_str("fmt", "e4m3");
+  if (fmt != "e4m3") r.fail("quantization_config.fmt", "unsupported '" + fmt + "' (expected \"e4m3\")");
+  c.quant.fp8 = true;
+  if (q.contains("weight_block_size")) {
+    const json& b = q["weight_block_size"];
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
+      r.fail("quantization_config.weight_block_size", "expected [rows, cols]");
+    c.quant.block_rows = r.as_int(b[0], "quantization_config.weight_block_size");
+    c.quant.block_cols = r.as_int(b[1], "quantization_config.weight_block_size");
+  }
+  if (q.contains("scale_fmt") && !q["scale_fmt"].is_null()) {
+    const std::string sf = q["scale_fmt"].is_string() ? q["scale_fmt"].get<std::string>() : "";
+    if (sf != "ue8m0") r.fail("quantization_config.scale_fmt", "unsupported " + q["scale_fmt"].dump() + " (expected \"ue8m0\" or absent)");
+    c.quant.scale_ue8m0 = true;
+  }
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& where) {
@@ -149,11 +209,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   Reader r{j, where};
   ModelConfig c;
   c.model_type = r.opt_str("model_type", "");
-  if (c.model_type == "deepseek_v32") c.family = Family::DeepseekV32;
-  else if (c.model_type == "glm_moe_dsa") c.family = Family::GlmMoeDsa;
-  else if (c.model_type.empty()) r.fail("model_type", "missing (expected \"deepseek_v32\" or \"glm_moe_dsa\")");
-  else r.fail("model_type", "unknown model_type '" + c.model_type + "' (expected \"deepseek_v32\" or \"glm_moe_dsa\")");
-
+  c.family = parse_family(r, c.model_type);
   c.vocab_size = r.req_int("vocab_size");
   c.hidden_size = r.req_int("hidden_size");
   c.intermediate_size = r.req_int("intermediate_size");
@@ -171,31 +227,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.max_position_embeddings = r.opt_int("max_position_embeddings", 163840);
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.bos_token_id = r.opt_int("bos_token_id", -1);
-  if (r.has("eos_token_id")) {
-    const json& e = j["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(r.as_int(e, "eos_token_id"));
-    else if (e.is_array()) {
-      for (const auto& x : e) {
-        c.eos_token_ids.push_back(r.as_int(x, "eos_token_id"));
-      }
-    } else r.fail("eos_token_id", "expected an integer or a list of integers");
-  }
-
-  c.n_routed_experts = r.opt_int("n_routed_experts", 0);
-  c.n_shared_experts = r.opt_int("n_shared_experts", 0);
-  c.moe_intermediate_size = c.n_routed_experts > 0 ? r.req_int("moe_intermediate_size") : r.opt_int("moe_intermediate_size", 0);
-  c.num_experts_per_tok = c.n_routed_experts > 0 ? r.req_int("num_experts_per_tok") : 0;
-  c.n_group = r.opt_int("n_group", 1);
-  c.topk_group = r.opt_int("topk_group", 1);
-  c.routed_scaling_factor = r.opt_pos(j, "routed_scaling_factor", 1.0);
-  if (c.routed_scaling_factor > 1e4) r.fail("routed_scaling_factor", "must be at most 1e4 (released models use 1-2.5), got " + j["routed_scaling_factor"].dump());
-  c.scoring_func = r.opt_str("scoring_func", "sigmoid");
-  c.topk_method = r.opt_str("topk_method", "noaux_tc");
-  c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
-  c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 0);
-  c.moe_layer_freq = r.opt_int("moe_layer_freq", 1);
-  c.moe_router_dtype = r.opt_str("moe_router_dtype", "");
-
+  parse_eos(r, c);
+  parse_moe(r, c);
   c.index_n_heads = r.req_int("index_n_heads");
   c.index_head_dim = r.req_int("index_head_dim");
   c.index_topk = r.req_int("index_topk");
@@ -203,29 +236,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
   parse_rope(r, c);
   parse_indexer_schedule(r, c);
-
-  if (r.has("quantization_config")) {
-    const json& q = j["quantization_config"];
-    if (!q.is_object()) r.fail("quantization_config", "expected an object");
-    const Reader qr{q, where};
-    const std::string method = qr.opt_str("quant_method", "");
-    if (method != "fp8") r.fail("quantization_config.quant_method", "unsupported '" + method + "' (expected \"fp8\")");
-    const std::string fmt = qr.opt_str("fmt", "e4m3");
-    if (fmt != "e4m3") r.fail("quantization_config.fmt", "unsupported '" + fmt + "' (expected \"e4m3\")");
-    c.quant.fp8 = true;
-    if (q.contains("weight_block_size")) {
-      const json& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer())
-        r.fail("quantization_config.weight_block_size", "expected [rows, cols]");
-      c.quant.block_rows = r.as_int(b[0], "quantization_config.weight_block_size");
-      c.quant.block_cols = r.as_int(b[1], "quantization_config.weight_block_size");
-    }
-    if (q.contains("scale_fmt") && !q["scale_fmt"].is_null()) {
-      const std::string sf = q["scale_fmt"].is_string() ? q["scale_fmt"].get<std::string>() : "";
-      if (sf != "ue8m0") r.fail("quantization_config.scale_fmt", "unsupported " + q["scale_fmt"].dump() + " (expected \"ue8m0\" or absent)");
-      c.quant.scale_ue8m0 = true;
-    }
-  }
+  parse_quantization(r, c);
   c.validate();
   return c;
 }
