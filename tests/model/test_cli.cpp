@@ -79,6 +79,10 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_NEAR(one, 1e3 / tg, 1e-9 * one);
   EXPECT_GT(two, 0.0);
   EXPECT_NEAR(j.at("verify_over_decode_step").get<double>(), two / one, 1e-9 * two / one);
+  // Its ceiling, the two steps' rooflines: the draft adds some of a token's work, never more.
+  const double ceiling = j.at("verify_roofline_over_decode");
+  EXPECT_GE(ceiling, 1.0);
+  EXPECT_LE(ceiling, 2.0);
   const double pp = j["prefill_tokens_per_s"], flops = j["prefill_flops_per_token"], peak = j["peak_gflops"];
   EXPECT_NEAR(j.at("prefill_peak_fraction").get<double>(), pp * flops / (peak * 1e9), 1e-9 * pp * flops / (peak * 1e9) + 1e-12);
   const auto cfg = nlohmann::json::parse(std::ifstream(model + "/config.json"));
