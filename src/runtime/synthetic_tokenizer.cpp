@@ -90,26 +90,16 @@ const std::vector<std::pair<std::string, bool>>& special_tokens() {  // content,
   return s;
 }
 
-}  // namespace
+nlohmann::ordered_json added_token(int id, const std::string& content, bool special) {
+  return {{"id", id},         {"content", content},     {"single_word", false}, {"lstrip", false},
+          {"rstrip", false},  {"normalized", false},    {"special", special}};
+}
 
-void write_synthetic_tokenizer(const std::string& dir, int vocab_size) {
-  const auto& specials = special_tokens();
-  const int n_special = int(specials.size());
-  if (vocab_size < n_special + 256)
-    throw Error("synthetic tokenizer: vocab_size " + std::to_string(vocab_size) + " is below the " +
-                std::to_string(n_special + 256) + " special and byte tokens");
-  const auto alpha = byte_alphabet();
-
-  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
-  nlohmann::ordered_json added = nlohmann::ordered_json::array();
-  for (int i = 0; i < n_special; ++i)
-    added.push_back({{"id", i}, {"content", specials[size_t(i)].first}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", specials[size_t(i)].second}});
-  int next = n_special;
-  for (int b = 0; b < 256; ++b) vocab[alpha[size_t(b)]] = next++;
-
-  // BPE training: words as sequences of byte-alphabet symbols, weighted by frequency;
-  // repeatedly merge the most frequent adjacent pair (first in sorted order on ties).
+// BPE training on the built-in text: words as sequences of byte-alphabet symbols, weighted by
+// frequency; repeatedly the most frequent adjacent pair (first in sorted order on ties)
+// merges, until the vocabulary holds vocab_size ids or no pair is left. Adds the merged
+// tokens to vocab (ids from next on) and returns the merges in rank order.
+nlohmann::ordered_json train_merges(nlohmann::ordered_json& vocab, int& next, int vocab_size, const std::vector<std::string>& alpha) {
   std::map<std::string, int> freq;
   for (const auto& w : words(kCorpus)) ++freq[w];
   std::vector<std::pair<std::vector<std::string>, int>> seqs;
@@ -144,11 +134,33 @@ void write_synthetic_tokenizer(const std::string& dir, int vocab_size) {
       s = std::move(t);
     }
   }
+  return merges;
+}
+
+void write_json(const std::string& path, const nlohmann::ordered_json& j) {
+  std::ofstream f(path, std::ios::binary);
+  f << j.dump(2) << "\n";
+  if (!f) throw Error("cannot write " + path);
+}
+
+}  // namespace
+
+void write_synthetic_tokenizer(const std::string& dir, int vocab_size) {
+  const auto& specials = special_tokens();
+  const int n_special = int(specials.size());
+  if (vocab_size < n_special + 256)
+    throw Error("synthetic tokenizer: vocab_size " + std::to_string(vocab_size) + " is below the " +
+                std::to_string(n_special + 256) + " special and byte tokens");
+  const auto alpha = byte_alphabet();
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
+  nlohmann::ordered_json added = nlohmann::ordered_json::array();
+  for (int i = 0; i < n_special; ++i) added.push_back(added_token(i, specials[size_t(i)].first, specials[size_t(i)].second));
+  int next = n_special;
+  for (int b = 0; b < 256; ++b) vocab[alpha[size_t(b)]] = next++;
+  const nlohmann::ordered_json merges = train_merges(vocab, next, vocab_size, alpha);
   // The text ran out of pairs: fill the rest with reserved special tokens (as the real
   // checkpoints do) so that every id the model can produce decodes.
-  for (int r = 0; next < vocab_size; ++r, ++next)
-    added.push_back({{"id", next}, {"content", "<｜reserved_" + std::to_string(r) + "｜>"}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
+  for (int r = 0; next < vocab_size; ++r, ++next) added.push_back(added_token(next, "<｜reserved_" + std::to_string(r) + "｜>", true));
 
   const nlohmann::ordered_json tok = {
       {"version", "1.0"},
@@ -170,14 +182,9 @@ void write_synthetic_tokenizer(const std::string& dir, int vocab_size) {
                                       {"pad_token", specials[2].first},
                                       {"model_max_length", 131072},
                                       {"tokenizer_class", "PreTrainedTokenizerFast"}};
-
   std::filesystem::create_directories(dir);
-  for (const auto& [name, j] : {std::pair{"tokenizer.json", &tok}, std::pair{"tokenizer_config.json", &cfg}}) {
-    const std::string path = dir + "/" + name;
-    std::ofstream f(path, std::ios::binary);
-    f << j->dump(2) << "\n";
-    if (!f) throw Error("cannot write " + path);
-  }
+  write_json(dir + "/tokenizer.json", tok);
+  write_json(dir + "/tokenizer_config.json", cfg);
 }
 
 }  // namespace dsa
