@@ -183,21 +183,8 @@ void run(const Args& a) {
   else std::printf("%s", format_text(ctx, p, sweeps, !a.no_ops).c_str());
 }
 
-void setup_plan(CLI::App& app) {
-  auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand(
-      "plan",
-      "Plan a deployment: simulate prefill and decode operator by operator on a hardware profile\n"
-      "(TTFT, TPOT, tokens/s per device, cost per million tokens, memory and cache capacity).\n"
-      "With no options: DeepSeek-V3.2 on one 8 x H200 node.");
-  cmd->add_option("--model", a->model,
-                  "Built-in model (deepseek-v3.2, deepseek-v3.2-exp, deepseek-v3, glm-5, glm-5.2, v32-mini), "
-                  "a model directory or a config.json")
-      ->capture_default_str();
-  cmd->add_option("--hardware", a->hardware,
-                  "Hardware profile: h800, h100, h200, h20, b200, gb200, mi300x, ascend-910b, ascend-910c, "
-                  "local (measure this CPU), or a profile JSON file; with --search, several (comma-separated)")
-      ->capture_default_str();
+// How the devices split the model: tensor, data, expert and pipeline parallelism.
+void add_layout_options(CLI::App* cmd, Args* a) {
   cmd->add_option("--devices", a->req.devices, "Devices in total (default: one node, or tp*dp*pp)")->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--tp", a->req.tp, "Tensor-parallel ways for attention and dense layers")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--dp", a->req.dp, "Data-parallel attention groups (default: devices / (tp*pp))")->check(dsa::cli::int_in(1, 1 << 20));
@@ -210,6 +197,10 @@ void setup_plan(CLI::App& app) {
                   "Extra replicas of popular experts (EPLB), spread with the experts: ep must divide experts + these (default 0)")
       ->check(dsa::cli::int_in(0, 1 << 20));
   cmd->add_option("--pp", a->req.pp, "Pipeline stages")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20));
+}
+
+// The requests, the batch, the caches, MTP and the price.
+void add_workload_options(CLI::App* cmd, Args* a) {
   cmd->add_option("--batch", a->req.batch,
                   "Concurrent sequences in the whole deployment (default: what fits in memory, at most 128 per device)")
       ->check(dsa::cli::int_in(1, int64_t(1) << 40));
@@ -234,6 +225,10 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--acceptance", a->req.acceptance, "Acceptance rate of each draft token")->capture_default_str()->check(dsa::cli::finite_in(0, 1));
   cmd->add_option("--price", a->req.price_per_hour, "$ per device-hour (default: the profile's assumption)")->check(dsa::cli::finite_in(0, 1e9));
   cmd->add_flag("--no-overlap", a->no_overlap, "Do not overlap expert all-to-all with compute (single micro-batch)");
+}
+
+// Measurements that replace parts of the profile: the interconnect and kernel latencies.
+void add_measured_inputs(CLI::App* cmd, Args* a) {
   cmd->add_option("--comm", a->comm,
                   "Interconnect measured on the real job: the JSON of mpirun -np N dsa bench comm --json, fitted to the profile's link "
                   "latency and bandwidth (several nodes: the inter-node link; one: the intra-node link, the ranks sharing the node)")
@@ -241,6 +236,10 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--kernel-table", a->kernel_table,
                   "CSV of measured latencies (op,shape,latency_us) that override the roofline where they match")
       ->check(dsa::cli::regular_file());
+}
+
+// Sweeps, plots and the report's form.
+void add_output_options(CLI::App* cmd, Args* a) {
   cmd->add_option("--sweep-context", a->sweep_context, "Decode depths to sweep (comma-separated)")->delimiter(',')->check(dsa::cli::int_in(0, int64_t(1) << 30));
   cmd->add_option("--sweep-batch", a->sweep_batch, "Deployment batch sizes to sweep (comma-separated)")->delimiter(',')->check(dsa::cli::int_in(1, int64_t(1) << 40));
   cmd->add_option("--svg-cost", a->svg_cost, "Write an SVG of cost per million tokens vs token position")->check(dsa::cli::non_empty());
@@ -250,6 +249,10 @@ void setup_plan(CLI::App& app) {
   cmd->add_flag("--no-ops", a->no_ops, "Leave the per-operator tables out of the text report");
   cmd->add_flag("--list", a->list, "List built-in models and hardware profiles");
   cmd->add_flag("--show-hardware", a->show_hardware, "Print the hardware profile as JSON (a template for your own)");
+}
+
+// --search and its targets.
+void add_search_options(CLI::App* cmd, Args* a) {
   auto* search = cmd->add_flag("--search", a->search,
                                 "Search device counts, layouts and batch for the cheapest output tokens that meet "
                                 "--max-ttft/--max-tpot (--devices fixes the count)");
@@ -260,6 +263,28 @@ void setup_plan(CLI::App& app) {
   cmd->add_option("--max-ttft", a->max_ttft, "--search target: time to first token, ms")->check(dsa::cli::finite_in(0, 1e9))->needs(search);
   cmd->add_option("--max-tpot", a->max_tpot, "--search target: time per output token, ms")->check(dsa::cli::finite_in(0, 1e9))->needs(search);
   cmd->add_option("--top", a->top, "Candidates --search prints")->capture_default_str()->check(dsa::cli::int_in(1, 1 << 20))->needs(search);
+}
+
+void setup_plan(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "plan",
+      "Plan a deployment: simulate prefill and decode operator by operator on a hardware profile\n"
+      "(TTFT, TPOT, tokens/s per device, cost per million tokens, memory and cache capacity).\n"
+      "With no options: DeepSeek-V3.2 on one 8 x H200 node.");
+  cmd->add_option("--model", a->model,
+                  "Built-in model (deepseek-v3.2, deepseek-v3.2-exp, deepseek-v3, glm-5, glm-5.2, v32-mini), "
+                  "a model directory or a config.json")
+      ->capture_default_str();
+  cmd->add_option("--hardware", a->hardware,
+                  "Hardware profile: h800, h100, h200, h20, b200, gb200, mi300x, ascend-910b, ascend-910c, "
+                  "local (measure this CPU), or a profile JSON file; with --search, several (comma-separated)")
+      ->capture_default_str();
+  add_layout_options(cmd, a.get());
+  add_workload_options(cmd, a.get());
+  add_measured_inputs(cmd, a.get());
+  add_output_options(cmd, a.get());
+  add_search_options(cmd, a.get());
   cmd->callback([a, cmd] {
     // The search chooses these itself (or has no single plan to draw); one given as well
     // would be silently ignored.
