@@ -55,14 +55,12 @@ void phase_table(std::string& o, const PhaseResult& r, bool all_reduce) {
            r.other_comm_us, r.step_us);
 }
 
-}  // namespace
-
-std::string format_text(const PlanContext& c, const PlanResult& p, const std::vector<SweepRow>& sweeps, bool show_ops) {
+// The header: model, hardware, layout, dtypes and workload.
+void header_text(std::string& o, const PlanContext& c, const PlanResult& p) {
   const auto& m = *c.model;
   const auto& hw = *c.hw;
   const auto& r = *c.req;
   const auto& l = p.layout;
-  std::string o;
   o += fmt("dsa plan: %s on %d x %s (%s)\n", m.name.c_str(), l.devices(), hw.name.c_str(), hw.description.c_str());
   const std::string groups = l.rep > 1 ? fmt("%d attention replicas", l.rep) : fmt("dp %d", l.dp);
   o += fmt("layout    tp %d x %s x pp %d = %d devices; experts ep %d (%d routed experts per device", l.tp, groups.c_str(), l.pp,
@@ -76,7 +74,10 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
   o += fmt("workload  batch %s%s, input %s, output %s, decode depth %s\n\n", grouped(p.batch).c_str(),
            p.batch_auto ? " (auto: what fits, at most 128 per device)" : "", grouped(r.input_len).c_str(),
            grouped(r.output_len).c_str(), grouped(p.context).c_str());
+}
 
+void memory_text(std::string& o, const PlanContext& c, const PlanResult& p) {
+  const auto& r = *c.req;
   const auto& mem = p.memory;
   const auto& w = mem.weights;
   o += "memory per device\n";
@@ -92,25 +93,31 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
            "in the deployment\n",
            grouped(int64_t(mem.cache_bytes_per_token)).c_str(), grouped(int64_t(mem.cache_bytes_per_token_per_device)).c_str(),
            grouped(mem.max_cached_tokens_per_device).c_str(),
-           grouped(mem.max_cached_tokens_per_device / (r.input_len + r.output_len) * l.dp).c_str(),
+           grouped(mem.max_cached_tokens_per_device / (r.input_len + r.output_len) * p.layout.dp).c_str(),
            grouped(r.input_len + r.output_len).c_str());
   o += fmt("  decode step caches %s tokens per device (%s sequences per dp group at depth %s + %d)%s\n\n",
-           grouped(p.decode_cached_tokens_per_device).c_str(), grouped(p.decode.step.seqs * l.pp).c_str(),
+           grouped(p.decode_cached_tokens_per_device).c_str(), grouped(p.decode.step.seqs * p.layout.pp).c_str(),
            grouped(p.context).c_str(), 1 + r.opt.mtp,
            p.decode_fits ? "" : "  ** DOES NOT FIT the cache: lower --batch or --context, or add devices **");
+}
 
-  if (show_ops) {
-    o += fmt("prefill: %s sequence(s) x %s tokens per dp group%s%s, one device\n", grouped(p.prefill.step.seqs).c_str(),
-             grouped(p.prefill.step.new_tokens).c_str(),
-             p.prefill.step.context > 0 ? fmt(" after %s cached", grouped(p.prefill.step.context).c_str()).c_str() : "",
-             p.prefill.steps > 1 ? fmt(" in %d chunks of up to %s (rows sum them)", p.prefill.steps, grouped(r.prefill_chunk).c_str()).c_str()
-                                 : "");
-    phase_table(o, p.prefill, p.layout.rep > 1);
-    o += fmt("\ndecode: %s sequences x %s token(s) at depth %s per dp group, one device\n", grouped(p.decode.step.seqs).c_str(),
-             grouped(p.decode.step.new_tokens).c_str(), grouped(p.decode.step.context).c_str());
-    phase_table(o, p.decode, p.layout.rep > 1);
-    o += "\n";
-  }
+// The per-operator tables of both phases.
+void ops_text(std::string& o, const PlanContext& c, const PlanResult& p) {
+  const auto& r = *c.req;
+  o += fmt("prefill: %s sequence(s) x %s tokens per dp group%s%s, one device\n", grouped(p.prefill.step.seqs).c_str(),
+           grouped(p.prefill.step.new_tokens).c_str(),
+           p.prefill.step.context > 0 ? fmt(" after %s cached", grouped(p.prefill.step.context).c_str()).c_str() : "",
+           p.prefill.steps > 1 ? fmt(" in %d chunks of up to %s (rows sum them)", p.prefill.steps, grouped(r.prefill_chunk).c_str()).c_str()
+                               : "");
+  phase_table(o, p.prefill, p.layout.rep > 1);
+  o += fmt("\ndecode: %s sequences x %s token(s) at depth %s per dp group, one device\n", grouped(p.decode.step.seqs).c_str(),
+           grouped(p.decode.step.new_tokens).c_str(), grouped(p.decode.step.context).c_str());
+  phase_table(o, p.decode, p.layout.rep > 1);
+  o += "\n";
+}
+
+void results_text(std::string& o, const PlanContext& c, const PlanResult& p) {
+  const auto& r = *c.req;
   o += "results\n";
   o += fmt("  TTFT %.2f ms   TPOT %.2f ms (%.1f tokens/s per sequence)\n", p.ttft_ms, p.tpot_ms, 1e3 / p.tpot_ms);
   o += fmt("  prefill %s tokens/s per device, decode %s tokens/s per device\n",
@@ -124,6 +131,9 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
   if (p.price_per_hour > 0)
     o += fmt("  at $%.2f per device-hour: $%.4f per million prompt tokens, $%.4f per million output tokens\n",
              p.price_per_hour, p.prefill_cost_per_m, p.decode_cost_per_m);
+}
+
+void sweeps_text(std::string& o, const std::vector<SweepRow>& sweeps) {
   for (const char* axis : {"context", "batch"}) {
     bool header = false;
     for (const auto& s : sweeps) {
@@ -138,6 +148,17 @@ std::string format_text(const PlanContext& c, const PlanResult& p, const std::ve
                s.fits ? "" : "  (cache does not fit)");
     }
   }
+}
+
+}  // namespace
+
+std::string format_text(const PlanContext& c, const PlanResult& p, const std::vector<SweepRow>& sweeps, bool show_ops) {
+  std::string o;
+  header_text(o, c, p);
+  memory_text(o, c, p);
+  if (show_ops) ops_text(o, c, p);
+  results_text(o, c, p);
+  sweeps_text(o, sweeps);
   return o;
 }
 
@@ -366,6 +387,39 @@ std::string format_search_json(const PlanContext& c, const std::vector<Hardware>
   return j.dump(2);
 }
 
+namespace {
+
+// The x axis's tick positions over [x0, x1].
+std::vector<double> x_ticks(double x0, double x1, bool log_x) {
+  std::vector<double> xt;
+  if (log_x) {
+    for (double x = std::pow(2.0, std::floor(std::log2(x0))); x <= x1 * 1.0001; x *= 2)
+      if (x >= x0 * 0.9999) xt.push_back(x);
+    while (xt.size() > 10) {
+      std::vector<double> v;
+      for (size_t i = 0; i < xt.size(); i += 2) v.push_back(xt[i]);
+      xt = v;
+    }
+  } else {
+    // About eight ticks at round values: token positions (ranges from 1K up) step by powers
+    // of two, so they read 16K, 32K, ...; anything else by 1, 2 or 5 x 10^k. The left end is
+    // labelled too when the first round tick is far from it.
+    const double rx = (x1 - x0) / 8;
+    double sx;
+    if (x1 - x0 >= 1024) {
+      sx = std::exp2(std::ceil(std::log2(rx)));
+    } else {
+      const double mx = std::pow(10.0, std::floor(std::log10(rx)));
+      sx = rx / mx <= 1 ? mx : rx / mx <= 2 ? 2 * mx : rx / mx <= 5 ? 5 * mx : 10 * mx;
+    }
+    for (double x = std::ceil(x0 / sx) * sx; x <= x1 * (1 + 1e-9); x += sx) xt.push_back(x);
+    if (xt.empty() || xt.front() - x0 > sx / 2) xt.insert(xt.begin(), x0);
+  }
+  return xt;
+}
+
+}  // namespace
+
 std::string svg_line_plot(const std::string& title, const std::string& xlabel, const std::string& ylabel,
                           const std::vector<Series>& series, bool log_x) {
   const double W = 760, H = 460, L = 80, R = 30, T = 50, B = 60;
@@ -397,30 +451,7 @@ std::string svg_line_plot(const std::string& title, const std::string& xlabel, c
     o += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, fy(y), W - R, fy(y));
     o += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n", L - 6, fy(y) + 4, y);
   }
-  std::vector<double> xt;
-  if (log_x) {
-    for (double x = std::pow(2.0, std::floor(std::log2(x0))); x <= x1 * 1.0001; x *= 2)
-      if (x >= x0 * 0.9999) xt.push_back(x);
-    while (xt.size() > 10) {
-      std::vector<double> v;
-      for (size_t i = 0; i < xt.size(); i += 2) v.push_back(xt[i]);
-      xt = v;
-    }
-  } else {
-    // About eight ticks at round values: token positions (ranges from 1K up) step by powers
-    // of two, so they read 16K, 32K, ...; anything else by 1, 2 or 5 x 10^k. The left end is
-    // labelled too when the first round tick is far from it.
-    const double rx = (x1 - x0) / 8;
-    double sx;
-    if (x1 - x0 >= 1024) {
-      sx = std::exp2(std::ceil(std::log2(rx)));
-    } else {
-      const double mx = std::pow(10.0, std::floor(std::log10(rx)));
-      sx = rx / mx <= 1 ? mx : rx / mx <= 2 ? 2 * mx : rx / mx <= 5 ? 5 * mx : 10 * mx;
-    }
-    for (double x = std::ceil(x0 / sx) * sx; x <= x1 * (1 + 1e-9); x += sx) xt.push_back(x);
-    if (xt.empty() || xt.front() - x0 > sx / 2) xt.insert(xt.begin(), x0);
-  }
+  const std::vector<double> xt = x_ticks(x0, x1, log_x);
   for (double x : xt) {
     o += fmt("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", fx(x), T, fx(x), H - B);
     const std::string label = x >= 1024 && std::fmod(x, 1024) == 0 ? fmt("%gK", x / 1024) : fmt("%g", x);
