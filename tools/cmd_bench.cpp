@@ -45,6 +45,12 @@ StepCost plan_step(const dsa::sim::SimModel& sm, dsa::sim::Phase phase, int64_t 
   return {dsa::sim::plan_total_bytes(ops), dsa::sim::plan_total_flops(ops)};
 }
 
+// A step's roofline in seconds: its bytes at the read bandwidth or its FLOPs at the FMA peak,
+// whichever takes longer.
+double roofline_s(const StepCost& c, double bw_gbps, double peak_gflops) {
+  return std::max(c.bytes / (bw_gbps * 1e9), c.flops / (peak_gflops * 1e9));
+}
+
 // Kernel timings by kernel, summed over the timed runs of one phase.
 struct KernelTable {
   std::vector<dsa::kernels::KernelStat> stats = std::vector<dsa::kernels::KernelStat>(static_cast<size_t>(dsa::kernels::KernelId::kCount));
@@ -149,7 +155,7 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
   const sim::SimModel sm = sim::model_from_config(m.config, a.model);
   const StepCost dc = plan_step(sm, sim::Phase::Decode, B, 1, a.depth + a.gen / 2);
   const double step_s = 1.0 / median(bt.tg);
-  const double roof_s = std::max(dc.bytes / (bw * 1e9), dc.flops / (peak * 1e9));
+  const double roof_s = roofline_s(dc, bw, peak);
   nlohmann::json j = {{"model", a.model}, {"threads", threads}, {"isa", kernels::isa_name(kernels::isa())},
                       {"cpu_features", kernels::cpu_features()}, {"batch", B}, {"depth", a.depth}, {"gen_tokens", a.gen},
                       {"repeat", a.repeat}, {"kv_cache", a.kv_cache},
@@ -162,7 +168,7 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
     // The mixed step as its two plans: the decode step and the chunk's prefill.
     const StepCost pc = plan_step(sm, sim::Phase::Prefill, 1, a.prompt, 0), d0 = plan_step(sm, sim::Phase::Decode, B, 1, a.depth);
     const double mixed_s = median(bt.mixed);
-    const double mixed_roof = std::max((d0.bytes + pc.bytes) / (bw * 1e9), (d0.flops + pc.flops) / (peak * 1e9));
+    const double mixed_roof = roofline_s(StepCost{d0.bytes + pc.bytes, d0.flops + pc.flops}, bw, peak);
     j.update({{"mixed_prompt_tokens", a.prompt}, {"mixed_step_ms", mixed_s * 1e3}, {"mixed_step_roofline_ms", mixed_roof * 1e3},
               {"mixed_roofline_fraction", mixed_roof / mixed_s}});
   }
@@ -354,10 +360,7 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
     const double one = 1e3 / tgs, two = median(st.vs) * 1e3;
     // What the ratio can be at best: the two steps' rooflines. The draft routes to experts of
     // its own, so the verification step reads more bytes than a one-token step.
-    const auto roofline = [&](int64_t tokens) {
-      const StepCost sc = plan_step(sm, sim::Phase::Decode, 1, tokens, mid);
-      return std::max(sc.bytes / (bw * 1e9), sc.flops / (peak * 1e9));
-    };
+    const auto roofline = [&](int64_t tokens) { return roofline_s(plan_step(sm, sim::Phase::Decode, 1, tokens, mid), bw, peak); };
     j.update({{"verify_step_ms", two},
               {"decode_step_ms", one},
               {"verify_over_decode_step", two / one},

@@ -203,9 +203,6 @@ void fill_floats(float* p, size_t n, uint64_t seed) {
   }
 }
 
-}  // namespace
-
-namespace {
 
 // One engine-kernel probe: a call, how many timed calls it makes per round, the work of one
 // call in the unit its rate is reported in (bytes, FLOPs or keys), and the mean seconds per
