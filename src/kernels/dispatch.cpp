@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/error.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
@@ -137,8 +138,9 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
   if (n_jobs <= 0) return;
   double flops = 0, bytes = 0;
   for (int j = 0; j < n_jobs; ++j) {
-    flops += 2.0 * jobs[j].n * jobs[j].w->rows * jobs[j].w->cols;
-    bytes += double(jobs[j].w->bytes());
+    DSA_CHECK(jobs[j].row0 >= 0 && jobs[j].row0 + jobs[j].rows() <= jobs[j].w->rows, "linear_multi: rows outside the weight");
+    flops += 2.0 * jobs[j].n * jobs[j].rows() * jobs[j].w->cols;
+    bytes += double(jobs[j].w->bytes()) * jobs[j].rows() / jobs[j].w->rows;
   }
   Timed t(KernelId::Linear, flops, bytes, jobs[0].w, n_jobs);
   DSA_DISPATCH(linear_multi, jobs, n_jobs);

@@ -137,13 +137,16 @@ void linear_decode(const Linear& w, const float* x, int n, float* y, int row0 = 
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 // Several decode-role products in one call (one parallel region): y_j = x_j · W_jᵀ for n_j
 // tokens, each output exactly as linear_decode computes it. Decode uses it for the
-// projections that share an input and for the routed experts its tokens picked.
+// projections that share an input and for the routed experts its tokens picked; a job may
+// take a range of W's rows (a tensor-parallel rank's part).
 constexpr int kMaxLinearJobs = 64;
 struct LinearJob {
   const Linear* w;
   const float* x;  // [n, w->cols]
-  float* y;        // [n, w->rows]
+  float* y;        // [n, nrows]
   int n = 1;
+  int row0 = 0, nrows = -1;  // rows [row0, row0 + nrows) of W; nrows < 0: to the last row
+  int rows() const { return nrows < 0 ? w->rows - row0 : nrows; }
 };
 void linear_multi(const LinearJob* jobs, int n_jobs);
 // One token through per-head slices of one weight (the absorbed MLA decode): for every

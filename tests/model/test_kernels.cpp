@@ -166,6 +166,31 @@ TEST_P(KernelTwins, LinearMulti) {
   }
 }
 
+// A job over a range of W's rows (a tensor-parallel rank's part): its outputs are bitwise
+// those rows of the whole product, in both tiers, starting inside a 128-row scale block and
+// at a row that is not a multiple of four.
+TEST_P(KernelTwins, LinearMultiRowRanges) {
+  for (DType dt : {DType::F8_E4M3, DType::BF16}) {
+    const auto w = make_linear(dt, 300, 256, 4);
+    for (int n : {1, 3, 7}) {
+      const auto x = randv(size_t(n) * 256, 11);
+      std::vector<float> whole(size_t(n) * 300);
+      kernels::cpu::linear_decode(w.l, x.data(), n, whole.data(), 0, -1);
+      for (const auto& [row0, rows] : {std::pair{150, 150}, std::pair{10, 17}, std::pair{0, 64}}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(row0) + "+" + std::to_string(rows) + " n=" + std::to_string(n));
+        std::vector<float> y(size_t(n) * size_t(rows)), r(y.size()), want(y.size());
+        for (int t = 0; t < n; ++t)
+          std::copy_n(&whole[size_t(t) * 300 + size_t(row0)], rows, &want[size_t(t) * size_t(rows)]);
+        const kernels::LinearJob job{&w.l, x.data(), y.data(), n, row0, rows}, ref{&w.l, x.data(), r.data(), n, row0, rows};
+        kernels::cpu::linear_multi(&job, 1);
+        kernels::ref::linear_multi(&ref, 1);
+        EXPECT_TRUE(std::equal(y.begin(), y.end(), want.begin()));
+        EXPECT_LE(max_rel(y, r), 2e-6);
+      }
+    }
+  }
+}
+
 // Batch invariance of the decode-role product: n tokens in one call give every token
 // bitwise what it gets alone, whatever n (token groups, row blocks, the thread split), with
 // rows that are not a multiple of four, ragged columns (800: column chunks of unequal

@@ -849,10 +849,10 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
     const DType dt = jobs[j].w->dtype;
     fast = dt == DType::F8_E4M3 || dt == DType::BF16;
     start[j] = total;
-    total += (jobs[j].w->rows + 3) / 4;  // in groups of four rows
+    total += (jobs[j].rows() + 3) / 4;  // in groups of four rows
   }
   if (!fast) {
-    for (int j = 0; j < n_jobs; ++j) linear_decode(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, 0, jobs[j].w->rows);
+    for (int j = 0; j < n_jobs; ++j) linear_decode(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, jobs[j].row0, jobs[j].rows());
     return;
   }
   start[n_jobs] = total;
@@ -867,9 +867,9 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
     for (int j = 0; j < n_jobs; ++j) {
       const int64_t a = std::max(g0, start[j]), b = std::min(g1, start[j + 1]);
       if (a >= b) continue;
-      const Linear& w = *jobs[j].w;
-      const int r0 = int(a - start[j]) * 4, r1 = std::min(w.rows, int(b - start[j]) * 4);
-      gemv_rows(w, jobs[j].x, jobs[j].n, jobs[j].y, size_t(w.rows), 0, r0, r1);
+      const int row0 = jobs[j].row0, rows = jobs[j].rows();
+      const int r0 = row0 + int(a - start[j]) * 4, r1 = row0 + std::min(rows, int(b - start[j]) * 4);
+      gemv_rows(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, size_t(rows), row0, r0, r1);
     }
   }
 }

@@ -45,7 +45,7 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
 void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows) { linear(w, x, n, y, row0, nrows); }
 
 void linear_multi(const LinearJob* jobs, int n_jobs) {
-  for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, 0, jobs[j].w->rows);
+  for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, jobs[j].row0, jobs[j].rows());
 }
 
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
