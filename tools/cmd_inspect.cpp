@@ -43,7 +43,10 @@ void print_layout(const dsa::Model& m, const Layout& l) {
   RankShard s = layout_shard(m, l);
   std::printf("layout:       %s = %d ranks%s%s, bytes read per rank:\n", s.describe().c_str(), s.ranks,
               l.ep > 1 ? (", " + std::to_string(c.n_routed_experts / l.ep) + " routed experts each").c_str() : "",
-              l.tp > 1 ? (", " + std::to_string(c.num_attention_heads / l.tp) + " attention heads each").c_str() : "");
+              l.tp > 1 ? (", " + std::to_string(c.num_attention_heads / l.tp) + " attention heads each, " +
+                          (l.ep > 1 ? "dense and shared MLPs" : "MLPs") + " split " + std::to_string(l.tp) + " ways")
+                             .c_str()
+                       : "");
   const int L = c.num_hidden_layers;
   for (int r = 0; r < s.ranks; ++r) {
     s.rank = r;

@@ -24,7 +24,23 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
 void indexer_block(const Step& st, const LayerWeights& w, int layer, int cache_layer);
 // Tokens [t0, t0 + n) of the step, all of one role.
 void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode);
-void mlp_block(const MlpWeights& w, Workspace& ws, int n, bool decode, const float* in, float* out);
+
+// The rows of an MLP this rank computes: rows [inter0, inter0 + inter) of gate_proj and
+// up_proj and [out0, out0 + out) of down_proj. All of them, or under tensor parallelism
+// (split) the member's 1/tp of each: the members' intermediate parts are then gathered
+// (full_inter wide) before down_proj, and the rank's output is columns [out0, out0 + out)
+// of the MLP's.
+struct MlpRows {
+  bool split = false;
+  int inter0 = 0, inter = 0, full_inter = 0, out0 = 0, out = 0;
+};
+MlpRows mlp_rows(const RankShard& sh, const MlpWeights& w, bool split);
+// out [n, r.out] = this rank's rows of down(silu(gate(in)) * up(in)), in [n, hidden];
+// uses ws.g and ws.u.
+void mlp_part(const Step& st, const MlpWeights& w, const MlpRows& r, int n, bool decode, const float* in, float* out);
+// out [n, hidden] = the whole MLP; under tensor parallelism each member computes its rows
+// and the parts are gathered, so every output is computed whole in one process's order.
+void mlp_block(const Step& st, const MlpWeights& w, int n, bool decode, const float* in, float* out);
 void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_layer);
 
 }  // namespace dsa

@@ -17,20 +17,6 @@ void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y, in
   if (n > nd) kernels::linear(w, x + size_t(nd) * size_t(w.cols), n - nd, y + size_t(nd) * size_t(rows), row0, rows);
 }
 
-void mlp_block(const MlpWeights& w, Workspace& ws, int n, bool decode, const float* in, float* out) {
-  const int inter = w.gate_proj.rows;
-  if (decode) {
-    const kernels::LinearJob gu[] = {{&w.gate_proj, in, ws.g.data(), n}, {&w.up_proj, in, ws.u.data(), n}};
-    kernels::linear_multi(gu, 2);
-  } else {
-    kernels::linear(w.gate_proj, in, n, ws.g.data());
-    kernels::linear(w.up_proj, in, n, ws.u.data());
-  }
-  kernels::silu_mul(ws.g.data(), ws.u.data(), size_t(n) * size_t(inter), ws.g.data());
-  if (decode) kernels::linear_decode(w.down_proj, ws.g.data(), n, out);
-  else kernels::linear(w.down_proj, ws.g.data(), n, out);
-}
-
 void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_layer) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
@@ -53,8 +39,8 @@ void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_l
     if (nd > 0 || every) moe_block(st, w.moe, layer, 0, nd, true);
     if (n > nd || every) moe_block(st, w.moe, layer, nd, n - nd, false);
   } else {
-    if (nd > 0) mlp_block(w.mlp, ws, nd, true, ws.xn.data(), ws.moe_out.data());
-    if (n > nd) mlp_block(w.mlp, ws, n - nd, false, ws.xn.data() + dH, ws.moe_out.data() + dH);
+    if (nd > 0) mlp_block(st, w.mlp, nd, true, ws.xn.data(), ws.moe_out.data());
+    if (n > nd) mlp_block(st, w.mlp, n - nd, false, ws.xn.data() + dH, ws.moe_out.data() + dH);
   }
   for (size_t i = 0; i < nH; ++i) ws.x[i] += ws.moe_out[i];
 

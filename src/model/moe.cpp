@@ -73,16 +73,27 @@ static const float* gather_tokens(Workspace& ws, const float* xn, int e, int k, 
 
 // out row t = the routing-weighted sum of token t's k expert outputs, slots in order
 // (the reference's summation order); on an expert-parallel rank, of the slots whose
-// experts it owns (the ranks' partial rows are summed afterwards).
-static void combine_token(Workspace& ws, const RankShard& shard, int E, float* out, int t, int k, int H) {
-  out += size_t(t) * size_t(H);
-  std::fill(out, out + H, 0.0f);
+// experts it owns (the ranks' partial rows are summed afterwards). Rows of `width` columns
+// in d and out: the hidden size, or a tensor-parallel member's columns of it.
+static void combine_token(Workspace& ws, const RankShard& shard, int E, float* out, int t, int k, int width) {
+  out += size_t(t) * size_t(width);
+  std::fill(out, out + width, 0.0f);
   for (int j = 0; j < k; ++j) {
     const int r = t * k + j;
     if (!shard.owns(ws.expert_ids[size_t(r)], E)) continue;
     const float wt = ws.expert_w[size_t(r)];
-    const float* dj = &ws.d[size_t(ws.expert_pos[size_t(r)]) * size_t(H)];
-    for (int h = 0; h < H; ++h) out[h] += wt * dj[h];
+    const float* dj = &ws.d[size_t(ws.expert_pos[size_t(r)]) * size_t(width)];
+    for (int h = 0; h < width; ++h) out[h] += wt * dj[h];
+  }
+}
+
+// The shared expert's rows of this rank, [n, rs.out] at ds, added into the combined rows
+// (`width` columns from column `col0` of the hidden state) where its columns fall.
+static void add_shared(float* out, const float* ds, const MlpRows& rs, int n, int width, int col0) {
+  for (int t = 0; t < n; ++t) {
+    float* o = out + size_t(t) * size_t(width) + size_t(rs.out0 - col0);
+    const float* d = ds + size_t(t) * size_t(rs.out);
+    for (int h = 0; h < rs.out; ++h) o[h] += d[h];
   }
 }
 
@@ -126,10 +137,16 @@ static int route_and_group(const Step& st, const MoeWeights& w, const float* xn,
 }
 
 // The shared expert runs once per token: on member 0 of an expert-parallel stage, whose
-// partial output carries it into the all-reduce.
-// Under data-parallel attention each rank runs it for its own tokens instead (moe_block_dp).
+// partial output carries it into the all-reduce, or split by rows over a tensor-parallel
+// stage's members. Under data-parallel attention each rank runs it for its own tokens
+// instead (moe_block_dp).
 static bool runs_shared_expert(const Step& st, const MoeWeights& w) {
   return w.has_shared && !st.m.shard.dp && st.m.shard.runs_shared_expert();
+}
+
+// A routed expert's rows on this rank: all of them, or a tensor-parallel member's part.
+static MlpRows expert_rows(const Step& st, const MoeWeights& w) {
+  return mlp_rows(st.m.shard, w.experts.front(), st.m.shard.splits_experts());
 }
 
 // Runs jobs through linear_multi, at most kMaxLinearJobs per call (each output the same
@@ -140,13 +157,15 @@ static void run_jobs(const kernels::LinearJob* jobs, int nj) {
 
 // Decode tokens: every active expert (with the tokens that picked it) and the shared expert
 // in two rounds, gate+up then down, each in as few parallel regions as the job limit
-// allows, so each expert's weights stream once per step.
+// allows, so each expert's weights stream once per step. Under tensor parallelism each round
+// computes this member's rows, the intermediate parts are gathered between the rounds and
+// the output's columns after them (experts_output).
 static void experts_decode(const Step& st, const MoeWeights& w, const float* xn, float* out, int n, int n_active) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
-  const int k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
+  const int k = c.num_experts_per_tok, H = c.hidden_size;
   const bool shared = runs_shared_expert(st, w);
-  const int S = shared ? w.shared_experts.gate_proj.rows : 0;
+  const MlpRows re = expert_rows(st, w), rs = shared ? mlp_rows(st.m.shard, w.shared_experts, st.m.shard.splits_mlps()) : MlpRows{};
   const size_t routed = size_t(n) * size_t(k);  // grouped rows; the shared expert's follow
   kernels::LinearJob jobs[2 * kMaxRoutedExperts + 2];
   int nj = 0;
@@ -154,61 +173,92 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
     const int e = ws.expert_active[size_t(a)], cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
     const float* xg = gather_tokens(ws, xn, e, k, H);
     const MlpWeights& ex = w.experts[size_t(e)];
-    jobs[nj++] = {&ex.gate_proj, xg, &ws.g[size_t(off) * size_t(I)], cnt};
-    jobs[nj++] = {&ex.up_proj, xg, &ws.u[size_t(off) * size_t(I)], cnt};
+    jobs[nj++] = {&ex.gate_proj, xg, &ws.g[size_t(off) * size_t(re.inter)], cnt, re.inter0, re.inter};
+    jobs[nj++] = {&ex.up_proj, xg, &ws.u[size_t(off) * size_t(re.inter)], cnt, re.inter0, re.inter};
   }
+  float* gs = &ws.g[routed * size_t(re.inter)];  // the shared expert's intermediate
   if (shared) {
-    jobs[nj++] = {&w.shared_experts.gate_proj, xn, &ws.g[routed * size_t(I)], n};
-    jobs[nj++] = {&w.shared_experts.up_proj, xn, &ws.u[routed * size_t(I)], n};
+    jobs[nj++] = {&w.shared_experts.gate_proj, xn, gs, n, rs.inter0, rs.inter};
+    jobs[nj++] = {&w.shared_experts.up_proj, xn, &ws.u[routed * size_t(re.inter)], n, rs.inter0, rs.inter};
   }
   run_jobs(jobs, nj);
-  kernels::silu_mul(ws.g.data(), ws.u.data(), routed * size_t(I) + size_t(n) * size_t(S), ws.g.data());
+  kernels::silu_mul(ws.g.data(), ws.u.data(), routed * size_t(re.inter) + size_t(n) * size_t(rs.inter), ws.g.data());
+  // The whole intermediates (gathered into u when split): routed [routed, inter], shared after.
+  const float* act = ws.g.data();
+  const float* act_s = gs;
+  if (re.split) {
+    st.m.shard.gather_columns(ws.g.data(), int(routed), re.full_inter, ws.u.data());
+    act = ws.u.data();
+  }
+  if (shared && rs.split) {
+    float* full = &ws.u[routed * size_t(re.full_inter)];
+    st.m.shard.gather_columns(gs, n, rs.full_inter, full);
+    act_s = full;
+  }
   nj = 0;
   for (int a = 0; a < n_active; ++a) {
     const int e = ws.expert_active[size_t(a)], cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
-    jobs[nj++] = {&w.experts[size_t(e)].down_proj, &ws.g[size_t(off) * size_t(I)], &ws.d[size_t(off) * size_t(H)], cnt};
+    jobs[nj++] = {&w.experts[size_t(e)].down_proj, act + size_t(off) * size_t(re.full_inter), &ws.d[size_t(off) * size_t(re.out)], cnt,
+                  re.out0, re.out};
   }
-  if (shared) jobs[nj++] = {&w.shared_experts.down_proj, &ws.g[routed * size_t(I)], &ws.d[routed * size_t(H)], n};
+  float* ds = &ws.d[routed * size_t(re.out)];
+  if (shared) jobs[nj++] = {&w.shared_experts.down_proj, act_s, ds, n, rs.out0, rs.out};
   run_jobs(jobs, nj);
   // Weighted combine per token, then the shared expert.
-  for (int t = 0; t < n; ++t) {
-    combine_token(ws, st.m.shard, c.n_routed_experts, out, t, k, H);
-    if (shared) {
-      float* o = out + size_t(t) * size_t(H);
-      const float* ds = &ws.d[(routed + size_t(t)) * size_t(H)];
-      for (int h = 0; h < H; ++h) o[h] += ds[h];
-    }
-  }
+  float* o = re.split ? ws.proj_part.data() : out;
+  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, o, t, k, re.out);
+  if (shared) add_shared(o, ds, rs, n, re.out, re.out0);
+  if (re.split) st.m.shard.gather_columns(o, n, H, out);
 }
 
 // A prefill chunk: experts in parallel, one per thread at a time (dynamic: their token
 // counts differ), each running its three GEMMs on its own thread: one parallel region per
 // layer instead of three per expert, and every expert's rows stay disjoint in xg, g, u, d.
+// Tensor-parallel experts take two regions, their intermediate parts gathered between them.
 static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn, float* out, int n, int n_active) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
-  const int k = c.num_experts_per_tok, H = c.hidden_size, I = c.moe_intermediate_size;
-  auto run_expert = [&](int e) {
+  const int k = c.num_experts_per_tok, H = c.hidden_size;
+  const MlpRows re = expert_rows(st, w);
+  auto gate_up = [&](int e) {
     const int cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
     const float* xg = gather_tokens(ws, xn, e, k, H);
     const MlpWeights& ex = w.experts[size_t(e)];
-    float* g = &ws.g[size_t(off) * size_t(I)];
-    float* u = &ws.u[size_t(off) * size_t(I)];
-    kernels::linear(ex.gate_proj, xg, cnt, g);
-    kernels::linear(ex.up_proj, xg, cnt, u);
-    kernels::silu_mul(g, u, size_t(cnt) * size_t(I), g);
-    kernels::linear(ex.down_proj, g, cnt, &ws.d[size_t(off) * size_t(H)]);
+    float* g = &ws.g[size_t(off) * size_t(re.inter)];
+    float* u = &ws.u[size_t(off) * size_t(re.inter)];
+    kernels::linear(ex.gate_proj, xg, cnt, g, re.inter0, re.inter);
+    kernels::linear(ex.up_proj, xg, cnt, u, re.inter0, re.inter);
+    kernels::silu_mul(g, u, size_t(cnt) * size_t(re.inter), g);
   };
+  auto down = [&](int e, const float* act) {
+    const int cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
+    kernels::linear(w.experts[size_t(e)].down_proj, act + size_t(off) * size_t(re.full_inter), cnt, &ws.d[size_t(off) * size_t(re.out)],
+                    re.out0, re.out);
+  };
+  if (!re.split) {
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int a = 0; a < n_active; ++a) run_expert(ws.expert_active[size_t(a)]);
+    for (int a = 0; a < n_active; ++a) {
+      gate_up(ws.expert_active[size_t(a)]);
+      down(ws.expert_active[size_t(a)], ws.g.data());
+    }
+  } else {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int a = 0; a < n_active; ++a) gate_up(ws.expert_active[size_t(a)]);
+    st.m.shard.gather_columns(ws.g.data(), n * k, re.full_inter, ws.u.data());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int a = 0; a < n_active; ++a) down(ws.expert_active[size_t(a)], ws.u.data());
+  }
 
   // Weighted combine per token (each output row written by one thread).
+  float* o = re.split ? ws.proj_part.data() : out;
 #pragma omp parallel for schedule(static)
-  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, out, t, k, H);
+  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, o, t, k, re.out);
   if (runs_shared_expert(st, w)) {
-    mlp_block(w.shared_experts, ws, n, false, xn, ws.d.data());
-    for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
+    const MlpRows rs = mlp_rows(st.m.shard, w.shared_experts, st.m.shard.splits_mlps());
+    mlp_part(st, w.shared_experts, rs, n, false, xn, ws.d.data());
+    add_shared(o, ws.d.data(), rs, n, re.out, re.out0);
   }
+  if (re.split) st.m.shard.gather_columns(o, n, H, out);
 }
 
 // Data-parallel attention: this rank's n tokens of one role are a block of the role's
@@ -238,7 +288,7 @@ static void moe_block_dp(const Step& st, const MoeWeights& w, int layer, int t0,
   else experts_prefill(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
   sh.sum_scatter_rows(ws.moe_part.data(), rows, H, out);
   if (!w.has_shared || n == 0) return;
-  mlp_block(w.shared_experts, ws, n, decode, xn, ws.d.data());
+  mlp_block(st, w.shared_experts, n, decode, xn, ws.d.data());
   for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
 }
 

@@ -219,13 +219,25 @@ std::pair<size_t, size_t> RankShard::owned_bytes(const std::string& tensor, cons
   if (layer >= 0 && !owns_layer(layer, L)) return {0, 0};
   if (layer < 0 && !last_stage()) return {0, 0};  // model.norm, lm_head
   const size_t at = tensor.find(".mlp.experts.");
-  if (at != std::string::npos) {
+  const bool expert = at != std::string::npos;
+  if (expert) {
     const char* p = tensor.c_str() + at + 13;
     char* end = nullptr;
     const long e = std::strtol(p, &end, 10);
     const bool foreign = end != p && e >= 0 && e < c.n_routed_experts && !owns(int(e), c.n_routed_experts);
-    return {0, foreign ? none : t.nbytes};
+    if (foreign) return {0, none};
   }
+  const bool shared = tensor.find(".mlp.shared_experts.") != std::string::npos;
+  if (shared && !dp && !runs_shared_expert()) return {0, none};
+  // A split MLP: this member's 1/tp of gate_proj's and up_proj's rows (the intermediate)
+  // and of down_proj's (the output).
+  const bool mlp_weight = tensor.find(".mlp.") != std::string::npos &&
+                          (ends_with(tensor, "gate_proj.weight") || ends_with(tensor, "up_proj.weight") || ends_with(tensor, "down_proj.weight"));
+  if (mlp_weight && (expert ? splits_experts() : splits_mlps()) && t.shape.size() == 2) {
+    const int64_t rows = t.shape[0], per = rows / tp;
+    return row_range(t, rows, member() * per, per);
+  }
+  if (expert) return {0, t.nbytes};
   const bool head = tensor == "lm_head.weight" || tensor == "model.layers." + std::to_string(L) + ".shared_head.head.weight";
   if (head && splits_head(c.vocab_size)) {
     const int64_t per = c.vocab_size / group();
@@ -267,6 +279,10 @@ void RankShard::validate(const ModelConfig& c) const {
   if (tp > 1 && (c.num_attention_heads % tp != 0 || c.hidden_size % tp != 0))
     throw Error(flag("tp", tp) + ": does not divide the model's " + std::to_string(c.num_attention_heads) + " attention heads and hidden size " +
                 std::to_string(c.hidden_size));
+  // Every MLP is split by rows of its intermediate (see above).
+  if (tp > 1 && (c.intermediate_size % tp != 0 || c.moe_intermediate_size % tp != 0))
+    throw Error(flag("tp", tp) + ": does not divide the model's MLP widths (intermediate_size " + std::to_string(c.intermediate_size) +
+                ", moe_intermediate_size " + std::to_string(c.moe_intermediate_size) + ")");
 }
 
 std::string RankShard::describe() const {

@@ -83,7 +83,10 @@ struct ModelWeights {
 //   The shared expert runs on member 0; the members' partial MoE outputs are summed.
 // - tp > 1 (= group()): each member holds num_attention_heads / tp heads (their rows of
 //   q_b_proj and kv_b_proj) and hidden / tp rows of o_proj (see mla.cpp). The indexer, q_a,
-//   kv_a and the latent cache are on every member.
+//   kv_a and the latent cache are on every member. Every MLP is split the same way: each
+//   member holds 1/tp of the rows of gate_proj and up_proj (the intermediate) and of
+//   down_proj (the output): the dense layers', the shared expert's, and each routed
+//   expert's unless ep splits the experts themselves (see mlp.cpp).
 // - dp (with ep = group(), tp = pp = 1): data-parallel attention, as vLLM and SGLang run
 //   these models with expert parallelism: each member attends (and runs the dense layers,
 //   the shared expert and the head) for its own sequences only; each MoE layer gathers
@@ -127,7 +130,9 @@ struct RankShard {
     return l >= n_layers ? last_stage() : l >= first_layer(n_layers) && l < end_layer(n_layers);
   }
   bool owns(int expert, int n_experts) const { return ep <= 1 || int(int64_t(expert) * ep / n_experts) == member(); }
-  bool runs_shared_expert() const { return ep <= 1 || member() == 0; }
+  bool runs_shared_expert() const { return ep <= 1 || tp > 1 || member() == 0; }
+  bool splits_mlps() const { return tp > 1; }                  // dense layers and the shared expert
+  bool splits_experts() const { return tp > 1 && ep <= 1; }    // each routed expert by rows
   bool splits_head(int vocab) const { return group() > 1 && !dp && vocab % group() == 0; }
   int dp_ranks() const { return dp ? group() : 1; }  // members attending for sequences of their own
   int head0(int n_heads) const { return tp > 1 ? member() * (n_heads / tp) : 0; }   // first local head

@@ -97,11 +97,12 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
     auto m = Model::load(test::golden_dir() + "/" + name + "/model", true, false, false);
     const int E = m->config.n_routed_experts;
     if (E < 2) continue;
-    size_t total = 0, experts = 0, heads = 0;
+    size_t total = 0, experts = 0, heads = 0, shared = 0;
     const std::string mtp_head = "model.layers." + std::to_string(m->config.num_hidden_layers) + ".shared_head.head.weight";
     for (const auto& [tname, t] : m->files.tensors()) {
       total += t.nbytes;
       if (tname.find(".mlp.experts.") != std::string::npos) experts += t.nbytes;
+      if (tname.find(".mlp.shared_experts.") != std::string::npos) shared += t.nbytes;
       if (tname == "lm_head.weight" || tname == mtp_head) heads += t.nbytes;
     }
     ASSERT_GT(heads, 0u);
@@ -115,14 +116,16 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
       EXPECT_NO_THROW(s.validate(m->config));
       // The heads split by vocabulary rows where the ranks divide the vocabulary.
       const size_t head_share = s.splits_head(m->config.vocab_size) ? heads / size_t(ranks) : heads;
+      // The shared expert runs on member 0 alone.
       size_t sum = 0;
       for (int r = 0; r < ranks; ++r) {
         s.rank = r;
         const size_t b = shard_bytes(m->files, m->config, s);
-        EXPECT_EQ(b, total - experts - heads + experts / size_t(ranks) + head_share) << "rank " << r << " of " << ranks;
+        EXPECT_EQ(b, total - experts - heads - shared + experts / size_t(ranks) + head_share + (r == 0 ? shared : 0))
+            << "rank " << r << " of " << ranks;
         sum += b;
       }
-      EXPECT_EQ(sum, size_t(ranks) * (total - experts - heads) + experts + size_t(ranks) * head_share);
+      EXPECT_EQ(sum, size_t(ranks) * (total - experts - heads - shared) + experts + shared + size_t(ranks) * head_share);
     }
     RankShard two;
     two.ranks = two.ep = 2;
@@ -131,6 +134,8 @@ TEST(Loader, RankShardsSplitTheExpertsAndTheHeadAndShareTheRest) {
     t.nbytes = 4096;
     EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.experts.0.up_proj.weight", t, m->config).second, 0u);
     EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.experts." + std::to_string(E - 1) + ".up_proj.weight_scale_inv", t, m->config).second, 4096u);
+    EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.shared_experts.up_proj.weight", t, m->config).second, 0u);
+    two.rank = 0;
     EXPECT_EQ(two.owned_bytes("model.layers.3.mlp.shared_experts.up_proj.weight", t, m->config).second, 4096u);
     RankShard odd;
     odd.ranks = odd.ep = E + 1;
@@ -179,36 +184,66 @@ TEST(Loader, PipelineStagesReadDisjointLayers) {
 }
 
 // Tensor-parallel ranks: q_b_proj, kv_b_proj and o_proj split by rows into equal, disjoint
-// ranges covering the tensor; everything else read whole by every rank.
-TEST(Loader, TensorParallelRanksSplitTheAttentionRows) {
+// ranges covering the tensor, and so is every MLP weight (gate_proj, up_proj, down_proj of
+// the dense layers, the shared expert and each routed expert); with --ep as well the routed
+// experts are split whole instead; everything else read whole by every rank.
+TEST(Loader, TensorParallelRanksSplitTheAttentionAndMlpRows) {
   for_every_golden_model([](const Model& m) {
-    RankShard s = m.shard;
-    s.ranks = s.tp = 2;
-    ASSERT_NO_THROW(s.validate(m.config));
-    int split = 0;
-    for (const auto& [tname, t] : m.files.tensors()) {
-      const bool attn_rows = tname.find("q_b_proj.weight") != std::string::npos || tname.find("kv_b_proj.weight") != std::string::npos ||
-                             tname.find("o_proj.weight") != std::string::npos;
-      const bool head = tname == "lm_head.weight" || tname.find("shared_head.head.weight") != std::string::npos;
-      s.rank = 0;
-      const auto a = s.owned_bytes(tname, t, m.config);
-      s.rank = 1;
-      const auto b = s.owned_bytes(tname, t, m.config);
-      if ((attn_rows && tname.find("_scale_inv") == std::string::npos) || head) {
-        EXPECT_EQ(a.first, 0u) << tname;
-        EXPECT_EQ(a.second, b.second) << tname;
-        EXPECT_EQ(b.first, a.second) << tname;
-        EXPECT_EQ(a.second + b.second, t.nbytes) << tname;
-        split += !head;
-      } else {
-        EXPECT_EQ(a, (std::pair<size_t, size_t>{0, t.nbytes})) << tname;
-        EXPECT_EQ(b, a) << tname;
+    const ModelConfig& c = m.config;
+    for (const bool with_ep : {false, true}) {
+      SCOPED_TRACE(with_ep ? "--tp 2 --ep 2" : "--tp 2");
+      RankShard s = m.shard;
+      s.ranks = s.tp = 2;
+      s.ep = with_ep ? 2 : 1;
+      ASSERT_NO_THROW(s.validate(c));
+      int split = 0, mlp_split = 0, mlp_weights = 0;
+      for (const auto& [tname, t] : m.files.tensors()) {
+        const bool weight = tname.find("_scale_inv") == std::string::npos;
+        const bool attn_rows = tname.find("q_b_proj.weight") != std::string::npos || tname.find("kv_b_proj.weight") != std::string::npos ||
+                               tname.find("o_proj.weight") != std::string::npos;
+        const bool mlp = tname.find(".mlp.") != std::string::npos &&
+                         (tname.find("gate_proj.weight") != std::string::npos || tname.find("up_proj.weight") != std::string::npos ||
+                          tname.find("down_proj.weight") != std::string::npos);
+        const bool expert = tname.find(".mlp.experts.") != std::string::npos;
+        const bool head = tname == "lm_head.weight" || tname.find("shared_head.head.weight") != std::string::npos;
+        s.rank = 0;
+        const auto a = s.owned_bytes(tname, t, c);
+        s.rank = 1;
+        const auto b = s.owned_bytes(tname, t, c);
+        mlp_weights += mlp && weight && !expert;
+        if (((attn_rows || (mlp && !(expert && with_ep))) && weight) || head) {
+          EXPECT_EQ(a.first, 0u) << tname;
+          EXPECT_EQ(a.second, b.second) << tname;
+          EXPECT_EQ(b.first, a.second) << tname;
+          EXPECT_EQ(a.second + b.second, t.nbytes) << tname;
+          split += attn_rows;
+          mlp_split += mlp && !expert;
+        } else if (expert && with_ep) {
+          EXPECT_TRUE(a.second == 0 || b.second == 0) << tname;
+          EXPECT_EQ(a.second + b.second, t.nbytes) << tname;
+        } else {
+          EXPECT_EQ(a, (std::pair<size_t, size_t>{0, t.nbytes})) << tname;
+          EXPECT_EQ(b, a) << tname;
+        }
       }
+      EXPECT_EQ(split, 3 * (c.num_hidden_layers + (m.weights.mtp ? 1 : 0)));
+      EXPECT_GT(mlp_weights, 0);
+      EXPECT_EQ(mlp_split, mlp_weights);
     }
-    EXPECT_EQ(split, 3 * (m.config.num_hidden_layers + (m.weights.mtp ? 1 : 0)));
     RankShard wide = m.shard;
-    wide.ranks = wide.tp = m.config.num_attention_heads + 1;
-    EXPECT_THROW(wide.validate(m.config), Error);
+    wide.ranks = wide.tp = c.num_attention_heads + 1;
+    EXPECT_THROW(wide.validate(c), Error);
+    // An MLP whose intermediate the ranks do not divide is refused, naming the width.
+    RankShard two = m.shard;
+    two.ranks = two.tp = 2;
+    ModelConfig odd = c;
+    odd.moe_intermediate_size += 1;
+    try {
+      two.validate(odd);
+      ADD_FAILURE() << "an odd moe_intermediate_size split over --tp 2";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("moe_intermediate_size " + std::to_string(odd.moe_intermediate_size)), std::string::npos) << e.what();
+    }
   });
 }
 
