@@ -158,6 +158,28 @@ void pipeline_transfer(const Step& st, int boundary_layer, bool send) {
   }
 }
 
+// y [n, hidden] = the tokens' rows of an embedding table. A tensor-parallel stage splits the
+// table by vocabulary rows (RankShard::splits_embedding): each member copies the rows it
+// holds and zeros the others, and one all-reduce sums them, exactly, each element having a
+// single non-zero term.
+void embed_tokens(const Step& st, const Linear& table, float* y) {
+  const RankShard& sh = st.m.shard;
+  if (!sh.splits_embedding(table.rows)) {
+    kernels::embed(table, st.b.ids, st.n, y);
+    return;
+  }
+  const int per = table.rows / sh.group(), v0 = sh.member() * per, H = table.cols;
+  for (int i = 0; i < st.n; ++i) {
+    const int32_t id = st.b.ids[i];
+    if (id < 0 || id >= table.rows) throw Error("token id " + std::to_string(id) + " out of range for the embedding");
+    float* row = y + size_t(i) * size_t(H);
+    if (id >= v0 && id < v0 + per) kernels::embed(table, &id, 1, row);
+    else std::fill(row, row + H, 0.0f);
+  }
+  DSA_CHECK(sh.sum, "embedding: a tensor-parallel model without its all-reduce");
+  sh.sum(y, size_t(st.n) * size_t(H));
+}
+
 }  // namespace
 
 const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b) {
@@ -168,7 +190,7 @@ const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b)
   prepare_step(m, kv, ws, b, b.ids, &n, &nd);
   const Step st{m, kv, ws, b, n, nd};
   const int L = c.num_hidden_layers, l0 = sh.first_layer(L), l1 = sh.end_layer(L);
-  if (sh.first_stage()) kernels::embed(w.embed_tokens, b.ids, n, ws.x.data());
+  if (sh.first_stage()) embed_tokens(st, w.embed_tokens, ws.x.data());
   else pipeline_transfer(st, l0, false);
   for (int l = l0; l < l1; ++l) decoder_layer(st, w.layers[size_t(l)], l, l);
   const bool last = sh.last_stage();
@@ -195,7 +217,7 @@ const float* forward_mtp(const Model& m, KvCache& kv, Workspace& ws, const Batch
 
   // x = eh_proj([enorm(embed(next)) ; hnorm(h)]), the embedding zeroed at position 0 as
   // vLLM does (SGLang keeps it; llama.cpp feeds the pre-norm hidden state instead).
-  kernels::embed(w.embed_tokens, b.ids, n, ws.xn.data());
+  embed_tokens(st, w.embed_tokens, ws.xn.data());
   for (int i = 0; i < n; ++i) {
     float* cat = &ws.mtp_cat[size_t(i) * 2 * size_t(H)];
     if (ws.pos[size_t(i)] == 0) std::fill(cat, cat + H, 0.0f);

@@ -214,8 +214,14 @@ std::pair<size_t, size_t> RankShard::owned_bytes(const std::string& tensor, cons
   if (ranks <= 1) return {0, t.nbytes};
   const int L = c.num_hidden_layers, layer = layer_of(tensor);
   const size_t none = 0;
-  if (tensor == "model.embed_tokens.weight")
-    return {0, first_stage() || (last_stage() && mtp_uses_main_embedding) ? t.nbytes : none};
+  const bool mtp_embedding = tensor == "model.layers." + std::to_string(L) + ".embed_tokens.weight";
+  if (tensor == "model.embed_tokens.weight" || mtp_embedding) {
+    const bool held = mtp_embedding ? last_stage() : first_stage() || (last_stage() && mtp_uses_main_embedding);
+    if (!held) return {0, none};
+    if (!splits_embedding(c.vocab_size)) return {0, t.nbytes};
+    const int64_t per = c.vocab_size / group();
+    return row_range(t, c.vocab_size, member() * per, per);
+  }
   if (layer >= 0 && !owns_layer(layer, L)) return {0, 0};
   if (layer < 0 && !last_stage()) return {0, 0};  // model.norm, lm_head
   const size_t at = tensor.find(".mlp.experts.");

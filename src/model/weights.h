@@ -93,7 +93,8 @@ struct ModelWeights {
 //   every member's tokens, runs the member's experts over all of them and sums each
 //   token's partial outputs back onto the member that owns it.
 // - group() > 1 and not dp: the head is split by vocabulary rows when group() divides the
-//   vocabulary: it is the largest tensor every member would otherwise read each step.
+//   vocabulary: it is the largest tensor every member would otherwise read each step. Under
+//   tp > 1 the embeddings are split the same way (forward.cpp).
 // Everything else of a stage's layers (dense layers, norms, the router) is on every member.
 struct RankShard {
   int rank = 0, ranks = 1;
@@ -134,6 +135,9 @@ struct RankShard {
   bool splits_mlps() const { return tp > 1; }                  // dense layers and the shared expert
   bool splits_experts() const { return tp > 1 && ep <= 1; }    // each routed expert by rows
   bool splits_head(int vocab) const { return group() > 1 && !dp && vocab % group() == 0; }
+  // The embeddings (the main one, the MTP layer's) by vocabulary rows, under tensor
+  // parallelism, as the planner's --tp splits them.
+  bool splits_embedding(int vocab) const { return tp > 1 && vocab % group() == 0; }
   int dp_ranks() const { return dp ? group() : 1; }  // members attending for sequences of their own
   int head0(int n_heads) const { return tp > 1 ? member() * (n_heads / tp) : 0; }   // first local head
   int n_heads(int n_heads) const { return tp > 1 ? n_heads / tp : n_heads; }        // local heads

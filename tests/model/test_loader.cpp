@@ -186,7 +186,8 @@ TEST(Loader, PipelineStagesReadDisjointLayers) {
 // Tensor-parallel ranks: q_b_proj, kv_b_proj and o_proj split by rows into equal, disjoint
 // ranges covering the tensor, and so is every MLP weight (gate_proj, up_proj, down_proj of
 // the dense layers, the shared expert and each routed expert); with --ep as well the routed
-// experts are split whole instead; everything else read whole by every rank.
+// experts are split whole instead; the heads and the embeddings by vocabulary rows;
+// everything else read whole by every rank.
 TEST(Loader, TensorParallelRanksSplitTheAttentionAndMlpRows) {
   for_every_golden_model([](const Model& m) {
     const ModelConfig& c = m.config;
@@ -205,7 +206,9 @@ TEST(Loader, TensorParallelRanksSplitTheAttentionAndMlpRows) {
                          (tname.find("gate_proj.weight") != std::string::npos || tname.find("up_proj.weight") != std::string::npos ||
                           tname.find("down_proj.weight") != std::string::npos);
         const bool expert = tname.find(".mlp.experts.") != std::string::npos;
-        const bool head = tname == "lm_head.weight" || tname.find("shared_head.head.weight") != std::string::npos;
+        // The heads and the embeddings, by vocabulary rows.
+        const bool head = tname == "lm_head.weight" || tname.find("shared_head.head.weight") != std::string::npos ||
+                          tname.find("embed_tokens.weight") != std::string::npos;
         s.rank = 0;
         const auto a = s.owned_bytes(tname, t, c);
         s.rank = 1;
