@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,15 @@ inline CLI::Validator finite_in(double lo, double hi) {
 
 // Threads: at most four per logical CPU (more only thrashes; 100000 threads would not even
 // start). The bound for -t and for OMP_NUM_THREADS.
+// DSA_MOE_DISPATCH: how data-parallel attention's MoE layers move tokens (RankShard::moe_dispatch).
+inline MoeDispatch moe_dispatch_from_env() {
+  const char* v = std::getenv("DSA_MOE_DISPATCH");
+  if (!v || std::string(v) == "auto") return MoeDispatch::Auto;
+  if (std::string(v) == "allgather") return MoeDispatch::AllGather;
+  if (std::string(v) == "alltoall") return MoeDispatch::AllToAll;
+  throw Error(std::string("DSA_MOE_DISPATCH='") + v + "': expected auto, allgather or alltoall");
+}
+
 inline int max_threads() { return std::max(4, 4 * int(std::max(1u, std::thread::hardware_concurrency()))); }
 inline CLI::Validator thread_count() { return CLI::Range(1, max_threads()); }
 
@@ -204,6 +214,9 @@ struct ParallelFlags {
       s.gather_counts = &dist::gather_counts;
       s.gather_rows = &dist::gather_rows;
       s.sum_scatter_rows = &dist::sum_scatter_rows;
+      s.exchange_counts = &dist::exchange_counts;
+      s.exchange_rows = &dist::exchange_rows;
+      s.moe_dispatch = moe_dispatch_from_env();
     }
     return s;
   }

@@ -97,11 +97,10 @@ static void add_shared(float* out, const float* ds, const MlpRows& rs, int n, in
   }
 }
 
-// Routes tokens xn [n, hidden] and groups the (token, slot) pairs by expert, so that each
-// expert's weights are read once per call; returns the number of active experts.
-// t0: the tokens' first index in the step, for the tap (-1: tokens gathered from every
-// data-parallel rank, not the step's).
-static int route_and_group(const Step& st, const MoeWeights& w, const float* xn, int layer, int t0, int n, bool decode) {
+// Routes tokens xn [n, hidden]: each token's k experts and weights into ws.expert_ids and
+// ws.expert_w. t0: the tokens' first index in the step, for the tap (-1: tokens gathered
+// from every data-parallel rank, not the step's).
+static void route_tokens(const Step& st, const MoeWeights& w, const float* xn, int layer, int t0, int n, bool decode) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -117,6 +116,13 @@ static int route_and_group(const Step& st, const MoeWeights& w, const float* xn,
     if (tap && tap->ints && t0 >= 0)
       tap->ints("moe.experts." + std::to_string(layer), ws.pos[size_t(t0 + i)], &ws.expert_ids[size_t(i) * size_t(k)], k);
   }
+}
+
+// Groups the (token, slot) pairs of n routed tokens by expert, so that each expert's weights
+// are read once per call; returns the number of this rank's experts with tokens.
+static int group_by_expert(const Step& st, int n) {
+  Workspace& ws = st.ws;
+  const int E = st.m.config.n_routed_experts, k = st.m.config.num_experts_per_tok;
   std::fill(ws.expert_count.begin(), ws.expert_count.begin() + E, 0);
   for (int r = 0; r < n * k; ++r) ++ws.expert_count[size_t(ws.expert_ids[size_t(r)])];
   ws.expert_offset[0] = 0;
@@ -134,6 +140,11 @@ static int route_and_group(const Step& st, const MoeWeights& w, const float* xn,
   for (int e = 0; e < E; ++e)
     if (ws.expert_count[size_t(e)] > 0 && st.m.shard.owns(e, E)) ws.expert_active[size_t(n_active++)] = e;
   return n_active;
+}
+
+static int route_and_group(const Step& st, const MoeWeights& w, const float* xn, int layer, int t0, int n, bool decode) {
+  route_tokens(st, w, xn, layer, t0, n, decode);
+  return group_by_expert(st, n);
 }
 
 // The shared expert runs once per token: on member 0 of an expert-parallel stage, whose
@@ -261,13 +272,99 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
   if (re.split) st.m.shard.gather_columns(o, n, H, out);
 }
 
+// Data-parallel attention, dispatch by all-gather: every rank's tokens of the role are
+// gathered, each rank routes them all and runs its experts over them, and each token's
+// partial outputs are summed onto its own rank (reduce-scatter).
+static void moe_dp_allgather(const Step& st, const MoeWeights& w, int layer, int t0, int total, bool decode, float* out) {
+  Workspace& ws = st.ws;
+  const RankShard& sh = st.m.shard;
+  const int H = st.m.config.hidden_size;
+  const int* rows = ws.dp_rows.data();
+  sh.gather_rows(ws.xn.data() + size_t(t0) * size_t(H), rows, H, ws.moe_x.data());
+  const int n_active = route_and_group(st, w, ws.moe_x.data(), layer, -1, total, decode);
+  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
+  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
+  sh.sum_scatter_rows(ws.moe_part.data(), rows, H, out);
+}
+
+// Data-parallel attention, dispatch by all-to-all: each rank routes its own n tokens and
+// sends each, with its routes, only to the ranks that own one of its experts; they run their
+// experts over what they receive and send each token's partial output back, and its rank
+// sums the partials in rank order.
+static void moe_dp_alltoall(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode, float* out) {
+  Workspace& ws = st.ws;
+  const RankShard& sh = st.m.shard;
+  const ModelConfig& c = st.m.config;
+  const int H = c.hidden_size, k = c.num_experts_per_tok, E = c.n_routed_experts, G = sh.group(), R = 2 * k;
+  DSA_CHECK(sh.exchange_counts && sh.exchange_rows, "moe: data-parallel attention without its all-to-all");
+  const float* xn = ws.xn.data() + size_t(t0) * size_t(H);
+  route_tokens(st, w, xn, layer, t0, n, decode);
+  std::copy_n(ws.expert_ids.begin(), size_t(n) * size_t(k), ws.dp_ids.begin());
+  auto goes_to = [&](int i, int r) {
+    for (int j = 0; j < k; ++j)
+      if (sh.expert_owner(ws.dp_ids[size_t(i * k + j)], E) == r) return true;
+    return false;
+  };
+  // Rows for member r in member order: the token's hidden state into xg, its routes (ids
+  // exact as floats, weights) into dp_routes_out.
+  int sent = 0;
+  for (int r = 0; r < G; ++r) {
+    ws.dp_send_rows[size_t(r)] = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!goes_to(i, r)) continue;
+      std::copy_n(xn + size_t(i) * size_t(H), H, &ws.xg[size_t(sent) * size_t(H)]);
+      float* routes = &ws.dp_routes_out[size_t(sent) * size_t(R)];
+      for (int j = 0; j < k; ++j) {
+        routes[j] = float(ws.dp_ids[size_t(i * k + j)]);
+        routes[k + j] = ws.expert_w[size_t(i * k + j)];
+      }
+      ++sent;
+      ++ws.dp_send_rows[size_t(r)];
+    }
+  }
+  sh.exchange_counts(ws.dp_send_rows.data(), ws.dp_recv_rows.data());
+  int m = 0;
+  for (int r = 0; r < G; ++r) m += ws.dp_recv_rows[size_t(r)];
+  DSA_CHECK(m <= ws.opt.max_tokens, "moe: more tokens received than the ranks hold");
+  sh.exchange_rows(ws.xg.data(), ws.dp_send_rows.data(), ws.dp_recv_rows.data(), H, ws.moe_x.data());
+  sh.exchange_rows(ws.dp_routes_out.data(), ws.dp_send_rows.data(), ws.dp_recv_rows.data(), R, ws.dp_routes_in.data());
+  for (int q = 0; q < m; ++q)
+    for (int j = 0; j < k; ++j) {
+      ws.expert_ids[size_t(q * k + j)] = int32_t(ws.dp_routes_in[size_t(q * R + j)]);
+      ws.expert_w[size_t(q * k + j)] = ws.dp_routes_in[size_t(q * R + k + j)];
+    }
+  const int n_active = group_by_expert(st, m);
+  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_part.data(), m, n_active);
+  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_part.data(), m, n_active);
+  // The partials back to their tokens' ranks (the exchange reversed), summed in rank order.
+  sh.exchange_rows(ws.moe_part.data(), ws.dp_recv_rows.data(), ws.dp_send_rows.data(), H, ws.xg.data());
+  std::fill(out, out + size_t(n) * size_t(H), 0.0f);
+  const float* back = ws.xg.data();
+  for (int r = 0; r < G; ++r)
+    for (int i = 0; i < n; ++i) {
+      if (!goes_to(i, r)) continue;
+      float* o = out + size_t(i) * size_t(H);
+      for (int h = 0; h < H; ++h) o[h] += back[h];
+      back += H;
+    }
+}
+
+// All-to-all moves a token only to the ranks of its experts, where the all-gather moves it to
+// every rank, but costs two more exchanges (the row counts, the routes) and a per-token
+// return. With uniform routing a token reaches a given rank with probability
+// 1 - (1 - 1/G)^k: 0.996 for DeepSeek's k = 8 on 2 ranks, 0.9 on 4, 0.66 on 8, 0.4 on 16, so
+// all-to-all pays once it saves a quarter of the bytes and the step carries enough tokens
+// for bytes, not latency, to set the exchange's cost.
+static bool dispatch_alltoall(const RankShard& sh, const ModelConfig& c, int total) {
+  if (sh.moe_dispatch != MoeDispatch::Auto) return sh.moe_dispatch == MoeDispatch::AllToAll;
+  constexpr int kMinTokens = 64;
+  const double reach = 1.0 - std::pow(1.0 - 1.0 / sh.group(), c.num_experts_per_tok);
+  return total >= kMinTokens && reach <= 0.75;
+}
+
 // Data-parallel attention: this rank's n tokens of one role are a block of the role's
-// tokens over every rank. All of them are gathered (all-gather), each rank routes them all
-// and runs its experts over them, and each token's partial outputs are summed onto its own
-// rank (reduce-scatter), which then adds its shared expert. The two exchanges move each
-// token's hidden state to and from every rank; dispatching it only to the ranks of its
-// experts (all-to-all) moves less once a step carries many tokens, at the price of a
-// routing exchange first.
+// tokens over every rank. They meet the experts of every rank by all-gather or all-to-all
+// (dispatch_alltoall), then this rank adds its shared expert.
 static void moe_block_dp(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode) {
   Workspace& ws = st.ws;
   const RankShard& sh = st.m.shard;
@@ -281,13 +378,10 @@ static void moe_block_dp(const Step& st, const MoeWeights& w, int layer, int t0,
   if (total > ws.opt.max_tokens)  // every rank sees the same counts, so every rank stops here
     throw Error("moe: " + std::to_string(total) + " tokens over the data-parallel ranks, the workspace holds " + std::to_string(ws.opt.max_tokens));
   float* out = ws.moe_out.data() + size_t(t0) * size_t(H);
-  const float* xn = ws.xn.data() + size_t(t0) * size_t(H);
-  sh.gather_rows(xn, rows, H, ws.moe_x.data());
-  const int n_active = route_and_group(st, w, ws.moe_x.data(), layer, -1, total, decode);
-  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
-  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
-  sh.sum_scatter_rows(ws.moe_part.data(), rows, H, out);
+  if (dispatch_alltoall(sh, st.m.config, total)) moe_dp_alltoall(st, w, layer, t0, n, decode, out);
+  else moe_dp_allgather(st, w, layer, t0, total, decode, out);
   if (!w.has_shared || n == 0) return;
+  const float* xn = ws.xn.data() + size_t(t0) * size_t(H);
   mlp_block(st, w.shared_experts, n, decode, xn, ws.d.data());
   for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
 }

@@ -96,6 +96,10 @@ struct ModelWeights {
 //   vocabulary: it is the largest tensor every member would otherwise read each step. Under
 //   tp > 1 the embeddings are split the same way (forward.cpp).
 // Everything else of a stage's layers (dense layers, norms, the router) is on every member.
+// How data-parallel attention's MoE layers move each token to its experts' ranks (moe.cpp):
+// chosen by the step's size, or one of the two always.
+enum class MoeDispatch { Auto, AllGather, AllToAll };
+
 struct RankShard {
   int rank = 0, ranks = 1;
   int ep = 1, tp = 1, pp = 1;
@@ -118,6 +122,11 @@ struct RankShard {
   void (*gather_counts)(int mine, int* all) = nullptr;
   void (*gather_rows)(const float* mine, const int* counts, int cols, float* all) = nullptr;
   void (*sum_scatter_rows)(const float* all, const int* counts, int cols, float* mine) = nullptr;
+  // All-to-all over the stage: one int to and from each member, and row blocks of `cols`
+  // floats (send_rows[r] rows to member r, recv_rows[r] from it, blocks in member order).
+  void (*exchange_counts)(const int* send, int* recv) = nullptr;
+  void (*exchange_rows)(const float* send, const int* send_rows, const int* recv_rows, int cols, float* recv) = nullptr;
+  MoeDispatch moe_dispatch = MoeDispatch::Auto;
 
   int group() const { return ranks / pp; }
   int stage() const { return rank / group(); }
@@ -130,7 +139,8 @@ struct RankShard {
   bool owns_layer(int l, int n_layers) const {
     return l >= n_layers ? last_stage() : l >= first_layer(n_layers) && l < end_layer(n_layers);
   }
-  bool owns(int expert, int n_experts) const { return ep <= 1 || int(int64_t(expert) * ep / n_experts) == member(); }
+  int expert_owner(int expert, int n_experts) const { return ep <= 1 ? member() : int(int64_t(expert) * ep / n_experts); }
+  bool owns(int expert, int n_experts) const { return expert_owner(expert, n_experts) == member(); }
   bool runs_shared_expert() const { return ep <= 1 || tp > 1 || member() == 0; }
   bool splits_mlps() const { return tp > 1; }                  // dense layers and the shared expert
   bool splits_experts() const { return tp > 1 && ep <= 1; }    // each routed expert by rows

@@ -104,6 +104,11 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   if (opt.dp_ranks > 1) {
     moe_x.resize(T * H);
     moe_part.resize(T * H);
+    dp_send_rows.resize(size_t(opt.dp_ranks));
+    dp_recv_rows.resize(size_t(opt.dp_ranks));
+    dp_ids.resize(T * k);
+    dp_routes_out.resize(T * k * 2 * k);
+    dp_routes_in.resize(T * 2 * k);
   }
   dp_rows.resize(size_t(std::max(opt.dp_ranks, 1)));
   h_rows.resize(size_t(opt.max_logit_rows) * H);

@@ -67,6 +67,12 @@ struct Workspace {
   std::vector<float> moe_out;                // [T, hidden]
   std::vector<float> moe_x, moe_part;        // data-parallel attention: [T, hidden] every rank's tokens, their partial outputs
   std::vector<int32_t> dp_rows;              // [dp_ranks] each rank's tokens (or rows) in an exchange
+  // Data-parallel MoE by all-to-all (moe.cpp): rows sent to and received from each rank, this
+  // rank's tokens' routes, and each sent row's routes out and each received row's in.
+  std::vector<int32_t> dp_send_rows, dp_recv_rows;  // [dp_ranks]
+  std::vector<int32_t> dp_ids;               // [T, experts_per_tok]
+  std::vector<float> dp_routes_out;          // [T * experts_per_tok, 2 * experts_per_tok] ids (as floats), weights
+  std::vector<float> dp_routes_in;           // [T, 2 * experts_per_tok]
   // MTP
   std::vector<float> mtp_cat;                // [T, 2 * hidden]
   // Output

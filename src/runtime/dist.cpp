@@ -69,12 +69,11 @@ void watch() {
 MPI_Comm g_stage = MPI_COMM_NULL;  // the caller's pipeline stage (MPI_COMM_WORLD until split)
 // Element counts and offsets of the stage ranks' row blocks in gather_rows and
 // sum_scatter_rows, sized with the stage (steps allocate nothing).
-std::vector<int> g_counts, g_displs;
+std::vector<int> g_counts, g_displs, g_recv_counts, g_recv_displs;
 void size_stage(MPI_Comm stage, int n) {
   g_stage = stage;
   g_stage_size = n;
-  g_counts.resize(size_t(n));
-  g_displs.resize(size_t(n));
+  for (auto* v : {&g_counts, &g_displs, &g_recv_counts, &g_recv_displs}) v->resize(size_t(n));
 }
 
 // MPI counts are ints: a transfer of n elements goes in pieces of at most this many.
@@ -170,12 +169,12 @@ void sum(float* data, size_t n) {
 }
 
 void gather_columns(const float* part, int rows, int cols, float* out) {
-  const int per = cols / g_stage_size;
   if (!g_active || g_stage_size == 1) {
     std::copy_n(part, size_t(rows) * size_t(cols), out);
     return;
   }
 #ifdef DSA_HAVE_MPI
+  const int per = cols / g_stage_size;
   Waiting w("the all-gather");
   // Rank r's contiguous block lands strided in columns [r * per, (r + 1) * per): a vector
   // type of rows x per floats with a stride of cols, resized so that rank r starts r * per in.
@@ -191,18 +190,20 @@ void gather_columns(const float* part, int rows, int cols, float* out) {
 
 #ifdef DSA_HAVE_MPI
 namespace {
-// g_counts / g_displs for the ranks' row blocks of `cols` floats. MPI counts are ints: a
-// step's rows times the width (tokens x hidden, logit rows x vocabulary) stay far below 2^31.
-void row_layout(const int* counts, int cols) {
+// Element counts and offsets (into `counts`, `displs`) of the ranks' row blocks of `cols`
+// floats. MPI counts are ints: a step's rows times the width (tokens x hidden, logit rows x
+// vocabulary) stay far below 2^31.
+void row_layout(const int* rows, int cols, std::vector<int>& counts, std::vector<int>& displs) {
   int64_t at = 0;
   for (int r = 0; r < g_stage_size; ++r) {
-    const int64_t k = int64_t(counts[r]) * cols;
+    const int64_t k = int64_t(rows[r]) * cols;
     DSA_CHECK(uint64_t(at + k) <= kMaxCount, "dist: a row exchange beyond 2^31 elements");
-    g_counts[size_t(r)] = int(k);
-    g_displs[size_t(r)] = int(at);
+    counts[size_t(r)] = int(k);
+    displs[size_t(r)] = int(at);
     at += k;
   }
 }
+void row_layout(const int* rows, int cols) { row_layout(rows, cols, g_counts, g_displs); }
 }  // namespace
 #endif
 
@@ -238,6 +239,32 @@ void sum_scatter_rows(const float* all, const int* counts, int cols, float* mine
   Waiting w("the reduce-scatter");
   row_layout(counts, cols);
   MPI_Reduce_scatter(all, mine, g_counts.data(), MPI_FLOAT, MPI_SUM, g_stage);
+#endif
+}
+
+void exchange_counts(const int* send, int* recv) {
+  if (!g_active || g_stage_size == 1) {
+    recv[0] = send[0];
+    return;
+  }
+#ifdef DSA_HAVE_MPI
+  Waiting w("the all-to-all of row counts");
+  MPI_Alltoall(send, 1, MPI_INT, recv, 1, MPI_INT, g_stage);
+#endif
+}
+
+void exchange_rows(const float* send, const int* send_rows, const int* recv_rows, int cols, float* recv) {
+  if (!g_active || g_stage_size == 1) {
+    std::copy_n(send, size_t(send_rows[0]) * size_t(cols), recv);
+    return;
+  }
+#ifdef DSA_HAVE_MPI
+  Waiting w("the all-to-all of rows");
+  row_layout(send_rows, cols, g_counts, g_displs);
+  row_layout(recv_rows, cols, g_recv_counts, g_recv_displs);
+  MPI_Alltoallv(send, g_counts.data(), g_displs.data(), MPI_FLOAT, recv, g_recv_counts.data(), g_recv_displs.data(), MPI_FLOAT, g_stage);
+#else
+  (void)recv_rows;
 #endif
 }
 

@@ -27,6 +27,11 @@ void gather_columns(const float* part, int rows, int cols, float* out);
 void gather_counts(int mine, int* all);
 void gather_rows(const float* mine, const int* counts, int cols, float* all);
 void sum_scatter_rows(const float* all, const int* counts, int cols, float* mine);
+// All-to-all over the caller's stage: send[r] to member r and recv[r] from it (one int
+// each); and rows of `cols` floats, send_rows[r] of them for member r (blocks in member order
+// in `send`) arriving as recv_rows[r] rows from member r (blocks in member order in `recv`).
+void exchange_counts(const int* send, int* recv);
+void exchange_rows(const float* send, const int* send_rows, const int* recv_rows, int cols, float* recv);
 // Point to point between world ranks (blocking), and a broadcast from `root` to every rank.
 void send(const void* data, size_t bytes, int to);
 void recv(void* data, size_t bytes, int from);

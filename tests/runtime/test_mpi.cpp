@@ -179,7 +179,8 @@ TEST(Mpi, GreedyRunGivesTheOneProcessIds) {
 
 // Data-parallel attention with several sequences: `dsa run --prompts` adds them all at once,
 // so the ranks take turns owning them, each attends for its own, and every MoE layer mixes
-// both ranks' tokens; every prompt's greedy ids are the single-process ones.
+// the ranks' tokens (gathered, or sent all-to-all to their experts' ranks); every prompt's
+// greedy ids are the single-process ones.
 TEST(Mpi, DataParallelAttentionRunsEachRanksOwnSequences) {
   DSA_NEED_MPI();
   const std::string prompts = test::scratch("dp_prompts.txt");
@@ -193,10 +194,15 @@ TEST(Mpi, DataParallelAttentionRunsEachRanksOwnSequences) {
     ASSERT_EQ(r1.code, 0);
     ASSERT_EQ(std::count(r1.out.begin(), r1.out.end(), '\n'), 5) << r1.out;
     // stdout alone: rank 0 prints the ids; both ranks' stderr would interleave with them.
+    // Both ways of moving tokens to the experts' ranks, on two ranks and on four.
     const std::string log = test::scratch("dp_run.log");
-    const auto r2 = test::shell(mpirun(2) + test::dsa_binary() + run + " --ep 2 --dp 2>" + log);
-    ASSERT_EQ(r2.code, 0) << test::shell("cat " + log).out;
-    EXPECT_EQ(r2.out, r1.out) << "every prompt's ids as one process";
+    for (const auto& [np, dispatch] : {std::pair{2, "allgather"}, std::pair{2, "alltoall"}, std::pair{4, "alltoall"}}) {
+      SCOPED_TRACE(std::to_string(np) + " ranks, " + dispatch);
+      const auto r2 = test::shell(mpirun(np) + "-x DSA_MOE_DISPATCH=" + dispatch + " " + test::dsa_binary() + run + " --ep " +
+                                  std::to_string(np) + " --dp 2>" + log);
+      ASSERT_EQ(r2.code, 0) << test::shell("cat " + log).out;
+      EXPECT_EQ(r2.out, r1.out) << "every prompt's ids as one process";
+    }
   });
   const auto bad = test::shell(mpirun(2) + test::dsa_binary() + " run --model " + test::tiny_model_dir() + " --ids 1,2 --print-ids -n 1 --tp 2 --dp 2>&1");
   EXPECT_NE(bad.code, 0);
