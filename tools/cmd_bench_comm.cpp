@@ -60,7 +60,8 @@ void setup_bench_comm(CLI::App& app) {
       ->capture_default_str()
       ->check(dsa::cli::int_in(1, 1 << 20));
   cmd->add_option("--collective", a->collective,
-                  "allreduce (--ep's MoE output), allgather (--tp's heads and o_proj rows), send (--pp's stage to stage), broadcast (--pp's logits)")
+                  "allreduce (--ep's MoE output), allgather (--tp's rows, --ep --dp's tokens), send (--pp's stage to stage), broadcast (--pp's logits), "
+                  "alltoall (--ep --dp's tokens to their experts' ranks)")
       ->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Token counts to time (decode steps to prefill chunks)")->capture_default_str();
   cmd->add_option("--repeat", a->repeat, "Timed repeats per size; median and p90 reported")->capture_default_str()->check(dsa::cli::int_in(1, 100000));

@@ -9,7 +9,7 @@
 
 namespace dsa {
 
-enum class Collective { AllReduce, AllGather, Send, Broadcast };
+enum class Collective { AllReduce, AllGather, Send, Broadcast, AllToAll };
 // "allreduce", "allgather", "send", "broadcast"; parse throws dsa::Error naming the choices.
 const char* collective_name(Collective c);
 Collective parse_collective(const std::string& s);

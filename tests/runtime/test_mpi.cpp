@@ -265,7 +265,7 @@ TEST(Mpi, ExpertsOrHeadsThatDoNotSplitEvenlyAreRefusedBeforeLoading) {
 // `dsa bench comm`: one point per requested size, its bytes those of tokens x hidden floats.
 TEST(Mpi, BenchCommTimesEachCollectiveAtEachSize) {
   DSA_NEED_MPI();
-  for (const std::string coll : {"allreduce", "allgather", "send", "broadcast"}) {
+  for (const std::string coll : {"allreduce", "allgather", "send", "broadcast", "alltoall"}) {
     SCOPED_TRACE(coll);
     const auto r = test::shell(mpirun(2) + test::dsa_binary() + " bench comm --collective " + coll + " --hidden 96 --tokens 1,16 --repeat 5 --json 2>&1");
     ASSERT_EQ(r.code, 0) << r.out;
@@ -281,7 +281,7 @@ TEST(Mpi, BenchCommTimesEachCollectiveAtEachSize) {
       EXPECT_GE(p.at("p90_us").get<double>(), p.at("median_us").get<double>());
     }
   }
-  const auto bad = test::shell(test::dsa_binary() + " bench comm --collective alltoall 2>&1");
+  const auto bad = test::shell(test::dsa_binary() + " bench comm --collective gather 2>&1");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("expected allreduce"), std::string::npos) << bad.out;
   const auto one = test::shell(test::dsa_binary() + " bench comm 2>&1");
