@@ -115,8 +115,28 @@ void head_rows(const Step& st, const Linear& head, int rows) {
 }
 
 // The requested rows of `h` ([n, hidden]) through `head` into ws.logits, in sequence order;
+// Pipeline parallelism: data[0:n] of the last stage to every other stage. The members of a
+// stage agree on them, so member 0 of the last stage broadcasts; under data-parallel
+// attention each member's are its own sequences', so each sends them to the same member of
+// every other stage.
+void from_last_stage(const Step& st, float* data, size_t n) {
+  const RankShard& sh = st.m.shard;
+  if (!sh.dp) {
+    DSA_CHECK(sh.broadcast, "forward: a pipeline-parallel model without its broadcast");
+    sh.broadcast(data, n, sh.ranks - sh.group());
+    return;
+  }
+  DSA_CHECK(sh.send && sh.recv, "forward: a pipeline-parallel model without its transfers");
+  const int last = (sh.pp - 1) * sh.group() + sh.member();
+  if (!sh.last_stage()) {
+    sh.recv(data, n * sizeof(float), last);
+    return;
+  }
+  for (int s = 0; s + 1 < sh.pp; ++s) sh.send(data, n * sizeof(float), s * sh.group() + sh.member());
+}
+
 // ws.logit_first says where each sequence's rows are. Under pipeline parallelism only the
-// last stage computes them (h is null on the others) and broadcasts them to every rank, so
+// last stage computes them (h is null on the others) and hands them to every rank, so
 // that every rank samples the same tokens.
 const float* head_logits(const Step& st, const Linear& head, const float* h) {
   Workspace& ws = st.ws;
@@ -131,10 +151,7 @@ const float* head_logits(const Step& st, const Linear& head, const float* h) {
     rows += q.logits;
   }
   if (h) head_rows(st, head, rows);
-  if (sh.pp > 1) {
-    DSA_CHECK(sh.broadcast, "forward: a pipeline-parallel model without its broadcast");
-    sh.broadcast(ws.logits.data(), size_t(rows) * size_t(head.rows), sh.ranks - sh.group());
-  }
+  if (sh.pp > 1) from_last_stage(st, ws.logits.data(), size_t(rows) * size_t(head.rows));
   return ws.logits.data();
 }
 
@@ -199,7 +216,7 @@ const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b)
   const float* logits = head_logits(st, w.lm_head, last ? ws.h_final.data() : nullptr);
   // The MTP layer's inputs on every rank too: callers hand them back to forward_mtp from
   // whichever rank drives the steps.
-  if (sh.pp > 1 && ws.opt.mtp) sh.broadcast(ws.h_final.data(), size_t(n) * size_t(c.hidden_size), sh.ranks - sh.group());
+  if (sh.pp > 1 && ws.opt.mtp) from_last_stage(st, ws.h_final.data(), size_t(n) * size_t(c.hidden_size));
   return logits;
 }
 

@@ -265,9 +265,9 @@ void RankShard::validate_layout() const {
   if (ep < 1 || tp < 1 || pp < 1) throw Error("parallel layout: --ep, --tp and --pp must be positive");
   if (ep > 1 && tp > 1 && ep != tp)
     throw Error(describe() + ": expert and tensor parallelism split the same ranks of a stage, so --ep and --tp are 1 or equal");
-  if (dp && (ep < 2 || tp != 1 || pp != 1))
+  if (dp && (ep < 2 || tp != 1))
     throw Error(describe() + ": data-parallel attention (--dp) splits the sequences of an expert-parallel job, so it needs --ep > 1 "
-                "with --tp 1 and --pp 1");
+                "with --tp 1");
   const int64_t want = int64_t(pp) * std::max(ep, tp);
   if (want != ranks)
     throw Error(describe() + ": expected " + std::to_string(want) + " processes (pp x max(ep, tp)), the job has " + std::to_string(ranks));

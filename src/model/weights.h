@@ -87,7 +87,7 @@ struct ModelWeights {
 //   member holds 1/tp of the rows of gate_proj and up_proj (the intermediate) and of
 //   down_proj (the output): the dense layers', the shared expert's, and each routed
 //   expert's unless ep splits the experts themselves (see mlp.cpp).
-// - dp (with ep = group(), tp = pp = 1): data-parallel attention, as vLLM and SGLang run
+// - dp (with ep = group(), tp = 1): data-parallel attention, as vLLM and SGLang run
 //   these models with expert parallelism: each member attends (and runs the dense layers,
 //   the shared expert and the head) for its own sequences only; each MoE layer gathers
 //   every member's tokens, runs the member's experts over all of them and sums each

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <tuple>
 #include <thread>
 
 #include "fixtures.h"
@@ -139,8 +140,8 @@ TEST(Mpi, ParallelLogitsMatchOneProcessOnEveryGoldenCase) {
   });
 }
 
-// Four ranks: two pipeline stages whose two ranks split the experts, the heads or both
-// (stage communicators under the stage-to-stage transfers).
+// Four ranks: two pipeline stages whose two ranks split the experts, the heads or both, or
+// attend for sequences of their own (stage communicators under the stage-to-stage transfers).
 TEST(Mpi, CombinedLayoutsOnFourRanksMatchOneProcess) {
   DSA_NEED_MPI();
   const auto cases = test::golden_cases();
@@ -149,7 +150,7 @@ TEST(Mpi, CombinedLayoutsOnFourRanksMatchOneProcess) {
   const std::string one = test::scratch("combined_one.safetensors");
   const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
   ASSERT_EQ(r1.code, 0) << r1.out;
-  for (const std::string layout : {"--pp 2 --ep 2", "--pp 2 --tp 2", "--pp 2 --ep 2 --tp 2", "--pp 4"}) {
+  for (const std::string layout : {"--pp 2 --ep 2", "--pp 2 --tp 2", "--pp 2 --ep 2 --tp 2", "--pp 2 --ep 2 --dp", "--pp 4"}) {
     SCOPED_TRACE(layout);
     const std::string out = test::scratch("combined.safetensors");
     const auto r4 = test::shell(mpirun(4) + test::dsa_binary() + " logits" + c.args + " " + layout + " --out " + out + " 2>&1");
@@ -196,10 +197,11 @@ TEST(Mpi, DataParallelAttentionRunsEachRanksOwnSequences) {
     // stdout alone: rank 0 prints the ids; both ranks' stderr would interleave with them.
     // Both ways of moving tokens to the experts' ranks, on two ranks and on four.
     const std::string log = test::scratch("dp_run.log");
-    for (const auto& [np, dispatch] : {std::pair{2, "allgather"}, std::pair{2, "alltoall"}, std::pair{4, "alltoall"}}) {
-      SCOPED_TRACE(std::to_string(np) + " ranks, " + dispatch);
-      const auto r2 = test::shell(mpirun(np) + "-x DSA_MOE_DISPATCH=" + dispatch + " " + test::dsa_binary() + run + " --ep " +
-                                  std::to_string(np) + " --dp 2>" + log);
+    // And two pipeline stages of two data-parallel ranks each.
+    for (const auto& [np, dispatch, layout] : {std::tuple{2, "allgather", "--ep 2 --dp"}, std::tuple{2, "alltoall", "--ep 2 --dp"},
+                                               std::tuple{4, "alltoall", "--ep 4 --dp"}, std::tuple{4, "auto", "--pp 2 --ep 2 --dp"}}) {
+      SCOPED_TRACE(std::string(layout) + ", " + dispatch);
+      const auto r2 = test::shell(mpirun(np) + "-x DSA_MOE_DISPATCH=" + dispatch + " " + test::dsa_binary() + run + " " + layout + " 2>" + log);
       ASSERT_EQ(r2.code, 0) << test::shell("cat " + log).out;
       EXPECT_EQ(r2.out, r1.out) << "every prompt's ids as one process";
     }
