@@ -1,10 +1,10 @@
 #!/bin/sh
 # Parallel layouts on this machine: one process against two MPI ranks (one thread each) in each
-# layout (--ep 2, --pp 2, --tp 2), interleaved round by round, with the bytes each rank reads
-# (`dsa inspect`) and `dsa plan`'s prediction for the same layout, its links fitted to this
-# job's own `dsa bench comm` (--comm). One line per layout: medians over the rounds. Then
-# batched decode (BATCH sequences, default 16) for one process, --ep 2 and --ep 2 --dp
-# (data-parallel attention); the planner's --replicated-attention is the engine's --ep
+# layout (--ep 2, --pp 2, --tp 2, --ep 2 --tp 2), interleaved round by round, with the bytes
+# each rank reads (`dsa inspect`) and `dsa plan`'s prediction for the same layout, its links
+# fitted to this job's own `dsa bench comm` (--comm). One line per layout: medians over the
+# rounds. Then batched decode (BATCH sequences, default 16) for one process, --ep 2 and --ep 2
+# --dp (data-parallel attention); the planner's --replicated-attention is the engine's --ep
 # without --dp.
 #
 #   bench/mpi_layouts.sh MODEL_DIR [ROUNDS] [DSA]
@@ -25,13 +25,16 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 hidden=$(sed -n 's/.*"hidden_size": *\([0-9]*\).*/\1/p' "$model/config.json")
 
 $MPIRUN "$dsa" bench comm --hidden "$hidden" --tokens 1,4,16,64,128 --json > "$work/comm.json" 2>/dev/null
+# A layout's engine flags: --ep 2, --pp 2, --tp 2, or eptp: --ep 2 --tp 2 (the experts split
+# whole, attention and the dense and shared MLPs by rows: the planner's --tp 2).
+flags() { if [ "$1" = eptp ]; then echo "--ep 2 --tp 2"; else echo "--$1 2"; fi; }
 bench="bench --model $model -p 128 -n 32 --repeat 3 --json"
 batch=${BATCH:-16}
 batched="bench --model $model --batch $batch -p 0 -n 8 --repeat 1 --json"
 r=1
 while [ "$r" -le "$rounds" ]; do
   "$dsa" $bench 2>/dev/null | tr -d '\n' > "$work/one.$r"
-  for l in ep pp tp; do $MPIRUN "$dsa" $bench --$l 2 2>/dev/null | tr -d '\n' > "$work/$l.$r"; done
+  for l in ep pp tp eptp; do $MPIRUN "$dsa" $bench $(flags $l) 2>/dev/null | tr -d '\n' > "$work/$l.$r"; done
   "$dsa" $batched 2>/dev/null | tr -d '\n' > "$work/bone.$r"
   $MPIRUN "$dsa" $batched --ep 2 2>/dev/null | tr -d '\n' > "$work/bep.$r"
   $MPIRUN "$dsa" $batched --ep 2 --dp 2>/dev/null | tr -d '\n' > "$work/bdp.$r"
@@ -39,17 +42,21 @@ while [ "$r" -le "$rounds" ]; do
 done
 
 printf '%-8s %14s %14s %22s %18s\n' layout 'decode tok/s' 'prefill tok/s' 'read per rank' 'plan decode tok/s'
-for l in one ep pp tp; do
+for l in one ep pp tp eptp; do
   d=$(for f in "$work"/$l.*; do field decode_tokens_per_s < "$f"; done | median)
   p=$(for f in "$work"/$l.*; do field prefill_tokens_per_s < "$f"; done | median)
   if [ "$l" = one ]; then
     bytes=$("$dsa" inspect --model "$model" | sed -n 's/^parameters:.*(\([0-9.]* [KMGT]*i*B\) in.*/\1/p')
     plan=$("$dsa" plan --model "$model" --hardware local --batch 1 --input-len 128 --output-len 32 --context 144 --json 2>/dev/null | field tpot_ms)
   else
-    bytes=$("$dsa" inspect --model "$model" --$l 2 | awk '/^  rank/ { printf "%s%s %s", sep, $3, $4; sep = ", " }')
-    opts="--$l 2"
-    # The engine's --ep without --dp attends for every sequence on every rank.
-    if [ "$l" = ep ]; then opts="$opts --replicated-attention"; else opts="$opts --ep 1"; fi
+    bytes=$("$dsa" inspect --model "$model" $(flags $l) | awk '/^  rank/ { printf "%s%s %s", sep, $3, $4; sep = ", " }')
+    # The engine's --ep without --dp attends for every sequence on every rank; its --tp alone
+    # splits every expert by rows (the planner's --ep 1), with --ep the experts whole.
+    case $l in
+      ep) opts="--ep 2 --replicated-attention" ;;
+      eptp) opts="--tp 2 --ep 2" ;;
+      *) opts="--$l 2 --ep 1" ;;
+    esac
     plan=$("$dsa" plan --model "$model" --hardware local --comm "$work/comm.json" --devices 2 $opts --batch 1 --input-len 128 \
       --output-len 32 --context 144 --json 2>/dev/null | field tpot_ms)
   fi
