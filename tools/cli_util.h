@@ -37,8 +37,6 @@ inline CLI::Validator finite_in(double lo, double hi) {
       "NUMBER in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
 }
 
-// Threads: at most four per logical CPU (more only thrashes; 100000 threads would not even
-// start). The bound for -t and for OMP_NUM_THREADS.
 // DSA_MOE_DISPATCH: how data-parallel attention's MoE layers move tokens (RankShard::moe_dispatch).
 inline MoeDispatch moe_dispatch_from_env() {
   const char* v = std::getenv("DSA_MOE_DISPATCH");
@@ -48,6 +46,8 @@ inline MoeDispatch moe_dispatch_from_env() {
   throw Error(std::string("DSA_MOE_DISPATCH='") + v + "': expected auto, allgather or alltoall");
 }
 
+// Threads: at most four per logical CPU (more only thrashes; 100000 threads would not even
+// start). The bound for -t and for OMP_NUM_THREADS.
 inline int max_threads() { return std::max(4, 4 * int(std::max(1u, std::thread::hardware_concurrency()))); }
 inline CLI::Validator thread_count() { return CLI::Range(1, max_threads()); }
 

@@ -114,7 +114,6 @@ void head_rows(const Step& st, const Linear& head, int rows) {
   }
 }
 
-// The requested rows of `h` ([n, hidden]) through `head` into ws.logits, in sequence order;
 // Pipeline parallelism: data[0:n] of the last stage to every other stage. The members of a
 // stage agree on them, so member 0 of the last stage broadcasts; under data-parallel
 // attention each member's are its own sequences', so each sends them to the same member of
@@ -135,6 +134,7 @@ void from_last_stage(const Step& st, float* data, size_t n) {
   for (int s = 0; s + 1 < sh.pp; ++s) sh.send(data, n * sizeof(float), s * sh.group() + sh.member());
 }
 
+// The requested rows of `h` ([n, hidden]) through `head` into ws.logits, in sequence order;
 // ws.logit_first says where each sequence's rows are. Under pipeline parallelism only the
 // last stage computes them (h is null on the others) and hands them to every rank, so
 // that every rank samples the same tokens.
@@ -186,9 +186,8 @@ void embed_tokens(const Step& st, const Linear& table, float* y) {
     return;
   }
   const int per = table.rows / sh.group(), v0 = sh.member() * per, H = table.cols;
-  for (int i = 0; i < st.n; ++i) {
+  for (int i = 0; i < st.n; ++i) {  // ids in range: prepare_step checked them
     const int32_t id = st.b.ids[i];
-    if (id < 0 || id >= table.rows) throw Error("token id " + std::to_string(id) + " out of range for the embedding");
     float* row = y + size_t(i) * size_t(H);
     if (id >= v0 && id < v0 + per) kernels::embed(table, &id, 1, row);
     else std::fill(row, row + H, 0.0f);

@@ -170,7 +170,7 @@ static void run_jobs(const kernels::LinearJob* jobs, int nj) {
 // in two rounds, gate+up then down, each in as few parallel regions as the job limit
 // allows, so each expert's weights stream once per step. Under tensor parallelism each round
 // computes this member's rows, the intermediate parts are gathered between the rounds and
-// the output's columns after them (experts_output).
+// the output's columns after them.
 static void experts_decode(const Step& st, const MoeWeights& w, const float* xn, float* out, int n, int n_active) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;

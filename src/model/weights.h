@@ -73,6 +73,10 @@ struct ModelWeights {
   static ModelWeights bind(const ModelConfig& cfg, const SafeTensors& st, bool load_mtp);
 };
 
+// How data-parallel attention's MoE layers move each token to its experts' ranks (moe.cpp):
+// chosen by the step's size, or one of the two always.
+enum class MoeDispatch { Auto, AllGather, AllToAll };
+
 // This process's part of a parallel layout (a constant of the loaded model). The job's
 // `ranks` form pp pipeline stages of group() ranks each (world rank = stage * group() +
 // member); stage s holds main layers [s * L / pp, (s + 1) * L / pp), the first stage the
@@ -89,17 +93,13 @@ struct ModelWeights {
 //   expert's unless ep splits the experts themselves (see mlp.cpp).
 // - dp (with ep = group(), tp = 1): data-parallel attention, as vLLM and SGLang run
 //   these models with expert parallelism: each member attends (and runs the dense layers,
-//   the shared expert and the head) for its own sequences only; each MoE layer gathers
-//   every member's tokens, runs the member's experts over all of them and sums each
-//   token's partial outputs back onto the member that owns it.
+//   the shared expert and the head) for its own sequences only; each MoE layer brings
+//   every member's tokens to the members of their experts (all-gather or all-to-all,
+//   moe_dispatch) and sums each token's partial outputs back onto the member that owns it.
 // - group() > 1 and not dp: the head is split by vocabulary rows when group() divides the
 //   vocabulary: it is the largest tensor every member would otherwise read each step. Under
 //   tp > 1 the embeddings are split the same way (forward.cpp).
 // Everything else of a stage's layers (dense layers, norms, the router) is on every member.
-// How data-parallel attention's MoE layers move each token to its experts' ranks (moe.cpp):
-// chosen by the step's size, or one of the two always.
-enum class MoeDispatch { Auto, AllGather, AllToAll };
-
 struct RankShard {
   int rank = 0, ranks = 1;
   int ep = 1, tp = 1, pp = 1;

@@ -10,7 +10,7 @@
 namespace dsa {
 
 enum class Collective { AllReduce, AllGather, Send, Broadcast, AllToAll };
-// "allreduce", "allgather", "send", "broadcast"; parse throws dsa::Error naming the choices.
+// "allreduce", "allgather", "send", "broadcast", "alltoall"; parse throws dsa::Error naming the choices.
 const char* collective_name(Collective c);
 Collective parse_collective(const std::string& s);
 

@@ -67,8 +67,9 @@ void watch() {
 }
 
 MPI_Comm g_stage = MPI_COMM_NULL;  // the caller's pipeline stage (MPI_COMM_WORLD until split)
-// Element counts and offsets of the stage ranks' row blocks in gather_rows and
-// sum_scatter_rows, sized with the stage (steps allocate nothing).
+// Element counts and offsets of the stage ranks' row blocks in gather_rows,
+// sum_scatter_rows and exchange_rows (what arrives apart), sized with the stage (steps
+// allocate nothing).
 std::vector<int> g_counts, g_displs, g_recv_counts, g_recv_displs;
 void size_stage(MPI_Comm stage, int n) {
   g_stage = stage;
@@ -260,7 +261,7 @@ void exchange_rows(const float* send, const int* send_rows, const int* recv_rows
   }
 #ifdef DSA_HAVE_MPI
   Waiting w("the all-to-all of rows");
-  row_layout(send_rows, cols, g_counts, g_displs);
+  row_layout(send_rows, cols);
   row_layout(recv_rows, cols, g_recv_counts, g_recv_displs);
   MPI_Alltoallv(send, g_counts.data(), g_displs.data(), MPI_FLOAT, recv, g_recv_counts.data(), g_recv_displs.data(), MPI_FLOAT, g_stage);
 #else
