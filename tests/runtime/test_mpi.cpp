@@ -83,6 +83,14 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return err / std::max(mx, 1e-30);
 }
 
+// How far a parallel layout's logits may be from one process's. Expert parallelism adds the
+// ranks' partial sums in another order than one process adds the slots, and tensor
+// parallelism may run another attention kernel for fewer heads: not always bitwise, within
+// 1e-5. With an fp8 latent cache such a 1e-7 difference can move one cached value across an
+// e4m3 rounding boundary (a step of 1/16 of the value), which moves the rows that attend to
+// it by about 1e-3: there the bound is 5e-3.
+double one_process_bound(const Case& c) { return c.fp8 ? 5e-3 : 1e-5; }
+
 // check(name, case) on every golden case the README lists (a missing one fails).
 template <class F>
 void for_every_case(F check) {
@@ -128,11 +136,9 @@ TEST(Mpi, ParallelLogitsMatchOneProcessOnEveryGoldenCase) {
         if (t == "mtp.logits" && !c.mtp) continue;
         SCOPED_TRACE(t);
         const auto got = floats(b, t);
-        // Expert parallelism adds the ranks' partial sums in another order than one process
-        // adds the slots, and tensor parallelism may run another attention kernel for fewer
-        // heads: not always bitwise, within 1e-5; and within the golden README's bound.
+        // Within one_process_bound of one process; and within the golden README's bound.
         const double e1 = rel_err(got, floats(a, t)), eg = rel_err(got, floats(want, t));
-        EXPECT_LE(e1, 1e-5) << "against one process";
+        EXPECT_LE(e1, one_process_bound(c)) << "against one process";
         EXPECT_LE(eg, c.fp8 ? 3e-2 : 1e-4) << "against the golden reference";
         std::printf("[ mpi ] %-24s %-10s %s vs one process %.2e, vs golden %.2e\n", name.c_str(), t.c_str(), layout.c_str(), e1, eg);
       }
@@ -159,7 +165,7 @@ TEST(Mpi, CombinedLayoutsOnFourRanksMatchOneProcess) {
       continue;
     }
     ASSERT_EQ(r4.code, 0) << r4.out;
-    EXPECT_LE(rel_err(floats(SafeTensors::open(out), "logits"), floats(SafeTensors::open(one), "logits")), 1e-5);
+    EXPECT_LE(rel_err(floats(SafeTensors::open(out), "logits"), floats(SafeTensors::open(one), "logits")), one_process_bound(c));
   }
 }
 

@@ -1,9 +1,10 @@
 // The avx512 tier's kernels: the decode GEMV (fp8 and bf16, one to many tokens), the
 // prefill GEMM's micro-kernel and fp8 panel pack, the lightning indexer's scan and the sparse
 // attention tile's products, in 512-bit registers. The numerics are the avx2 kernels'
-// (cpu_linear.cpp): weights placed exactly as f32 bits, f32 FMAs; only the GEMV's lane split
-// differs (64 weights per fp8 load instead of 32), and the GEMM sums every output in the
-// same k order, so its results are bitwise the avx2 GEMM's.
+// (cpu_linear.cpp): weights placed exactly as f32 bits, f32 FMAs; only the GEMV's order
+// differs (64 weights per fp8 load instead of 32, the fp8 block scale applied to x instead
+// of to each block's partial sum), and the GEMM sums every output in the same k order, so
+// its results are bitwise the avx2 GEMM's.
 //
 // Built twice: natively (this file's functions carry the AVX-512 target, the rest of the
 // binary does not), and for the tests with DSA_AVX512_EMULATED on an emulation of the
@@ -79,8 +80,10 @@ inline __m512i load_weights64(const void* p) {
 // the byte b3 shifted arithmetically right by 4 puts the sign at bit 31 and the 7
 // exponent/mantissa bits at 26..20, which masked and read as an f32 is exactly 2^-120 times
 // the e4m3 value (subnormal codes land on f32 subnormals). A word shift by 8 brings b2 up,
-// a lane shift by 16 does b1 and b0. x is scaled by 2^64 (products stay normal) and
-// permuted per 64 columns to the lanes' order; the block scale undoes both factors.
+// a lane shift by 16 does b1 and b0. x is permuted per 64 columns to the lanes' order and
+// scaled by 2^64 times the block scale of the rows' 128-row block (scale_x_blocks), so a
+// row sums all its columns in one pair of accumulators with no per-block step; the sum
+// times 2^56 undoes both powers of two exactly.
 struct Fp8x64 {
   __m512 b3, b2, b1, b0;  // weights 4i+3, 4i+2, 4i+1, 4i for lane i
 };
@@ -108,44 +111,21 @@ void prescale_x(const float* x, int n, float* b) {
 inline int fp8_vector_cols(const Linear& w) { return w.block_cols % 64 == 0 ? (w.cols / w.block_cols) * w.block_cols : 0; }
 inline size_t prefetch_ahead(size_t row_bytes) { return 4 * row_bytes * ((8192 + 4 * row_bytes - 1) / (4 * row_bytes)); }
 
-// A row's sum as every fp8 kernel here finishes it: the lanes, then the tail in order.
-inline float fp8_finish(__m512 tot, const uint8_t* wr, const float* srow, const float* x, int kfull, int K, int bc) {
-  float acc = hsum16(tot);
-  for (int c = kfull; c < K; ++c) acc += fp8_e4m3_to_f32(wr[c]) * srow[c / bc] * x[c];
-  return acc;
+// A prescaled x (prescale_x) times the block scales of one 128-row block (srow), over the
+// vector columns: what every fp8 kernel below multiplies that block's rows with.
+void scale_x_blocks(const Linear& w, const float* xp, const float* srow, float* xs) {
+  const int kfull = fp8_vector_cols(w), bc = w.block_cols;
+  for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
+    const __m512 s = _mm512_set1_ps(srow[blk]);
+    for (int c = c0; c < c0 + bc; c += 16) _mm512_storeu_ps(xs + c, _mm512_mul_ps(_mm512_loadu_ps(xp + c), s));
+  }
 }
 
-// NT tokens against each row as it streams by (the one-token kernel below for NT = 1 rows
-// left over): every weight vector is widened once for all NT tokens.
-template <int NT>
-void gemv_fp8_tokens(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
-  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
-  const size_t ahead = prefetch_ahead(size_t(K));
-  for (int r = r0; r < r1; ++r) {
-    const uint8_t* wr = w.data + size_t(r) * size_t(K);
-    const float* srow = w.scale + size_t(r / w.block_rows) * size_t(sc);
-    __m512 tot[NT];
-    for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_ps();
-    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
-      __m512 a[NT][2];
-      for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
-      for (int c = c0; c < c0 + bc; c += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr + c + ahead), _MM_HINT_T0);
-        const Fp8x64 f = fp8x64_bits(wr + c);
-        for (int t = 0; t < NT; ++t) {
-          const float* xs = xp + size_t(t) * size_t(K) + c;
-          a[t][0] = _mm512_fmadd_ps(f.b3, _mm512_loadu_ps(xs), a[t][0]);
-          a[t][1] = _mm512_fmadd_ps(f.b2, _mm512_loadu_ps(xs + 16), a[t][1]);
-          a[t][0] = _mm512_fmadd_ps(f.b1, _mm512_loadu_ps(xs + 32), a[t][0]);
-          a[t][1] = _mm512_fmadd_ps(f.b0, _mm512_loadu_ps(xs + 48), a[t][1]);
-        }
-      }
-      const __m512 sv = _mm512_set1_ps(srow[blk] * kFp8BitsUndo);
-      for (int t = 0; t < NT; ++t) tot[t] = _mm512_fmadd_ps(_mm512_add_ps(a[t][0], a[t][1]), sv, tot[t]);
-    }
-    for (int t = 0; t < NT; ++t)
-      y[size_t(t) * ldy + size_t(r - base)] = fp8_finish(tot[t], wr, srow, x + size_t(t) * size_t(K), kfull, K, bc);
-  }
+// A row's sum as every fp8 kernel here finishes it: the lanes, unscaled, then the tail in order.
+inline float fp8_finish(__m512 a0, __m512 a1, const uint8_t* wr, const float* srow, const float* x, int kfull, int K, int bc) {
+  float acc = hsum16(_mm512_add_ps(a0, a1)) * kFp8BitsUndo;
+  for (int c = kfull; c < K; ++c) acc += fp8_e4m3_to_f32(wr[c]) * srow[c / bc] * x[c];
+  return acc;
 }
 
 // One row's 64 widened weights against one token's x into its two accumulators, in the
@@ -157,74 +137,92 @@ inline void fp8_fma4(const Fp8x64& f, const __m512 (&xv)[4], __m512 (&a)[2]) {
   a[1] = _mm512_fmadd_ps(f.b0, xv[3], a[1]);
 }
 
+// NT tokens against each row as it streams by (the one-token kernel below for NT = 1 rows
+// left over): every weight vector is widened once for all NT tokens. Rows [r0, r1) lie in
+// one 128-row block, whose scaled x xs is (scale_x_blocks), as in every fp8 kernel below.
+template <int NT>
+void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1) {
+  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
+  const size_t ahead = prefetch_ahead(size_t(K));
+  for (int r = r0; r < r1; ++r) {
+    const uint8_t* wr = w.data + size_t(r) * size_t(K);
+    const float* srow = w.scale + size_t(r / w.block_rows) * size_t(sc);
+    __m512 a[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+    for (int c = 0; c < kfull; c += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + c + ahead), _MM_HINT_T0);
+      const Fp8x64 f = fp8x64_bits(wr + c);
+      for (int t = 0; t < NT; ++t) {
+        const float* xt = xs + size_t(t) * size_t(K) + c;
+        const __m512 xv[4] = {_mm512_loadu_ps(xt), _mm512_loadu_ps(xt + 16), _mm512_loadu_ps(xt + 32), _mm512_loadu_ps(xt + 48)};
+        fp8_fma4(f, xv, a[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      y[size_t(t) * ldy + size_t(r - base)] = fp8_finish(a[t][0], a[t][1], wr, srow, x + size_t(t) * size_t(K), kfull, K, bc);
+  }
+}
+
 // NT tokens against NR rows at a time: each x vector loaded once for all NR rows (half the x
 // loads per FMA of the one-row loop or fewer, which the loads bound once x no longer fits in
 // L1). Two rows for up to four tokens, four rows for two (the MTP verification's pair, which
 // two rows leave short of loads in flight). Every (row, token) sum runs the one-token order:
-// per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the second, per block
-// their sum times the block scale. Rows left over go to the next smaller tile.
+// per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the second. Rows left
+// over go to the next smaller tile.
 template <int NR, int NT>
-void gemv_fp8_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
   const size_t ahead = prefetch_ahead(size_t(K));
   int r = r0;
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
-    const float* srow[NR];
-    __m512 tot[NR][NT];
+    __m512 a[NR][NT][2];
     for (int j = 0; j < NR; ++j) {
       wr[j] = w.data + size_t(r + j) * size_t(K);
-      srow[j] = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
-      for (int t = 0; t < NT; ++t) tot[j][t] = _mm512_setzero_ps();
+      for (int t = 0; t < NT; ++t) a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
     }
-    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
-      __m512 a[NR][NT][2];
-      for (int j = 0; j < NR; ++j)
-        for (int t = 0; t < NT; ++t) a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
-      for (int c = c0; c < c0 + bc; c += 64) {
-        // Registers decide the loop order (the sums are the same either way): two rows keep
-        // their widened weights and load each token's x in turn; four rows keep both
-        // tokens' x and widen each row in turn.
-        if constexpr (NR == 2) {
-          Fp8x64 f[NR];
-          for (int j = 0; j < NR; ++j) {
-            _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
-            f[j] = fp8x64_bits(wr[j] + c);
+    for (int c = 0; c < kfull; c += 64) {
+      // Registers decide the loop order (the sums are the same either way): two rows keep
+      // their widened weights and load each token's x in turn; four rows keep both
+      // tokens' x and widen each row in turn.
+      if constexpr (NR == 2) {
+        Fp8x64 f[NR];
+        for (int j = 0; j < NR; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+          f[j] = fp8x64_bits(wr[j] + c);
+        }
+        for (int t = 0; t < NT; ++t) {
+          __m512 xv[4];
+          for (int q = 0; q < 4; ++q) {
+            xv[q] = _mm512_loadu_ps(xs + size_t(t) * size_t(K) + c + 16 * q);
+            pin(xv[q]);
           }
-          for (int t = 0; t < NT; ++t) {
-            __m512 xv[4];
-            for (int q = 0; q < 4; ++q) {
-              xv[q] = _mm512_loadu_ps(xp + size_t(t) * size_t(K) + c + 16 * q);
-              pin(xv[q]);
-            }
-            for (int j = 0; j < NR; ++j) fp8_fma4(f[j], xv, a[j][t]);
+          for (int j = 0; j < NR; ++j) fp8_fma4(f[j], xv, a[j][t]);
+        }
+      } else {
+        __m512 xv[NT][4];
+        for (int t = 0; t < NT; ++t)
+          for (int q = 0; q < 4; ++q) {
+            xv[t][q] = _mm512_loadu_ps(xs + size_t(t) * size_t(K) + c + 16 * q);
+            pin(xv[t][q]);
           }
-        } else {
-          __m512 xv[NT][4];
-          for (int t = 0; t < NT; ++t)
-            for (int q = 0; q < 4; ++q) {
-              xv[t][q] = _mm512_loadu_ps(xp + size_t(t) * size_t(K) + c + 16 * q);
-              pin(xv[t][q]);
-            }
-          for (int j = 0; j < NR; ++j) {
-            _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
-            const Fp8x64 f = fp8x64_bits(wr[j] + c);
-            for (int t = 0; t < NT; ++t) fp8_fma4(f, xv[t], a[j][t]);
-          }
+        for (int j = 0; j < NR; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+          const Fp8x64 f = fp8x64_bits(wr[j] + c);
+          for (int t = 0; t < NT; ++t) fp8_fma4(f, xv[t], a[j][t]);
         }
       }
-      for (int j = 0; j < NR; ++j) {
-        const __m512 sv = _mm512_set1_ps(srow[j][blk] * kFp8BitsUndo);
-        for (int t = 0; t < NT; ++t) tot[j][t] = _mm512_fmadd_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]), sv, tot[j][t]);
-      }
     }
-    for (int j = 0; j < NR; ++j)
+    for (int j = 0; j < NR; ++j) {
+      const float* srow = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
       for (int t = 0; t < NT; ++t)
-        y[size_t(t) * ldy + size_t(r + j - base)] = fp8_finish(tot[j][t], wr[j], srow[j], x + size_t(t) * size_t(K), kfull, K, bc);
+        y[size_t(t) * ldy + size_t(r + j - base)] =
+            fp8_finish(a[j][t][0], a[j][t][1], wr[j], srow, x + size_t(t) * size_t(K), kfull, K, bc);
+    }
   }
   if (r == r1) return;
-  if constexpr (NR > 2) gemv_fp8_tile<NR / 2, NT>(w, x, xp, y, ldy, base, r, r1);
-  else gemv_fp8_tokens<NT>(w, x, xp, y, ldy, base, r, r1);
+  if constexpr (NR > 2) gemv_fp8_tile<NR / 2, NT>(w, x, xs, y, ldy, base, r, r1);
+  else gemv_fp8_tokens<NT>(w, x, xs, y, ldy, base, r, r1);
 }
 
 // One token, four rows at a time sharing the x loads; each row summed exactly as above.
@@ -233,33 +231,24 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
   const size_t ahead = prefetch_ahead(size_t(K));
   int r = r0;
   for (; r + 4 <= r1; r += 4) {
-    __m512 tot[4];
+    __m512 a[4][2];
     const uint8_t* wr[4];
-    const float* srow[4];
     for (int j = 0; j < 4; ++j) {
-      tot[j] = _mm512_setzero_ps();
+      a[j][0] = a[j][1] = _mm512_setzero_ps();
       wr[j] = w.data + size_t(r + j) * size_t(K);
-      srow[j] = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
     }
-    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
-      __m512 a[4][2];
-      for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm512_setzero_ps();
-      for (int c = c0; c < c0 + bc; c += 64) {
-        const __m512 x3 = _mm512_loadu_ps(xs + c), x2 = _mm512_loadu_ps(xs + c + 16);
-        const __m512 x1 = _mm512_loadu_ps(xs + c + 32), x0 = _mm512_loadu_ps(xs + c + 48);
-        for (int j = 0; j < 4; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
-          const Fp8x64 f = fp8x64_bits(wr[j] + c);
-          a[j][0] = _mm512_fmadd_ps(f.b3, x3, a[j][0]);
-          a[j][1] = _mm512_fmadd_ps(f.b2, x2, a[j][1]);
-          a[j][0] = _mm512_fmadd_ps(f.b1, x1, a[j][0]);
-          a[j][1] = _mm512_fmadd_ps(f.b0, x0, a[j][1]);
-        }
+    for (int c = 0; c < kfull; c += 64) {
+      const __m512 xv[4] = {_mm512_loadu_ps(xs + c), _mm512_loadu_ps(xs + c + 16), _mm512_loadu_ps(xs + c + 32),
+                            _mm512_loadu_ps(xs + c + 48)};
+      for (int j = 0; j < 4; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+        fp8_fma4(fp8x64_bits(wr[j] + c), xv, a[j]);
       }
-      for (int j = 0; j < 4; ++j)
-        tot[j] = _mm512_fmadd_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_set1_ps(srow[j][blk] * kFp8BitsUndo), tot[j]);
     }
-    for (int j = 0; j < 4; ++j) y[r + j - base] = fp8_finish(tot[j], wr[j], srow[j], x, kfull, K, bc);
+    for (int j = 0; j < 4; ++j) {
+      const float* srow = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
+      y[r + j - base] = fp8_finish(a[j][0], a[j][1], wr[j], srow, x, kfull, K, bc);
+    }
   }
   if (r < r1) gemv_fp8_tokens<1>(w, x, xs, y, 0, base, r, r1);
 }
@@ -415,8 +404,8 @@ void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, i
 }
 
 // ---- many tokens ----------------------------------------------------------------------
-// Tokens in groups against two rows at a time: up to four for fp8 (16 accumulators and 8 running
-// block sums beside 8 widened weight vectors) and six for bf16 (24 accumulators). With more
+// Tokens in groups against two rows at a time: up to four for fp8 (16 accumulators beside 8
+// widened weight vectors, 4 x vectors and the mask) and six for bf16 (24 accumulators). With more
 // than one group the rows go in blocks of 64, each block's weights read from memory once and
 // from cache by the later groups. Every kernel sums a row in the one-token order, so the
 // grouping changes no output bit.
@@ -445,27 +434,47 @@ void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, floa
   }
 }
 
-void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1, float* xbuf) {
+// The token groups of one prepared set of tokens over rows [r0, r1).
+void gemv_groups(const Linear& w, const float* x, const float* xb, int cnt, float* y, size_t ldy, int base, int r0, int r1) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   const size_t cols = size_t(w.cols);
   const int group = fp8 ? kTokGroupFp8 : kTokGroupBf16;
+  const int rb_step = cnt <= group ? r1 - r0 : kRowBlock;
+  for (int rb = r0; rb < r1; rb += rb_step) {
+    const int re = std::min(r1, rb + rb_step);
+    // Groups as even as possible (bf16, 8 tokens: 4 + 4, not 6 + 2).
+    const int groups = (cnt + group - 1) / group;
+    for (int gi = 0, g = 0; gi < groups; ++gi) {
+      const int k = (cnt - g) / (groups - gi);
+      gemv_prepared(w, x + size_t(g) * cols, xb + size_t(g) * cols, k, y + size_t(g) * ldy, ldy, base, rb, re);
+      g += k;
+    }
+  }
+}
+
+void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1, float* xbuf) {
+  const bool fp8 = w.dtype == DType::F8_E4M3;
+  const size_t cols = size_t(w.cols);
   for (int t0 = 0; t0 < n; t0 += kTokBuf) {
     const int cnt = std::min(kTokBuf, n - t0);
+    const float* xt = x + size_t(t0) * cols;
+    float* yt = y + size_t(t0) * ldy;
     for (int i = 0; i < cnt; ++i) {
-      const float* xi = x + size_t(t0 + i) * cols;
-      if (fp8) prescale_x(xi, w.cols, xbuf + size_t(i) * cols);
-      else deinterleave_x(xi, w.cols, xbuf + size_t(i) * cols);
+      if (fp8) prescale_x(xt + size_t(i) * cols, w.cols, xbuf + size_t(i) * cols);
+      else deinterleave_x(xt + size_t(i) * cols, w.cols, xbuf + size_t(i) * cols);
     }
-    const int rb_step = cnt <= group ? r1 - r0 : kRowBlock;
-    for (int rb = r0; rb < r1; rb += rb_step) {
-      const int re = std::min(r1, rb + rb_step);
-      // Groups as even as possible (bf16, 8 tokens: 4 + 4, not 6 + 2).
-      const int groups = (cnt + group - 1) / group;
-      for (int gi = 0, g = 0; gi < groups; ++gi) {
-        const int k = (cnt - g) / (groups - gi);
-        gemv_prepared(w, x + size_t(t0 + g) * cols, xbuf + size_t(g) * cols, k, y + size_t(t0 + g) * ldy, ldy, base, rb, re);
-        g += k;
-      }
+    if (!fp8) {
+      gemv_groups(w, xt, xbuf, cnt, yt, ldy, base, r0, r1);
+      continue;
+    }
+    // fp8: each 128-row block of the range with x scaled by that block's scales.
+    float* xs = xbuf + size_t(cnt) * cols;
+    for (int s0 = r0; s0 < r1;) {
+      const int s1 = std::min(r1, (s0 / w.block_rows + 1) * w.block_rows);
+      const float* srow = w.scale + size_t(s0 / w.block_rows) * size_t(w.scale_cols());
+      for (int i = 0; i < cnt; ++i) scale_x_blocks(w, xbuf + size_t(i) * cols, srow, xs + size_t(i) * cols);
+      gemv_groups(w, xt, xs, cnt, yt, ldy, base, s0, s1);
+      s0 = s1;
     }
   }
 }

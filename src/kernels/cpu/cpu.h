@@ -39,7 +39,8 @@ bool use_avx2();  // the tier in use has the AVX2 kernels (every tier but generi
 struct Avx512Kernels {
   // The decode-role product (linear_decode's contract) of rows [r0, r1) for n tokens of an
   // fp8 (128-column blocks a multiple of 64 wide run vectorized) or bf16 weight: x [n,
-  // cols], y [n, ldy] (row r at y[r - base]); xbuf holds min(n, kTokBuf) x cols floats.
+  // cols], y [n, ldy] (row r at y[r - base]); xbuf holds min(n, kTokBuf) x cols floats for
+  // bf16, twice that for fp8 (the prepared x and its copy scaled for one 128-row block).
   void (*gemv_rows)(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1, float* xbuf);
   // The prefill GEMM's micro-kernel over two adjacent 16-row panels (pk0, pk1, k-major
   // [kc][16]; nr0, nr1 of their rows valid) for n tokens packed in blocks of six (the avx2

@@ -416,7 +416,8 @@ __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const
 // The decode-role product of rows [r0, r1) in the tier's kernels.
 void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1) {
   if (isa() == Isa::Avx512) {
-    float* xb = x_buffer(w.dtype == DType::F8_E4M3 ? t_xscaled : t_xdeint, size_t(std::min(n, kTokBuf)) * size_t(w.cols));
+    const bool fp8 = w.dtype == DType::F8_E4M3;
+    float* xb = x_buffer(fp8 ? t_xscaled : t_xdeint, size_t(fp8 ? 2 : 1) * size_t(std::min(n, kTokBuf)) * size_t(w.cols));
     avx512_kernels().gemv_rows(w, x, n, y, ldy, base, r0, r1, xb);
   } else {
     gemv_tokens_avx2(w, x, n, y, ldy, base, r0, r1);
@@ -914,7 +915,7 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
 }
 
 void reserve_gemv_scratch(int max_cols) {
-  x_buffer(t_xscaled, size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));
+  x_buffer(t_xscaled, 2 * size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));  // avx512: two copies (cpu.h)
   x_buffer(t_xdeint, size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));
 }
 
