@@ -36,12 +36,15 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// The step's bytes and FLOPs from the operator table (one CPU, fp8 weights and caches).
+// The step's bytes and FLOPs from the operator table (one CPU, fp8 weights and caches,
+// prefill attention in the absorbed form as this engine runs it).
 struct StepCost {
   double bytes = 0, flops = 0;
 };
 StepCost plan_step(const dsa::sim::SimModel& sm, dsa::sim::Phase phase, int64_t seqs, int64_t tokens, int64_t context) {
-  const auto ops = dsa::sim::op_plan(sm, dsa::sim::Step{phase, seqs, tokens, context}, dsa::sim::Layout{1, 1, 1, 1, 1}, dsa::sim::Options{});
+  dsa::sim::Options o;
+  o.absorbed_prefill = true;
+  const auto ops = dsa::sim::op_plan(sm, dsa::sim::Step{phase, seqs, tokens, context}, dsa::sim::Layout{1, 1, 1, 1, 1}, o);
   return {dsa::sim::plan_total_bytes(ops), dsa::sim::plan_total_flops(ops)};
 }
 

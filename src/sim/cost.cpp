@@ -146,7 +146,7 @@ struct Builder {
     const double act = op.bits <= 8 ? 1.0 : 2.0;
     op.flops = 2.0 * M * N * K;
     op.bytes = N * K * wb + M * K * act + M * N * 2.0;
-    op.weight_elems = op.bits <= 8 ? N * K : 0.0;
+    op.weight_elems = N * K;
     op.shape = "M=" + std::to_string(int64_t(M)) + ";N=" + std::to_string(int64_t(N)) + ";K=" + std::to_string(int64_t(K));
     add(std::move(op));
   }
@@ -254,8 +254,9 @@ struct Builder {
   // Decode always runs the absorbed (MQA, 576/512) form. Prefill of a dense model runs the
   // expanded (MHA, 192/128) form, as DeepSeek does; a sparse model uses it too ("masked MHA
   // mode") while that costs fewer FLOPs than the absorbed sparse form, i.e. for short prompts.
+  // An engine that runs prefill absorbed too (Options::absorbed_prefill) never expands.
   bool expanded_attention(const Step& s) const {
-    if (s.phase != Phase::Prefill) return false;
+    if (s.phase != Phase::Prefill || o.absorbed_prefill) return false;
     if (!m.has_indexer) return true;
     const auto& c = m.cfg;
     const double kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim, H = heads();
@@ -278,7 +279,7 @@ struct Builder {
     op.bits = aw == WeightDtype::FP8 ? 8 : 16;
     op.flops = 2.0 * T * H * in * out;
     op.bytes = H * in * out * weight_bytes_per_elem(aw) + T * H * in * 2.0 + T * H * out * 2.0;
-    op.weight_elems = op.bits <= 8 ? H * in * out : 0.0;
+    op.weight_elems = H * in * out;
     op.shape = token_shape(T) + ";H=" + std::to_string(int64_t(H));
     add(std::move(op));
   }
@@ -357,7 +358,7 @@ struct Builder {
     gu.bits = bits;
     gu.flops = 2.0 * assigned * n_gu * h;
     gu.bytes = hit * n_gu * h * wb + assigned * h * act + assigned * n_gu * 2.0;
-    gu.weight_elems = bits <= 8 ? hit * n_gu * h : 0.0;
+    gu.weight_elems = hit * n_gu * h;
     gu.shape = "tokens=" + std::to_string(int64_t(assigned)) + ";experts=" + std::to_string(int64_t(experts_dev)) +
                ";N=" + std::to_string(int64_t(n_gu)) + ";K=" + std::to_string(int64_t(h));
     add(gu);
@@ -365,7 +366,7 @@ struct Builder {
     dn.name = "moe.experts_down";
     dn.flops = 2.0 * assigned * h * n_d;
     dn.bytes = hit * h * n_d * wb + assigned * n_d * act + assigned * h * 2.0;
-    dn.weight_elems = bits <= 8 ? hit * h * n_d : 0.0;
+    dn.weight_elems = hit * h * n_d;
     dn.shape = "tokens=" + std::to_string(int64_t(assigned)) + ";experts=" + std::to_string(int64_t(experts_dev)) +
                ";N=" + std::to_string(int64_t(h)) + ";K=" + std::to_string(int64_t(n_d));
     // silu(gate) * up of every routed and shared expert row this device computes.

@@ -53,6 +53,9 @@ struct Options {
   WeightDtype weight = WeightDtype::FP8;
   CacheDtype cache = CacheDtype::FP8;
   int mtp = 0;  // draft tokens per decode step (needs an MTP layer)
+  // Prefill attention in the absorbed form at every prompt length (the profile's
+  // prefill_absorbed: the CPU engine); else the expanded form while it is cheaper.
+  bool absorbed_prefill = false;
 };
 
 // One forward step of one attention data-parallel group (one pipeline micro-batch).
@@ -71,7 +74,7 @@ struct Op {
   double count = 0;      // invocations in the step (layers it runs in)
   double flops = 0;      // total over `count`, on one device
   double bytes = 0;      // memory traffic, total over `count`, on one device
-  double weight_elems = 0;  // low-precision weight elements streamed (for CPU dequant cost)
+  double weight_elems = 0;  // weight elements streamed (CPU widening, packing and GEMV costs)
   double comm_intra = 0;    // bytes sent over the scale-up domain, total
   double comm_inter = 0;    // bytes sent over the network, total
   double comm_hops = 0;     // latency-bound message rounds, total

@@ -149,7 +149,8 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   known_keys(j, {"name", "description", "sources", "bf16_tflops", "fp8_tflops", "fp4_tflops", "memory_bandwidth_gbps", "memory_gib",
                  "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "inter_node_bandwidth_gbps",
                  "inter_node_latency_us", "launch_overhead_us", "dequant_flops_per_weight", "pack_flops_per_weight",
-                 "decode_gemv_efficiency", "decode_gemv_flops_per_weight",
+                 "decode_gemv_efficiency", "decode_gemv_flops_per_weight", "decode_gemv_bf16_efficiency",
+                 "decode_gemv_bf16_flops_per_weight", "prefill_absorbed",
                  "memory_usable_fraction", "memory_reserve_gib", "price_per_hour", "efficiency"},
              where);
   Hardware h;
@@ -174,6 +175,12 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   h.pack_flops_per_weight = num(j, "pack_flops_per_weight", 0, where);
   h.decode_gemv_efficiency = num(j, "decode_gemv_efficiency", 0, where);
   h.decode_gemv_flops_per_weight = num(j, "decode_gemv_flops_per_weight", 0, where);
+  h.decode_gemv_bf16_efficiency = num(j, "decode_gemv_bf16_efficiency", 0, where);
+  h.decode_gemv_bf16_flops_per_weight = num(j, "decode_gemv_bf16_flops_per_weight", 0, where);
+  if (j.contains("prefill_absorbed")) {
+    if (!j["prefill_absorbed"].is_boolean()) throw Error(where + ": field 'prefill_absorbed': expected true or false");
+    h.prefill_absorbed = j["prefill_absorbed"].get<bool>();
+  }
   h.memory_usable_fraction = num(j, "memory_usable_fraction", h.memory_usable_fraction, where);
   h.memory_reserve_gib = num(j, "memory_reserve_gib", h.memory_reserve_gib, where);
   h.price_per_hour = num(j, "price_per_hour", 0, where);
@@ -223,6 +230,8 @@ std::string hardware_to_json(const Hardware& h) {
             {"inter_node_latency_us", h.inter_node_latency_us}, {"launch_overhead_us", h.launch_overhead_us},
             {"dequant_flops_per_weight", h.dequant_flops_per_weight}, {"pack_flops_per_weight", h.pack_flops_per_weight},
             {"decode_gemv_efficiency", h.decode_gemv_efficiency}, {"decode_gemv_flops_per_weight", h.decode_gemv_flops_per_weight},
+            {"decode_gemv_bf16_efficiency", h.decode_gemv_bf16_efficiency},
+            {"decode_gemv_bf16_flops_per_weight", h.decode_gemv_bf16_flops_per_weight}, {"prefill_absorbed", h.prefill_absorbed},
             {"memory_usable_fraction", h.memory_usable_fraction}, {"memory_reserve_gib", h.memory_reserve_gib},
             {"price_per_hour", h.price_per_hour},
             {"efficiency", {{"gemm", h.eff.gemm}, {"attention_dense", h.eff.attention_dense},
@@ -236,17 +245,34 @@ std::string hardware_to_json(const Hardware& h) {
   return j.dump(2);
 }
 
+// A decode-role product's seconds per weight = a + b * tokens, through the one-token time t1
+// and the kGemvTokens-token probe's rate (b: what each further token costs, its FMAs, x loads
+// and its share of the re-widening its token group pays; a: streaming and widening the weight
+// once), as an efficiency and FLOP-equivalents per weight: e = 2 / (b P), 2a / b. A straight
+// line through the two probes: between them and past them (64 tokens) it stays within the
+// plan-versus-bench tolerance on the development machine (docs/PLAN.md). A missing probe, or
+// noise that leaves b or a non-positive, leaves both 0 (the GEMM costing).
+static void decode_gemv_line(double t1, double tokens_gflops, double P, double& efficiency, double& flops_per_weight) {
+  if (!(tokens_gflops > 0 && t1 > 0)) return;
+  const double tn = 2.0 * kGemvTokens / (tokens_gflops * 1e9);
+  const double b = (tn - t1) / (kGemvTokens - 1), a = t1 - b;
+  if (!(b > 0 && a > 0)) return;
+  efficiency = std::clamp(2.0 / (b * P), 1e-4, 1.0);
+  flops_per_weight = 2.0 * a / b;
+}
+
 Hardware local_hardware_from(int threads, double bw, double gflops, const KernelRates& k) {
   Hardware h;
   h.name = "local";
   char desc[640];
   std::snprintf(desc, sizeof desc,
-                "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f (rows of %d) / "
-                "fp8 %.1f GB/s (%.0f GFLOP/s with %d tokens), GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, indexer %.1f, sparse decode %.1f, sparse "
-                "prefill %.1f / causal prefill %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
-                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_fp8_gbps, k.gemv_fp8_tokens_gflops, kGemvTokens, k.gemm_small_gflops, kGemmSmallRows,
-                k.gemm_large_gflops, kGemmLargeRows, k.indexer_gflops, k.sparse_decode_gflops, k.sparse_prefill_gflops, k.causal_prefill_gflops,
-                k.topk_keys_per_s / 1e6, k.elementwise_gbps, k.call_overhead_us);
+                "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f GB/s (rows of %d; "
+                "%.0f GFLOP/s with %d tokens) / fp8 %.1f GB/s (%.0f GFLOP/s with %d tokens), GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, "
+                "indexer %.1f, sparse decode %.1f, prefill attention %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
+                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_bf16_tokens_gflops, kGemvTokens, k.gemv_fp8_gbps,
+                k.gemv_fp8_tokens_gflops, kGemvTokens, k.gemm_small_gflops, kGemmSmallRows, k.gemm_large_gflops, kGemmLargeRows,
+                k.indexer_gflops, k.sparse_decode_gflops, k.prefill_attention_gflops, k.topk_keys_per_s / 1e6, k.elementwise_gbps,
+                k.call_overhead_us);
   h.description = desc;
   // CPU kernels widen bf16/fp8 to fp32 and use the same FMA units, so all precisions share
   // the measured fp32 peak.
@@ -287,28 +313,18 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   // Below zero the fp8 GEMV streams as fast as memory allows: no widening term.
   h.dequant_flops_per_weight = std::clamp(pe / gemv_weights_per_s - 2.0, 0.0, per_call);
   h.pack_flops_per_weight = per_call - h.dequant_flops_per_weight;
-  // Decode-role products: s per weight = a + b * tokens, from the one-token and the
-  // kGemvTokens-token probes (b: what each further token costs, its FMAs, x loads and its
-  // share of the re-widening its token group pays; a: streaming and widening the weight once);
-  // as an efficiency and FLOP-equivalents per weight, e = 2 / (b P) and 2a / b. A straight
-  // line through the two probes: between them and past them (64 tokens) it stays within the
-  // plan-versus-bench tolerance on the development machine (docs/PLAN.md). Noise that leaves
-  // b or a non-positive keeps the GEMM costing.
-  if (k.gemv_fp8_tokens_gflops > 0) {
-    const double t1 = 1.0 / gemv_weights_per_s, tn = 2.0 * kGemvTokens / (k.gemv_fp8_tokens_gflops * 1e9);
-    const double b = (tn - t1) / (kGemvTokens - 1), a = t1 - b;
-    if (b > 0 && a > 0) {
-      h.decode_gemv_efficiency = frac(2.0 / (b * P));
-      h.decode_gemv_flops_per_weight = 2.0 * a / b;
-    }
-  }
+  // Decode-role products, fp8 (from the expert GEMV probes) and bf16.
+  decode_gemv_line(1.0 / gemv_weights_per_s, k.gemv_fp8_tokens_gflops, P, h.decode_gemv_efficiency, h.decode_gemv_flops_per_weight);
+  // The bf16 tile the same way, from the one-token bf16 GEMV (2 bytes per weight).
+  decode_gemv_line(2.0 / (k.gemv_bf16_gbps * 1e9), k.gemv_bf16_tokens_gflops, P, h.decode_gemv_bf16_efficiency,
+                   h.decode_gemv_bf16_flops_per_weight);
   h.eff.indexer = frac(k.indexer_gflops * 1e9 / P);
   h.eff.topk = frac(k.topk_keys_per_s / P);
   h.eff.attention_sparse_decode = h.eff.attention_dense = frac(k.sparse_decode_gflops * 1e9 / P);
-  h.eff.attention_sparse_prefill = frac(k.sparse_prefill_gflops * 1e9 / P);
-  // A fresh prompt's expanded-form attention runs the causal block kernel while every query
-  // selects all earlier keys; probes that predate it leave the sparse rate in place.
-  h.eff.attention_dense_prefill = frac((k.causal_prefill_gflops > 0 ? k.causal_prefill_gflops : k.sparse_prefill_gflops) * 1e9 / P);
+  // The engine runs every prompt's attention in the absorbed form over an f32 view of the
+  // cache, with or without an indexer: one probe for both.
+  h.prefill_absorbed = true;
+  h.eff.attention_sparse_prefill = h.eff.attention_dense_prefill = frac(k.prefill_attention_gflops * 1e9 / P);
   // Element-wise kernels (norms, RoPE, fp8 quantization of activations) run on one core at
   // a fraction of the bandwidth: the probe's rate in the operator table's bytes.
   h.eff.elementwise = frac(k.elementwise_gbps / h.memory_bandwidth_gbps);

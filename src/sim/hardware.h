@@ -12,7 +12,7 @@ namespace dsa::sim {
 struct Efficiency {
   double gemm = 0.70;                      // fp8/bf16/fp4 GEMMs and grouped MoE GEMMs
   double attention_dense = 0.67;           // dense MLA decode (absorbed, MQA form), compute side
-  double attention_dense_prefill = 0.60;   // dense MHA-form prefill attention
+  double attention_dense_prefill = 0.60;   // dense prefill attention (MHA form, or absorbed where the profile says)
   double attention_sparse_decode = 0.41;   // sparse MLA decode with an fp8 cache (gather + dequant)
   double attention_sparse_prefill = 0.65;  // sparse MLA prefill
   double indexer = 0.70;                   // lightning-indexer scoring (fp8 MQA logits), compute side
@@ -62,6 +62,16 @@ struct Hardware {
   // low-precision weight (its widening and loads). 0: decode products are costed as GEMMs.
   double decode_gemv_efficiency = 0;
   double decode_gemv_flops_per_weight = 0;
+  // The same for the bf16 decode-role tile (a batched step's lm_head, router and indexer
+  // weights), whose cost per token differs from the fp8 kernels'. 0: bf16 decode products
+  // use the fp8 pair above.
+  double decode_gemv_bf16_efficiency = 0;
+  double decode_gemv_bf16_flops_per_weight = 0;
+  // Prefill attention runs in the absorbed (MQA) form at every prompt length, as the CPU
+  // engine does (model/mla.cpp: a token's attention then depends on its inputs and the
+  // cache alone). false: the expanded (MHA) form while it costs fewer FLOPs, as DeepSeek's
+  // GPU kernels choose for short prompts.
+  bool prefill_absorbed = false;
   double memory_usable_fraction = 0.92;  // allocator headroom / fragmentation
   double memory_reserve_gib = 4;         // runtime context, communication buffers, graphs
   double price_per_hour = 0;             // $ per device-hour (a rental assumption)

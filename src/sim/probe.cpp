@@ -264,9 +264,11 @@ struct WeightBuffer {
 };
 using Weights = std::shared_ptr<const WeightBuffer>;
 
-// Weight streaming: one-token GEMVs over a 64 MiB bf16 matrix that comes from DRAM as the
-// decode weights do (a decode token's product).
-Probe gemv_bf16_probe(const Weights& wb, int cols) {
+// Weight streaming: GEMVs over a 64 MiB bf16 matrix that comes from DRAM as the decode
+// weights do. One token: a decode token's product, bandwidth-bound (the rate is in bytes).
+// More tokens per call (a batched decode step's lm_head): the decode-role bf16 tile,
+// compute-bound (the rate is in FLOPs).
+Probe gemv_bf16_probe(const Weights& wb, int cols, int tokens, int calls_per_round) {
   struct State {
     Linear w;
     std::vector<float> x, y;
@@ -276,13 +278,14 @@ Probe gemv_bf16_probe(const Weights& wb, int cols) {
   st->w.dtype = DType::BF16;
   st->w.rows = int(WeightBuffer::kRegion / 2 / size_t(cols));
   st->w.cols = cols;
-  st->x = floats(size_t(cols), 1);
-  st->y.resize(size_t(st->w.rows));
-  return {[wb, st] {
+  st->x = floats(size_t(tokens) * size_t(cols), 1);
+  st->y.resize(size_t(tokens) * size_t(st->w.rows));
+  const double work = tokens == 1 ? double(st->w.bytes()) : 2.0 * tokens * double(st->w.rows) * double(cols);
+  return {[wb, st, tokens] {
             st->w.data = wb->bytes.data() + (st->call++ % 3) * WeightBuffer::kRegion;
-            kernels::linear_decode(st->w, st->x.data(), 1, st->y.data());
+            kernels::linear_decode(st->w, st->x.data(), tokens, st->y.data());
           },
-          8, double(st->w.bytes())};
+          calls_per_round, work};
 }
 
 // fp8 GEMVs as decode runs a MoE layer's experts: one linear_multi over sixteen [512 x 2048]
@@ -436,50 +439,32 @@ Probe sparse_decode_probe() {
           6, 2.0 * kHeads * kSelected * (2.0 * L + R)};
 }
 
-// The expanded (MHA) attention shapes of prefill: 16 heads x (128 nope + 64 rope | 128 v).
-constexpr int kMhaHeads = 16, kNope = 128, kRope = 64, kV = 128;
-
-// Prefill attention in the expanded form: 32 queries in parallel as the engine runs them,
-// each over 512 selected keys.
-Probe sparse_prefill_probe() {
-  static constexpr int kKeys = 512, kQueries = 32, H = kMhaHeads;
+// Prefill attention as the engine runs it (model/mla.cpp, prefill_attention): the layer's
+// cache dequantized once into an f32 view of 1,024 tokens, then 32 queries in a parallel
+// loop, each through mla_sparse_decode over 512 selected keys, 16 heads (the absorbed form
+// at every prompt length). The view stays in the caches, as the engine's does for a chunk.
+Probe prefill_attention_probe() {
+  static constexpr int kHeads = 16, kContext = 1024, kKeys = 512, kQueries = 32, L = LatentCache::kLatent, R = LatentCache::kRope;
   struct State {
-    std::vector<float> kv = floats(size_t(kKeys) * H * (kNope + kV), 8), k_rope = floats(size_t(kKeys) * kRope, 9);
-    std::vector<float> q = floats(size_t(kQueries) * H * (kNope + kRope), 11), out = std::vector<float>(size_t(kQueries) * H * kV);
+    std::vector<float> lat = floats(size_t(kContext) * (L + R), 8);
+    std::vector<float> q_lat = floats(size_t(kQueries) * kHeads * L, 9), q_rope = floats(size_t(kQueries) * kHeads * R, 11);
+    std::vector<float> out = std::vector<float>(size_t(kQueries) * kHeads * L);
     std::vector<int32_t> idx = std::vector<int32_t>(kKeys);
+    MlaCacheView view;
   };
   auto st = std::make_shared<State>();
-  for (int t = 0; t < kKeys; ++t) st->idx[size_t(t)] = t;
+  st->view.type = CacheType::F32;
+  st->view.kv_lora = L;
+  st->view.rope = R;
+  st->view.data = reinterpret_cast<uint8_t*>(st->lat.data());
+  for (int j = 0; j < kKeys; ++j) st->idx[size_t(j)] = 2 * j + (j % 2);  // ascending, every other key
   return {[st] {
 #pragma omp parallel for schedule(dynamic, 1)
             for (int i = 0; i < kQueries; ++i)
-              kernels::mha_sparse_prefill(&st->q[size_t(i) * H * (kNope + kRope)], st->kv.data(), st->k_rope.data(), H, kNope, kRope, kV,
-                                          st->idx.data(), kKeys, 0.07f, &st->out[size_t(i) * H * kV]);
+              kernels::mla_sparse_decode(st->view, &st->q_lat[size_t(i) * kHeads * L], &st->q_rope[size_t(i) * kHeads * R], kHeads,
+                                         st->idx.data(), kKeys, 0.05f, &st->out[size_t(i) * kHeads * L]);
           },
-          1, 2.0 * kQueries * H * kKeys * double(kNope + kRope + kV)};
-}
-
-// A fresh prompt's causal attention in the expanded form, as the engine runs it while the
-// prompt is no longer than index_topk: blocks of 16 queries per head in a parallel loop over
-// blocks and heads, each query over every key up to its position (256 tokens).
-Probe causal_prefill_probe() {
-  static constexpr int kTokens = 256, H = kMhaHeads, kBlocks = kTokens / 16;
-  static constexpr size_t kQRow = size_t(H) * (kNope + kRope), kORow = size_t(H) * kV;
-  struct State {
-    std::vector<float> kv = floats(size_t(kTokens) * H * (kNope + kV), 12), k_rope = floats(size_t(kTokens) * kRope, 13);
-    std::vector<float> q = floats(size_t(kTokens) * kQRow, 14), out = std::vector<float>(size_t(kTokens) * kORow);
-  };
-  auto st = std::make_shared<State>();
-  return {[st] {
-#pragma omp parallel for schedule(dynamic, 1)
-            for (int t = 0; t < kBlocks * H; ++t) {
-              const int blk = kBlocks - 1 - t / H, h = t % H;
-              kernels::mha_causal_prefill_head(&st->q[size_t(blk) * 16 * kQRow + size_t(h) * (kNope + kRope)], kQRow, 16, blk * 16,
-                                               st->kv.data(), st->k_rope.data(), H, h, kNope, kRope, kV, 0.07f,
-                                               &st->out[size_t(blk) * 16 * kORow + size_t(h) * kV], kORow);
-            }
-          },
-          1, 2.0 * (double(kTokens) * (kTokens + 1) / 2) * H * double(kNope + kRope + kV)};
+          1, 2.0 * kQueries * kHeads * kKeys * (2.0 * L + R)};
 }
 
 // The operator table's bytes for the element-wise work of elementwise_probe: one MoE layer's
@@ -577,24 +562,23 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   KernelRates r;
   r.gemv_bf16_cols = std::clamp(gemv_bf16_cols, 256, 65536);
   const Weights wb = std::make_shared<WeightBuffer>();
-  Probe gemv_bf16 = gemv_bf16_probe(wb, r.gemv_bf16_cols), gemv_fp8 = expert_gemv_probe(wb, 1, 6),
-        gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemm_large = gemm_probe(wb, false), gemm_small = gemm_probe(wb, true),
-        indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
-        sparse_prefill = sparse_prefill_probe(), causal_prefill = causal_prefill_probe(), elementwise = elementwise_probe(),
-        call = call_probe(wb);
-  std::vector<Probe*> probes = {&gemv_bf16,     &gemv_fp8,       &gemv_tokens,    &gemm_large,  &gemm_small, &indexer,
-                                &top,           &sparse_decode,  &sparse_prefill, &causal_prefill, &elementwise, &call};
+  Probe gemv_bf16 = gemv_bf16_probe(wb, r.gemv_bf16_cols, 1, 8), gemv_bf16_tokens = gemv_bf16_probe(wb, r.gemv_bf16_cols, kGemvTokens, 2),
+        gemv_fp8 = expert_gemv_probe(wb, 1, 6), gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemm_large = gemm_probe(wb, false),
+        gemm_small = gemm_probe(wb, true), indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
+        prefill_attention = prefill_attention_probe(), elementwise = elementwise_probe(), call = call_probe(wb);
+  std::vector<Probe*> probes = {&gemv_bf16, &gemv_bf16_tokens, &gemv_fp8,      &gemv_tokens,       &gemm_large,  &gemm_small,
+                                &indexer,   &top,              &sparse_decode, &prefill_attention, &elementwise, &call};
   run_rounds(probes, 15);
   r.gemv_bf16_gbps = rate(gemv_bf16) / 1e9;
   r.gemv_fp8_gbps = rate(gemv_fp8) / 1e9;
   r.gemv_fp8_tokens_gflops = rate(gemv_tokens) / 1e9;
+  r.gemv_bf16_tokens_gflops = rate(gemv_bf16_tokens) / 1e9;
   r.gemm_large_gflops = rate(gemm_large) / 1e9;
   r.gemm_small_gflops = rate(gemm_small) / 1e9;
   r.indexer_gflops = rate(indexer) / 1e9;
   r.topk_keys_per_s = rate(top);
   r.sparse_decode_gflops = rate(sparse_decode) / 1e9;
-  r.sparse_prefill_gflops = rate(sparse_prefill) / 1e9;
-  r.causal_prefill_gflops = rate(causal_prefill) / 1e9;
+  r.prefill_attention_gflops = rate(prefill_attention) / 1e9;
   r.elementwise_gbps = rate(elementwise) / 1e9;
   r.call_overhead_us = call.fastest * 1e6;
   kernels::set_backend(backend_before);

@@ -30,14 +30,16 @@ struct KernelRates {
                                   // [2048 x 512] matrices (an expert layer's mix, 24 MiB, from DRAM)
   double gemv_fp8_tokens_gflops = 0;  // the same linear_multi calls with kGemvTokens tokens per job (a
                                       // batched decode step's products, the decode-role kernels)
+  double gemv_bf16_tokens_gflops = 0;  // the bf16 GEMV above with kGemvTokens tokens (a batched decode
+                                       // step's lm_head, the decode-role bf16 tile)
   double gemm_small_gflops = 0;   // eight fp8 [1024 x 2048] GEMMs of kGemmSmallRows rows in a parallel
                                   // loop, one per thread (prefill experts, as the engine runs them)
   double gemm_large_gflops = 0;   // one such GEMM of kGemmLargeRows rows across the threads (a dense projection)
   double indexer_gflops = 0;      // indexer_scores: 16 heads over 16,384 fp8 keys, from DRAM
   double topk_keys_per_s = 0;     // topk: 2,048 of 16,384 scores
   double sparse_decode_gflops = 0;   // mla_sparse_decode: 16 heads, 2,048 of 16,384 fp8 latents, from DRAM
-  double sparse_prefill_gflops = 0;  // mha_sparse_prefill: 32 queries x 512 keys, 16 heads, in parallel
-  double causal_prefill_gflops = 0;  // mha_causal_prefill_head: a 256-token prompt, 16 heads, blocks of 16 queries
+  double prefill_attention_gflops = 0;  // mla_sparse_decode over an f32 latent view, 32 queries x 512 of 1,024
+                                        // keys, 16 heads, one query per thread (the engine's prefill attention)
   double call_overhead_us = 0;    // one tiny kernel call (a parallel region's fork and join)
   double elementwise_gbps = 0;    // norms, RoPE, indexer quantization, silu * up and cache writes of a
                                   // kEltTokens-token chunk, in the operator table's bytes per second

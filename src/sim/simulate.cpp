@@ -79,14 +79,24 @@ OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt) {
   }
   // Per-weight extra work: widening (every low-precision weight streamed) and, from
   // kPackedGemmMinRows rows per weight on, panel packing. Rows per weight = FLOPs / 2 per
-  // weight element (for MoE experts: tokens per expert hit).
+  // weight element (for MoE experts: tokens per expert hit). bf16 weights need neither.
   // Decode-phase products on a profile that measured its decode GEMV: that kernel's cost
-  // (it never packs, whatever the tokens per weight).
+  // (it never packs, whatever the tokens per weight), the bf16 tile's own where measured.
+  const bool low = op.bits <= 8;
   const bool gemv = op.phase == Phase::Decode && op.cls == OpClass::Gemm && hw.decode_gemv_efficiency > 0;
-  double per_weight = gemv ? hw.decode_gemv_flops_per_weight : hw.dequant_flops_per_weight;
-  if (!gemv && op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
+  const bool gemv_bf16 = gemv && !low && hw.decode_gemv_bf16_efficiency > 0;
+  double per_weight = 0, eff = efficiency(hw, op);
+  if (gemv_bf16) {
+    per_weight = hw.decode_gemv_bf16_flops_per_weight;
+    eff = hw.decode_gemv_bf16_efficiency;
+  } else if (gemv) {
+    per_weight = low ? hw.decode_gemv_flops_per_weight : 0;
+    eff = hw.decode_gemv_efficiency;
+  } else if (low) {
+    per_weight = hw.dequant_flops_per_weight;
+    if (op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
+  }
   const double work = op.flops + op.weight_elems * per_weight;
-  const double eff = gemv ? hw.decode_gemv_efficiency : efficiency(hw, op);
   t.compute_us = work / (hw.peak_flops(op.bits) * eff * hw.eff.sustained) * 1e6;
   const double mem_eff = op.cls == OpClass::Memory ? hw.eff.elementwise : hw.eff.memory;
   t.memory_us = op.bytes / (hw.memory_bandwidth_gbps * 1e9 * mem_eff) * 1e6;
@@ -100,7 +110,9 @@ static PhaseResult cost_single(const SimModel& m, const Hardware& hw, const Layo
                                const KernelTable* kt) {
   PhaseResult r;
   r.step = s;
-  for (const Op& op : op_plan(m, s, l, o)) {
+  Options eo = o;
+  eo.absorbed_prefill = o.absorbed_prefill || hw.prefill_absorbed;  // the engine the profile measured
+  for (const Op& op : op_plan(m, s, l, eo)) {
     OpTime t = time_op(op, hw, kt);
     if (op.cls == OpClass::CommEP) r.ep_comm_us += t.time_us;
     else if (op.cls == OpClass::CommTP || op.cls == OpClass::CommPP) r.other_comm_us += t.time_us;

@@ -150,6 +150,22 @@ TEST(SimCost, PrefillChoosesMhaForShortPromptsAndSparseForLongOnes) {
     EXPECT_REL(ops.at("attn.core").bytes, 3.0 * (8072 * 164 + 512 * 4 * 144 * 2 + 512 * 4 * 128 * 2));
     EXPECT_REL(ops.at("indexer.score").flops, 3.0 * (512 * 513 / 2) * 2 * 2 * 128);
   }
+  {
+    // An engine that runs prefill absorbed (the CPU engine) does so for 8 tokens too: 36 keys
+    // of the absorbed form, with the query and value products around them.
+    Options absorbed;
+    absorbed.absorbed_prefill = true;
+    const auto ops = by_name(op_plan(t, Step{Phase::Prefill, 1, 8, 0}, Layout{}, absorbed));
+    EXPECT_EQ(ops.count("attn.kv_b_proj"), 0u);
+    ASSERT_EQ(ops.count("attn.q_absorb"), 1u);
+    EXPECT_EQ(ops.count("attn.v_up"), 1u);
+    EXPECT_REL(ops.at("attn.core").flops, 3.0 * 36 * 2 * 4 * (2 * 128 + 16));
+    EXPECT_EQ(ops.at("attn.core").cls, OpClass::AttentionSparse);
+    const SimModel v3 = load_model("deepseek-v3");
+    const auto dense = by_name(op_plan(v3, Step{Phase::Prefill, 1, 8, 0}, Layout{}, absorbed));
+    EXPECT_EQ(dense.count("attn.kv_b_proj"), 0u);
+    EXPECT_EQ(dense.at("attn.core").cls, OpClass::AttentionDense);
+  }
   // The helper agrees with the plan.
   EXPECT_REL(prefill_flops_per_token(t, 8), plan_total_flops(op_plan(t, Step{Phase::Prefill, 1, 8, 0}, Layout{}, Options{})) / 8);
 }

@@ -297,8 +297,11 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   k.indexer_gflops = 10;
   k.topk_keys_per_s = 50e6;
   k.sparse_decode_gflops = 20;
-  k.sparse_prefill_gflops = 5;
-  k.causal_prefill_gflops = 30;
+  k.prefill_attention_gflops = 5;
+  // The bf16 decode tile: one token at 18 GB/s is 2 / 18e9 s per weight = a + b, with
+  // b = 2 / (0.4 x 100e9) = 5e-11 s per further token: 2a / b = 2 (2 / 18e9 - 5e-11) / 5e-11.
+  const double bf16_b = 5e-11, bf16_a = 2.0 / 18e9 - bf16_b;
+  k.gemv_bf16_tokens_gflops = 2.0 * kGemvTokens / (bf16_a + kGemvTokens * bf16_b) / 1e9;
   k.call_overhead_us = 3;
   k.elementwise_gbps = 1;  // / 20 GB/s -> 0.05
   const Hardware h = local_hardware_from(2, 20, 100, k);
@@ -311,8 +314,12 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.indexer, 0.1, 1e-12);
   EXPECT_NEAR(h.eff.topk, 5e-4, 1e-15);
   EXPECT_NEAR(h.eff.attention_sparse_decode, 0.2, 1e-12);
+  // One probe of the engine's absorbed prefill attention, for sparse and dense models.
+  EXPECT_TRUE(h.prefill_absorbed);
   EXPECT_NEAR(h.eff.attention_sparse_prefill, 0.05, 1e-12);
-  EXPECT_NEAR(h.eff.attention_dense_prefill, 0.3, 1e-12);  // the causal block kernel's rate
+  EXPECT_NEAR(h.eff.attention_dense_prefill, 0.05, 1e-12);
+  EXPECT_NEAR(h.decode_gemv_bf16_efficiency, 0.4, 1e-9);
+  EXPECT_NEAR(h.decode_gemv_bf16_flops_per_weight, 2.0 * bf16_a / bf16_b, 1e-6);
   EXPECT_EQ(h.launch_overhead_us, 3);
   EXPECT_NEAR(h.eff.elementwise, 0.05, 1e-12);
   EXPECT_EQ(h.eff.sustained, 1.0);  // the probes already time the kernels as the engine runs them
@@ -332,6 +339,25 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemv_fp8_tokens_gflops * 1e9) * 1e6, 1e-6);
   g.flops = 2.0 * 4 * g.weight_elems;  // four tokens: (2 x 4 + 3) / 25e9 s per weight
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, 11.0 / 25e9 * g.weight_elems * 1e6, 1e-6);
+  // A bf16 decode product reproduces the bf16 probes, one token (at the GEMV's bandwidth)
+  // and kGemvTokens; between them the line: four tokens (2 x 4 + 2a / b) / (0.4 x 100e9).
+  Op bf = make_op("lm_head", OpClass::Gemm, 16, 1);
+  bf.weight_elems = 4096.0 * 2048;
+  bf.flops = 2.0 * kGemvTokens * bf.weight_elems;
+  EXPECT_NEAR(time_op(bf, h, nullptr).compute_us, bf.flops / (k.gemv_bf16_tokens_gflops * 1e9) * 1e6, 1e-6);
+  bf.flops = 2.0 * bf.weight_elems;
+  bf.bytes = 2.0 * bf.weight_elems;
+  EXPECT_NEAR(time_op(bf, h, nullptr).time_us - h.launch_overhead_us, bf.bytes / (k.gemv_bf16_gbps * 1e9) * 1e6, 1e-6);
+  bf.flops = 2.0 * 4 * bf.weight_elems;
+  EXPECT_NEAR(time_op(bf, h, nullptr).compute_us, (8.0 + 2.0 * bf16_a / bf16_b) / 40e9 * bf.weight_elems * 1e6, 1e-6);
+  // The profile's JSON carries the bf16 line and the attention form.
+  const Hardware back = hardware_from_json_text(hardware_to_json(h), "back");
+  EXPECT_TRUE(back.prefill_absorbed);
+  EXPECT_EQ(back.decode_gemv_bf16_efficiency, h.decode_gemv_bf16_efficiency);
+  EXPECT_EQ(back.decode_gemv_bf16_flops_per_weight, h.decode_gemv_bf16_flops_per_weight);
+  std::string bad = hardware_to_json(h);
+  bad.replace(bad.find("\"prefill_absorbed\": true"), 24, "\"prefill_absorbed\": 1");
+  EXPECT_THROW(hardware_from_json_text(bad, "bad"), dsa::Error);
   // Without that probe decode products are costed as the GEMM model says.
   KernelRates old = k;
   old.gemv_fp8_tokens_gflops = 0;
