@@ -92,7 +92,7 @@ struct Timed {
 }  // namespace
 
 const char* kernel_name(KernelId k) {
-  static const char* kNames[] = {"linear", "linear_t", "indexer_scores", "topk", "sparse_decode", "sparse_prefill", "other"};
+  static const char* kNames[] = {"linear", "linear_t", "indexer_scores", "topk", "sparse_decode", "other"};
   return kNames[int(k)];
 }
 void profile_enable(bool on) { g_profile = on; }
@@ -198,20 +198,6 @@ void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q
                        const int32_t* idx, int n_idx, float scale, float* o_lat) {
   Timed t(KernelId::SparseDecode, 2.0 * n_heads * n_idx * (2.0 * c.kv_lora + c.rope), double(c.token_bytes()) * n_idx);
   DSA_DISPATCH(mla_sparse_decode, c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
-}
-void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
-                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
-  Timed t(KernelId::SparsePrefill, 2.0 * n_heads * n_idx * double(nope + rope + v_dim),
-          4.0 * n_idx * (double(n_heads) * (nope + v_dim) + rope));
-  DSA_DISPATCH(mha_sparse_prefill, q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
-}
-void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
-                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride) {
-  double keys = 0;  // query b attends to pos0 + b + 1 keys
-  for (int b = 0; b < n_q; ++b) keys += double(pos0 + b + 1);
-  Timed t(KernelId::SparsePrefill, 2.0 * keys * double(nope + rope + v_dim),
-          4.0 * double(pos0 + n_q) * double(nope + rope + v_dim));
-  DSA_DISPATCH(mha_causal_prefill_head, q, q_stride, n_q, pos0, kv, k_rope, n_heads, head, nope, rope, v_dim, scale, out, out_stride);
 }
 
 }  // namespace dsa::kernels

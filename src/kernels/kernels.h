@@ -93,7 +93,7 @@ struct KernelStat {
   double seconds = 0, thread_seconds = 0, flops = 0, bytes = 0;
   long calls = 0;
 };
-enum class KernelId { Linear, LinearT, IndexerScores, Topk, SparseDecode, SparsePrefill, Other, kCount };
+enum class KernelId { Linear, LinearT, IndexerScores, Topk, SparseDecode, Other, kCount };
 const char* kernel_name(KernelId k);
 void profile_enable(bool on);
 void profile_reset();
@@ -206,22 +206,6 @@ void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_ro
 constexpr int kDecodePart = 256;
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat);
-
-// Non-absorbed (MHA) sparse attention for one query, used by prefill: keys and values
-// were expanded through kv_b for the chunk. kv [n_tok, n_heads*(nope+v)] per head
-// [k_nope | v]; k_rope [n_tok, rope]; q [n_heads, nope+rope]; out [n_heads, v].
-// idx are positions relative to the chunk's first token.
-void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
-                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out);
-// Causal MHA-form prefill of one head for a block of consecutive queries, each attending to
-// every key up to its own position (a fresh prompt while it is shorter than index_topk, when
-// the indexer selects every earlier key, or a model without an indexer). Query b (of n_q)
-// sits at position pos0 + b; its head row is q + b * q_stride ([nope | rope], as in
-// mha_sparse_prefill); kv and k_rope as in mha_sparse_prefill (head `head`); the result goes
-// to out + b * out_stride (v_dim values). Same result as mha_sparse_prefill with the
-// selection 0..pos0+b; blocking the queries lets every loaded key serve all of them.
-void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
-                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride);
 
 }  // namespace kernels
 }  // namespace dsa

@@ -274,35 +274,6 @@ TEST_P(KernelTwins, IndexerScores) {
     }
 }
 
-TEST_P(KernelTwins, CausalPrefillHeadMatchesRefAndTheSparseForm) {
-  const int heads = 3, nope = 32, rope = 16, vd = 32, qk = nope + rope;
-  for (int pos0 : {0, 3, 70})
-    for (int nq : {1, 5, 16, 37}) {
-      const int ctx = pos0 + nq;
-      const auto kv = randv(size_t(ctx) * heads * (nope + vd), 41), kr = randv(size_t(ctx) * rope, 42);
-      const auto q = randv(size_t(nq) * heads * qk, 43);
-      for (int h : {0, 2}) {
-        // Head h of every query: rows of the [query][head][qk] layout, outputs [query][head][vd].
-        std::vector<float> a(size_t(nq) * heads * vd, 0.0f), b(a.size(), 0.0f), c(a.size(), 0.0f);
-        kernels::cpu::mha_causal_prefill_head(&q[size_t(h) * qk], size_t(heads) * qk, nq, pos0, kv.data(), kr.data(), heads, h, nope,
-                                              rope, vd, 0.2f, &a[size_t(h) * vd], size_t(heads) * vd);
-        kernels::ref::mha_causal_prefill_head(&q[size_t(h) * qk], size_t(heads) * qk, nq, pos0, kv.data(), kr.data(), heads, h, nope,
-                                              rope, vd, 0.2f, &b[size_t(h) * vd], size_t(heads) * vd);
-        EXPECT_LE(max_rel(a, b), 1e-5) << "pos0 " << pos0 << ", " << nq << " queries, head " << h;
-        // The same as each query attending to the selection 0..pos through the sparse form.
-        for (int i = 0; i < nq; ++i) {
-          std::vector<int32_t> idx(size_t(pos0 + i + 1));
-          for (size_t j = 0; j < idx.size(); ++j) idx[j] = int32_t(j);
-          std::vector<float> all(size_t(heads) * vd);
-          kernels::ref::mha_sparse_prefill(&q[size_t(i) * heads * qk], kv.data(), kr.data(), heads, nope, rope, vd, idx.data(),
-                                           int(idx.size()), 0.2f, all.data());
-          std::copy(all.begin() + h * vd, all.begin() + (h + 1) * vd, c.begin() + (size_t(i) * heads + size_t(h)) * vd);
-        }
-        EXPECT_LE(max_rel(b, c), 1e-6);
-      }
-    }
-}
-
 TEST_P(KernelTwins, TopkWithTiesGoesToLowerIndex) {
   std::mt19937 rng(1);
   for (int n : {1, 5, 64, 1000, 5000})
@@ -351,9 +322,9 @@ std::string cache_case_name(const ::testing::TestParamInfo<std::tuple<Tier, Cach
   return std::string(std::get<0>(i.param).name) + "_" + kNames[int(std::get<1>(i.param))];
 }
 
-TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
+TEST_P(CacheTwin, SparseDecodeMatchesRef) {
   const CacheType type = std::get<1>(GetParam());
-  const int L = 160, R = 16, heads = 16, ctx = 300, nope = 24, vd = 20;
+  const int L = 160, R = 16, heads = 16, ctx = 300;
   MlaCacheView c;
   c.type = type;
   c.kv_lora = L;
@@ -421,21 +392,6 @@ TEST_P(CacheTwin, SparseDecodeAndPrefillMatchRef) {
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), 5, many.data(), int(many.size()), 0.3f, b.data());
   EXPECT_LE(max_rel(std::vector<float>(a.begin(), a.begin() + 5 * L), std::vector<float>(b.begin(), b.begin() + 5 * L)), 1e-5);
 
-  const auto q = randv(size_t(heads) * (nope + R), 25), kv = randv(size_t(ctx) * heads * (nope + vd), 26);
-  std::vector<float> e(size_t(heads) * vd), f(e.size());
-  kernels::cpu::mha_sparse_prefill(q.data(), kv.data(), kr.data(), heads, nope, R, vd, idx.data(), int(idx.size()), 0.4f, e.data());
-  kernels::ref::mha_sparse_prefill(q.data(), kv.data(), kr.data(), heads, nope, R, vd, idx.data(), int(idx.size()), 0.4f, f.data());
-  EXPECT_LE(max_rel(e, f), 1e-5);
-  // Multiples of 8 take the vector path: 72 value columns are one 64-column block and a
-  // tail; 7 and 100 selected keys end in a partial group of eight.
-  const int nope8 = 32, vd8 = 72;
-  const auto q8 = randv(size_t(heads) * (nope8 + R), 31), kv8 = randv(size_t(ctx) * heads * (nope8 + vd8), 32);
-  for (const std::vector<int32_t>* sel : std::vector<const std::vector<int32_t>*>{&idx, &many}) {
-    std::vector<float> g(size_t(heads) * vd8), gr(g.size());
-    kernels::cpu::mha_sparse_prefill(q8.data(), kv8.data(), kr.data(), heads, nope8, R, vd8, sel->data(), int(sel->size()), 0.4f, g.data());
-    kernels::ref::mha_sparse_prefill(q8.data(), kv8.data(), kr.data(), heads, nope8, R, vd8, sel->data(), int(sel->size()), 0.4f, gr.data());
-    EXPECT_LE(max_rel(g, gr), 1e-5) << sel->size() << " keys";
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CacheTwin,
@@ -449,7 +405,6 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CacheTwin,
 // so the SIMD paths run (a head count that is not a multiple of 4 takes the reference), and
 // the reference twin is checked the same way.
 using SparseDecodeFn = void (*)(const MlaCacheView&, const float*, const float*, int, const int32_t*, int, float, float*);
-using SparsePrefillFn = void (*)(const float*, const float*, const float*, int, int, int, int, const int32_t*, int, float, float*);
 constexpr int kSparseHeads = 8, kSparseCtx = 40;
 int aligned_key(int h) { return 3 + 4 * h; }
 
@@ -504,28 +459,6 @@ TEST_P(KernelTwins, SparseDecodeReadsOnlySelectedKeys) {
         expect_one_hot_rows(o, L, with);
       }
   }
-}
-
-TEST_P(KernelTwins, SparsePrefillReadsOnlySelectedKeys) {
-  // kv [token, heads * (nope + v)], per head [k_nope | v]; v_dim 64 covers the 64-column
-  // blocks of the SIMD path, and nope = v_dim keeps the one-hot key and value aligned.
-  const int nope = 64, R = 8, V = 64, W = nope + V;
-  std::vector<float> kv(size_t(kSparseCtx) * kSparseHeads * W, 0.0f), kr(size_t(kSparseCtx) * R, 0.0f);
-  for (int t = 0; t < kSparseCtx; ++t)
-    for (int h = 0; h < kSparseHeads; ++h) {
-      kv[(size_t(t) * kSparseHeads + size_t(h)) * W + size_t(t)] = 1.0f;
-      kv[(size_t(t) * kSparseHeads + size_t(h)) * W + size_t(nope + t)] = 1.0f;
-    }
-  std::vector<float> q(size_t(kSparseHeads) * (nope + R), 0.0f);
-  for (int h = 0; h < kSparseHeads; ++h) q[size_t(h) * (nope + R) + size_t(aligned_key(h))] = 1e4f;
-  for (const SparsePrefillFn fn : {SparsePrefillFn(&kernels::cpu::mha_sparse_prefill), SparsePrefillFn(&kernels::ref::mha_sparse_prefill)})
-    for (const bool with : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << (fn == &kernels::ref::mha_sparse_prefill ? "ref" : "cpu") << (with ? " with" : " without"));
-      const auto idx = sparse_selection(with);
-      std::vector<float> o(size_t(kSparseHeads) * V, -1.0f);
-      fn(q.data(), kv.data(), kr.data(), kSparseHeads, nope, R, V, idx.data(), int(idx.size()), 1.0f, o.data());
-      expect_one_hot_rows(o, V, with);
-    }
 }
 
 TEST_P(KernelTwins, ElementwiseAndHadamard) {

@@ -20,10 +20,6 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexK
 void topk(const float* scores, int n, int k, int32_t* out);
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat);
-void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
-                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out);
-void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
-                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride);
 
 // Size the calling thread's GEMV input buffers and sparse-decode tile (see reserve_scratch).
 void reserve_gemv_scratch(int max_cols);

@@ -243,15 +243,6 @@ void topk(const float* scores, int n, int k, int32_t* out) {
 }
 
 namespace {
-__attribute__((target("avx2,fma"))) inline void axpy8(float a, const float* x, float* y, int n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-}  // namespace
-
-namespace {
 
 // One cached token as f32 [latent | rope]: a view for the f32 cache, else dequantized
 // into buf with the same bit tricks as the weight kernels.
@@ -303,52 +294,6 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
 }  // namespace
 
 namespace {
-
-// o[q][0:d] += Σ_j p[j][q] k_j[0:d] for NH queries of a causal block over nj keys, 16 columns
-// at a time held in registers across the whole key loop: a small GEMM with the keys as its
-// reduction. Six rows keep twelve independent accumulators (two loads and six broadcasts
-// feed twelve FMAs); with four rows (eight accumulators, exactly the FMA latency x ports)
-// any late load stalls the chain. p rows (one per key) have stride ldp.
-template <int NH>
-__attribute__((target("avx2,fma"))) inline void accumulate_queries(const float* p, size_t ldp, const float* const* k, int nj, int d,
-                                                                float* o, size_t ldo) {
-  for (int c = 0; c < d; c += 16) {
-    __m256 acc[NH][2];
-    for (int h = 0; h < NH; ++h) {
-      acc[h][0] = _mm256_loadu_ps(o + size_t(h) * ldo + size_t(c));
-      acc[h][1] = _mm256_loadu_ps(o + size_t(h) * ldo + size_t(c) + 8);
-    }
-    for (int j = 0; j < nj; ++j) {
-      const __m256 k0 = _mm256_loadu_ps(k[j] + c), k1 = _mm256_loadu_ps(k[j] + c + 8);
-      // This row's next block: the rows lie a page or more apart (one per key, every head's
-      // values in between), farther than the hardware prefetchers follow a stride.
-      _mm_prefetch(reinterpret_cast<const char*>(k[j] + c + 16), _MM_HINT_T0);
-      const float* pj = p + size_t(j) * ldp;
-      for (int h = 0; h < NH; ++h) {
-        const __m256 ph = _mm256_broadcast_ss(pj + h);
-        acc[h][0] = _mm256_fmadd_ps(ph, k0, acc[h][0]);
-        acc[h][1] = _mm256_fmadd_ps(ph, k1, acc[h][1]);
-      }
-    }
-    for (int h = 0; h < NH; ++h) {
-      _mm256_storeu_ps(o + size_t(h) * ldo + size_t(c), acc[h][0]);
-      _mm256_storeu_ps(o + size_t(h) * ldo + size_t(c) + 8, acc[h][1]);
-    }
-  }
-}
-
-// accumulate_queries over rows [0, n) (n even): six rows at a time, then four or two.
-__attribute__((target("avx2,fma"))) inline void accumulate_rows(const float* p, size_t ldp, const float* const* k, int nj, int d,
-                                                               float* o, size_t ldo, int n) {
-  int h = 0;
-  for (; h + 6 <= n; h += 6) accumulate_queries<6>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
-  if (n - h == 4) accumulate_queries<4>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
-  else if (n - h == 2) accumulate_queries<2>(p + h, ldp, k, nj, d, o + size_t(h) * ldo, ldo);
-}
-
-}  // namespace
-
-namespace {
 constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 KB (L2)
 
 // Thread-local scratch for one tile of the sparse decode, sized by the model's shapes (by
@@ -357,12 +302,11 @@ constexpr int kTile = 64;  // tokens dequantized at a time: 64 x 576 f32 = 144 K
 // loads of the score tiles and transposed queries are aligned).
 inline float* align32(std::vector<float>& v) { return v.data() + (8 - (reinterpret_cast<uintptr_t>(v.data()) / 4) % 8) % 8; }
 
-// One tile's online-softmax step for the lane group g of 8 rows (heads, or queries of a
-// causal block): the tile's scores sc[j][8g..8g+8) (row stride ld, cnt keys) become
-// e^(score - new running max) in place, mx becomes the new running max, and the result is
-// e^(old - new) per lane (1 where the max did not rise, about 0 on the first tile), by which
-// the caller rescales what it accumulated so far (output and running sum) before adding the
-// tile's share.
+// One tile's online-softmax step for the lane group g of 8 heads: the tile's scores
+// sc[j][8g..8g+8) (row stride ld, cnt keys) become e^(score - new running max) in place, mx
+// becomes the new running max, and the result is e^(old - new) per lane (1 where the max
+// did not rise, about 0 on the first tile), by which the caller rescales what it
+// accumulated so far (output and running sum) before adding the tile's share.
 __attribute__((target("avx2,fma"))) inline __m256 softmax_tile_exp(float* sc, size_t ld, int cnt, int g, __m256& mx) {
   __m256 tmax = mx;
   for (int j = 0; j < cnt; ++j) tmax = _mm256_max_ps(tmax, _mm256_load_ps(sc + size_t(j) * ld + size_t(8 * g)));
@@ -376,24 +320,6 @@ __attribute__((target("avx2,fma"))) inline __m256 softmax_tile_exp(float* sc, si
 }
 __attribute__((target("avx2,fma"))) inline bool rescales(__m256 alpha) {
   return _mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_OQ)) != 0;
-}
-
-// softmax_tile_exp for an output with one row per lane: rows [8g, min(rows, 8g + 8)) of o
-// (width values, stride width) and the running sum are rescaled when their max rose. The
-// caller adds the tile's weights to sum.
-__attribute__((target("avx2,fma"))) inline void softmax_tile_group(float* sc, size_t ld, int cnt, int g, __m256& mx, __m256& sum,
-                                                                  float* o, int rows, int width) {
-  const __m256 alpha = softmax_tile_exp(sc, ld, cnt, g, mx);
-  if (!rescales(alpha)) return;
-  alignas(32) float al[8];
-  _mm256_store_ps(al, alpha);
-  for (int r = 8 * g; r < std::min(rows, 8 * g + 8); ++r) {
-    if (al[r - 8 * g] == 1.0f) continue;
-    const __m256 a = _mm256_set1_ps(al[r - 8 * g]);
-    float* orow = o + size_t(r) * size_t(width);
-    for (int d = 0; d < width; d += 8) _mm256_storeu_ps(orow + d, _mm256_mul_ps(_mm256_loadu_ps(orow + d), a));
-  }
-  sum = _mm256_mul_ps(sum, alpha);
 }
 
 // oT[c][h] += Σ_j k_j[c] p[j][h] with the heads in lanes (oT rows of ldo values, lane
@@ -622,189 +548,6 @@ void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q
     return;
   }
   sparse_decode_avx2(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
-}
-
-namespace {
-// dot(a, k[j]) for eight rows at once, length n (a multiple of 8): eight accumulators, then
-// one transposing reduction (hadd, hadd, a cross-lane add) instead of eight horizontal sums;
-// lane j of the result holds row j's dot product.
-__attribute__((target("avx2,fma"))) inline __m256 dot_8rows(const float* a, const float* const* k, int n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
-  for (int i = 0; i < n; i += 8) {
-    const __m256 av = _mm256_loadu_ps(a + i);
-    s0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[0] + i), s0);
-    s1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[1] + i), s1);
-    s2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[2] + i), s2);
-    s3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[3] + i), s3);
-    s4 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[4] + i), s4);
-    s5 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[5] + i), s5);
-    s6 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[6] + i), s6);
-    s7 = _mm256_fmadd_ps(av, _mm256_loadu_ps(k[7] + i), s7);
-  }
-  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));  // rows 0-3, both 128-bit halves
-  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s4, s5), _mm256_hadd_ps(s6, s7));  // rows 4-7
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-// One head of one query: scores of all selected keys (8 at a time), the softmax with the
-// vector exp, then o = Σ p_j v_j with 64 output columns in eight accumulators.
-__attribute__((target("avx2,fma"))) void mha_head_avx2(const float* qh, const float* kv, size_t kv_stride, size_t head_off,
-                                                      const float* k_rope, int nope, int rope, int v_dim, const int32_t* idx,
-                                                      int n_idx, float scale, float* sc, float* o) {
-  const float* kn[8];
-  const float* kr[8];
-  const __m256 vscale = _mm256_set1_ps(scale);
-  __m256 mx = _mm256_set1_ps(-INFINITY);
-  for (int jb = 0; jb < n_idx; jb += 8) {
-    for (int j = 0; j < 8; ++j) {
-      const size_t t = size_t(idx[std::min(jb + j, n_idx - 1)]);  // padding rows repeat the last key, unused
-      kn[j] = kv + t * kv_stride + head_off;
-      kr[j] = k_rope + t * size_t(rope);
-    }
-    const __m256 sv = _mm256_mul_ps(_mm256_add_ps(dot_8rows(qh, kn, nope), dot_8rows(qh + nope, kr, rope)), vscale);
-    _mm256_storeu_ps(sc + jb, sv);
-    const int valid = std::min(8, n_idx - jb);
-    mx = _mm256_max_ps(mx, valid == 8 ? sv : _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sv,
-                                                                _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid),
-                                                                                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))));
-  }
-  alignas(32) float m8[8];
-  _mm256_store_ps(m8, mx);
-  float m = m8[0];
-  for (int i = 1; i < 8; ++i) m = std::max(m, m8[i]);
-  const __m256 mv = _mm256_set1_ps(m);
-  float sum = 0;
-  int j = 0;
-  __m256 sumv = _mm256_setzero_ps();
-  for (; j + 8 <= n_idx; j += 8) {
-    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv));
-    _mm256_storeu_ps(sc + j, p);
-    sumv = _mm256_add_ps(sumv, p);
-  }
-  for (; j < n_idx; ++j) sum += (sc[j] = std::exp(sc[j] - m));
-  sum += hsum8(sumv);
-  const __m256 inv = _mm256_set1_ps(1.0f / sum);
-  int c0 = 0;
-  for (; c0 + 64 <= v_dim; c0 += 64) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int jj = 0; jj < n_idx; ++jj) {
-      const float* v = kv + size_t(idx[jj]) * kv_stride + head_off + size_t(nope + c0);
-      const __m256 p = _mm256_broadcast_ss(sc + jj);
-      a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
-      a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
-      a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
-      a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
-      a4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), a4);
-      a5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), a5);
-      a6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), a6);
-      a7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), a7);
-    }
-    _mm256_storeu_ps(o + c0, _mm256_mul_ps(a0, inv));
-    _mm256_storeu_ps(o + c0 + 8, _mm256_mul_ps(a1, inv));
-    _mm256_storeu_ps(o + c0 + 16, _mm256_mul_ps(a2, inv));
-    _mm256_storeu_ps(o + c0 + 24, _mm256_mul_ps(a3, inv));
-    _mm256_storeu_ps(o + c0 + 32, _mm256_mul_ps(a4, inv));
-    _mm256_storeu_ps(o + c0 + 40, _mm256_mul_ps(a5, inv));
-    _mm256_storeu_ps(o + c0 + 48, _mm256_mul_ps(a6, inv));
-    _mm256_storeu_ps(o + c0 + 56, _mm256_mul_ps(a7, inv));
-  }
-  if (c0 < v_dim) {  // the remaining columns (fewer than 64, a multiple of 8)
-    std::fill(o + c0, o + v_dim, 0.0f);
-    for (int jj = 0; jj < n_idx; ++jj)
-      axpy8(sc[jj] / sum, kv + size_t(idx[jj]) * kv_stride + head_off + size_t(nope + c0), o + c0, v_dim - c0);
-  }
-}
-}  // namespace
-
-void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
-                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
-  if (!use_avx2() || nope % 8 != 0 || rope % 8 != 0 || v_dim % 8 != 0 || n_idx <= 0) {
-    ref::mha_sparse_prefill(q, kv, k_rope, n_heads, nope, rope, v_dim, idx, n_idx, scale, out);
-    return;
-  }
-  // Called once per query from an outer parallel loop: single-threaded inside, the scores
-  // of one head at a time in a per-thread buffer (sized once for index_topk 2048).
-  static thread_local std::vector<float> scores;
-  if (scores.size() < size_t(std::max(n_idx, 2048)) + 8) scores.resize(size_t(std::max(n_idx, 2048)) + 8);
-  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim);
-  for (int h = 0; h < n_heads; ++h)
-    mha_head_avx2(q + size_t(h) * size_t(nope + rope), kv, kv_stride, size_t(h) * size_t(nope + v_dim), k_rope, nope, rope, v_dim,
-                  idx, n_idx, scale, scores.data(), out + size_t(h) * size_t(v_dim));
-}
-
-namespace {
-
-// Queries in SIMD lanes, sixteen per block (as the sparse decode keeps heads in lanes): one
-// pass with an online softmax per tile of kTile keys; each key's nope and rope values are
-// copied once into the tile and its score computed for every query of the block (register
-// blocks of six keys x 16 queries), and its value row is read in place.
-__attribute__((target("avx2,fma,f16c"))) void causal_block_avx2(const float* q, size_t q_stride, int n_q, int pos0, const float* kv,
-                                                                size_t kv_stride, size_t hoff, const float* k_rope, int nope, int rope,
-                                                                int v_dim, float scale, float* out, size_t out_stride) {
-  constexpr int QB = 16;
-  const int D = nope + rope;
-  static thread_local std::vector<float> qt_buf, tile, sc_buf, o;
-  if (qt_buf.size() < size_t(D) * QB + 8) qt_buf.resize(size_t(D) * QB + 8);
-  if (tile.size() < size_t(kTile) * size_t(D)) tile.resize(size_t(kTile) * size_t(D));
-  if (sc_buf.size() < size_t(kTile + 8) * QB + 8) sc_buf.resize(size_t(kTile + 8) * QB + 8);
-  if (o.size() < size_t(QB) * size_t(v_dim)) o.resize(size_t(QB) * size_t(v_dim));
-  float* qt = align32(qt_buf);  // [D][16]: query b's values times the softmax scale in lane b
-  float* sc = align32(sc_buf);  // [key][16] for one tile
-  for (int d = 0; d < D; ++d)
-    for (int b = 0; b < QB; ++b) qt[size_t(d) * QB + size_t(b)] = b < n_q ? scale * q[size_t(b) * q_stride + size_t(d)] : 0.0f;
-  std::fill(o.begin(), o.begin() + size_t(QB) * size_t(v_dim), 0.0f);
-  __m256 mx[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)}, sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  const float* rows[kTile + 8];
-  const float* vrows[kTile];
-  const int n_keys = pos0 + n_q, qb4 = (n_q + 3) / 4 * 4;
-  for (int jt = 0; jt < n_keys; jt += kTile) {
-    const int cnt = std::min(kTile, n_keys - jt), cnt4 = (cnt + 3) / 4 * 4;
-    for (int j = 0; j < cnt; ++j) {
-      const float* k = kv + size_t(jt + j) * kv_stride + hoff;
-      float* t = tile.data() + size_t(j) * size_t(D);
-      std::memcpy(t, k, size_t(nope) * sizeof(float));
-      std::memcpy(t + nope, k_rope + size_t(jt + j) * size_t(rope), size_t(rope) * sizeof(float));
-      rows[j] = t;
-      vrows[j] = k + nope;
-    }
-    for (int j = cnt; j < cnt4; ++j) rows[j] = rows[0];  // padding keys: computed, never used
-    scores_16h(qt, QB, rows, cnt4, D, sc, QB);
-    // Causal mask: key jt + j is visible to query b iff jt + j <= pos0 + b.
-    const bool masked = jt + cnt - 1 > pos0;
-    auto apply_mask = [&](float v) {
-      for (int j = std::max(0, pos0 + 1 - jt); j < cnt; ++j)
-        for (int b = 0; b < QB; ++b)
-          if (jt + j > pos0 + b) sc[size_t(j) * QB + size_t(b)] = v;
-    };
-    if (masked) apply_mask(-INFINITY);
-    for (int g = 0; g < 2; ++g) softmax_tile_group(sc, QB, cnt, g, mx[g], sum[g], o.data(), QB, v_dim);
-    if (masked) apply_mask(0.0f);  // exp8 leaves about 1e-38 for -inf: masked keys weigh exactly nothing
-    for (int g = 0; g < 2; ++g)
-      for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * QB + size_t(8 * g)));
-    accumulate_rows(sc, QB, vrows, cnt, v_dim, o.data(), size_t(v_dim), qb4);
-  }
-  alignas(32) float l[QB];
-  _mm256_store_ps(l, sum[0]);
-  _mm256_store_ps(l + 8, sum[1]);
-  for (int b = 0; b < n_q; ++b) {
-    const float inv = 1.0f / l[b];
-    for (int d = 0; d < v_dim; ++d) out[size_t(b) * out_stride + size_t(d)] = o[size_t(b) * size_t(v_dim) + size_t(d)] * inv;
-  }
-}
-
-}  // namespace
-
-void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
-                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride) {
-  if (!use_avx2() || v_dim % 16 != 0 || n_q <= 0 || pos0 < 0) {
-    ref::mha_causal_prefill_head(q, q_stride, n_q, pos0, kv, k_rope, n_heads, head, nope, rope, v_dim, scale, out, out_stride);
-    return;
-  }
-  // Blocks of sixteen queries, single-threaded: the caller runs blocks and heads in parallel.
-  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim), hoff = size_t(head) * size_t(nope + v_dim);
-  for (int b0 = 0; b0 < n_q; b0 += 16)
-    causal_block_avx2(q + size_t(b0) * q_stride, q_stride, std::min(16, n_q - b0), pos0 + b0, kv, kv_stride, hoff, k_rope, nope, rope,
-                      v_dim, scale, out + size_t(b0) * out_stride, out_stride);
 }
 
 void reserve_decode_scratch(int n_heads, int latent_dim, int kv_lora, int max_selected) {

@@ -24,10 +24,6 @@ void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, cons
 void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope);
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat);
-void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
-                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out);
-void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
-                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride);
 
 // Element (r, c) of a weight as f32, dequantized (fp8: times its block scale).
 float weight_at(const Linear& w, int r, int c);

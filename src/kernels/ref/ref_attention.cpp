@@ -112,49 +112,4 @@ void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q
   }
 }
 
-namespace {
-// One head's query qh [nope | rope] over n keys (positions idx[0..n), or 0..n-1 when idx is
-// null): double-precision scores, softmax and value sum into out [v_dim]. kv rows have
-// stride kv_stride with this head's [k_nope | v] at hoff; p holds n scratch values.
-void attend_one_head(const float* qh, const float* kv, size_t kv_stride, size_t hoff, const float* k_rope, int nope, int rope,
-                     int v_dim, const int32_t* idx, int n, float scale, double* p, float* out) {
-  auto key = [&](int j) { return size_t(idx ? idx[j] : j); };
-  double mx = -INFINITY;
-  for (int j = 0; j < n; ++j) {
-    const float* k = kv + key(j) * kv_stride + hoff;
-    const float* kr = k_rope + key(j) * size_t(rope);
-    double s = 0;
-    for (int d = 0; d < nope; ++d) s += double(qh[d]) * k[d];
-    for (int d = 0; d < rope; ++d) s += double(qh[nope + d]) * kr[d];
-    p[j] = s * scale;
-    mx = std::max(mx, p[j]);
-  }
-  double sum = 0;
-  for (int j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
-  for (int d = 0; d < v_dim; ++d) {
-    double acc = 0;
-    for (int j = 0; j < n; ++j) acc += p[j] * kv[key(j) * kv_stride + hoff + size_t(nope + d)];
-    out[d] = float(acc / sum);
-  }
-}
-}  // namespace
-
-void mha_sparse_prefill(const float* q, const float* kv, const float* k_rope, int n_heads, int nope, int rope,
-                        int v_dim, const int32_t* idx, int n_idx, float scale, float* out) {
-  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim);
-  std::vector<double> p(static_cast<size_t>(n_idx));
-  for (int h = 0; h < n_heads; ++h)
-    attend_one_head(q + size_t(h) * size_t(nope + rope), kv, kv_stride, size_t(h) * size_t(nope + v_dim), k_rope, nope, rope, v_dim,
-                    idx, n_idx, scale, p.data(), out + size_t(h) * size_t(v_dim));
-}
-
-void mha_causal_prefill_head(const float* q, size_t q_stride, int n_q, int pos0, const float* kv, const float* k_rope,
-                             int n_heads, int head, int nope, int rope, int v_dim, float scale, float* out, size_t out_stride) {
-  const size_t kv_stride = size_t(n_heads) * size_t(nope + v_dim), hoff = size_t(head) * size_t(nope + v_dim);
-  std::vector<double> p(static_cast<size_t>(pos0 + n_q));
-  for (int b = 0; b < n_q; ++b)  // query b sees keys 0 .. pos0 + b
-    attend_one_head(q + size_t(b) * q_stride, kv, kv_stride, hoff, k_rope, nope, rope, v_dim, nullptr, pos0 + b + 1, scale, p.data(),
-                    out + size_t(b) * out_stride);
-}
-
 }  // namespace dsa::kernels::ref
