@@ -325,7 +325,8 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
   const sim::SimModel sm = sim::model_from_config(m.config, a.model);
   const int64_t mid = a.depth + a.gen / 2;  // the decode run's average context
   const double bytes = sim::decode_bytes_per_token(sm, mid);
-  const double flops = a.prompt > 0 ? sim::prefill_flops_per_token(sm, a.prompt) : 0;
+  // The prompt's work at its depth, in the absorbed form this engine runs.
+  const double flops = a.prompt > 0 ? plan_step(sm, sim::Phase::Prefill, 1, a.prompt, a.depth).flops / a.prompt : 0;
   const double pps = median(st.pp), tgs = median(st.tg);
   const auto& gl = st.prefill[kernels::KernelId::Linear];
   const auto& gt = st.prefill[kernels::KernelId::LinearT];
