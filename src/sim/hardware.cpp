@@ -249,9 +249,9 @@ std::string hardware_to_json(const Hardware& h) {
 // and the kGemvTokens-token probe's rate (b: what each further token costs, its FMAs, x loads
 // and its share of the re-widening its token group pays; a: streaming and widening the weight
 // once), as an efficiency and FLOP-equivalents per weight: e = 2 / (b P), 2a / b. A straight
-// line through the two probes: between them and past them (64 tokens) it stays within the
-// plan-versus-bench tolerance on the development machine (docs/PLAN.md). A missing probe, or
-// noise that leaves b or a non-positive, leaves both 0 (the GEMM costing).
+// line through the two probes, used past them too (64 tokens): docs/PLAN.md has how close
+// it came on each machine. A missing probe, or noise that leaves b or a non-positive, leaves
+// both 0 (the GEMM costing).
 static void decode_gemv_line(double t1, double tokens_gflops, double P, double& efficiency, double& flops_per_weight) {
   if (!(tokens_gflops > 0 && t1 > 0)) return;
   const double tn = 2.0 * kGemvTokens / (tokens_gflops * 1e9);
