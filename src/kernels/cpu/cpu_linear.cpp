@@ -722,18 +722,31 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
     // The packed GEMM with K = nrows (the absorbed path of a prefill chunk).
     static std::vector<float> xpack;
     if (xpack.size() < size_t(n) * size_t(std::min(kKc, nrows))) xpack.resize(size_t(n) * size_t(std::min(kKc, nrows)));
+    // Output columns in units of one 16-column panel, or two on the avx512 tier (its 6x32
+    // micro-kernel, as linear's GEMM): the same sums either way.
     const int n_panels = w.cols / kNr;
+    const bool pairs = isa() == Isa::Avx512;
+    const int units = gemm_units(n_panels, pairs);
     for (int k0 = 0; k0 < nrows; k0 += kKc) {
       const int kc = std::min(kKc, nrows - k0);
       pack_x(x, n, nrows, k0, kc, xpack.data());
 #pragma omp parallel
       {
-        alignas(32) static thread_local float pk[kKc * kNr];
+        float* pk = panel_scratch();
 #pragma omp for schedule(dynamic, 1)
-        for (int p = 0; p < n_panels; ++p) {
+        for (int u = 0; u < units; ++u) {
+          const int p = pairs ? 2 * u : u;
+          float* yp = y + p * kNr;
           pack_panel_t(w, row0, k0, kc, p * kNr, kNr, pk, avx);
-          if (avx) gemm_panel_avx2(pk, kc, xpack.data(), n, y + p * kNr, w.cols, kNr, k0 > 0);
-          else gemm_panel_scalar(pk, kc, xpack.data(), n, y + p * kNr, w.cols, kNr, k0 > 0);
+          if (pairs && p + 1 < n_panels) {
+            float* pk1 = pk + size_t(kKc) * kNr;
+            pack_panel_t(w, row0, k0, kc, (p + 1) * kNr, kNr, pk1, avx);
+            avx512_kernels().gemm_panels2(pk, pk1, kc, xpack.data(), n, yp, w.cols, kNr, kNr, k0 > 0);
+          } else if (avx) {
+            gemm_panel_avx2(pk, kc, xpack.data(), n, yp, w.cols, kNr, k0 > 0);
+          } else {
+            gemm_panel_scalar(pk, kc, xpack.data(), n, yp, w.cols, kNr, k0 > 0);
+          }
         }
       }
     }
