@@ -625,20 +625,26 @@ float* panel_scratch() {
 // [32 u, 32 u + 32) on the avx512 one (the last unit one panel when the count is odd): same
 // sums either way.
 int gemm_units(int n_panels, bool pairs) { return pairs ? (n_panels + 1) / 2 : n_panels; }
+// One unit's product over packed panels: two (pk1 not null) on the avx512 micro-kernel, else
+// the one on the avx2 or scalar kernel.
+void multiply_panels(const float* pk, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr, int nr1,
+                     bool accumulate, bool avx) {
+  if (pk1) avx512_kernels().gemm_panels2(pk, pk1, kc, xp, n, y, ldy, nr, nr1, accumulate);
+  else if (avx) gemm_panel_avx2(pk, kc, xp, n, y, ldy, nr, accumulate);
+  else gemm_panel_scalar(pk, kc, xp, n, y, ldy, nr, accumulate);
+}
 void gemm_unit(const Linear& w, int row0, int nrows, int u, bool pairs, int k0, int kc, const float* xp, int n, float* y,
                float* pk, bool avx) {
   const int p = pairs ? 2 * u : u, r0 = p * kNr, nr = std::min(kNr, nrows - r0);
   pack_panel(w, row0 + r0, nr, k0, kc, pk, avx);
+  float* pk1 = nullptr;
+  int nr1 = 0;
   if (pairs && r0 + kNr < nrows) {
-    float* pk1 = pk + size_t(kKc) * kNr;
-    const int nr1 = std::min(kNr, nrows - r0 - kNr);
+    pk1 = pk + size_t(kKc) * kNr;
+    nr1 = std::min(kNr, nrows - r0 - kNr);
     pack_panel(w, row0 + r0 + kNr, nr1, k0, kc, pk1, avx);
-    avx512_kernels().gemm_panels2(pk, pk1, kc, xp, n, y + r0, nrows, nr, nr1, k0 > 0);
-  } else if (avx) {
-    gemm_panel_avx2(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
-  } else {
-    gemm_panel_scalar(pk, kc, xp, n, y + r0, nrows, nr, k0 > 0);
   }
+  multiply_panels(pk, pk1, kc, xp, n, y + r0, nrows, nr, nr1, k0 > 0, avx);
 }
 
 }  // namespace
@@ -738,15 +744,12 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
           const int p = pairs ? 2 * u : u;
           float* yp = y + p * kNr;
           pack_panel_t(w, row0, k0, kc, p * kNr, kNr, pk, avx);
+          float* pk1 = nullptr;
           if (pairs && p + 1 < n_panels) {
-            float* pk1 = pk + size_t(kKc) * kNr;
+            pk1 = pk + size_t(kKc) * kNr;
             pack_panel_t(w, row0, k0, kc, (p + 1) * kNr, kNr, pk1, avx);
-            avx512_kernels().gemm_panels2(pk, pk1, kc, xpack.data(), n, yp, w.cols, kNr, kNr, k0 > 0);
-          } else if (avx) {
-            gemm_panel_avx2(pk, kc, xpack.data(), n, yp, w.cols, kNr, k0 > 0);
-          } else {
-            gemm_panel_scalar(pk, kc, xpack.data(), n, yp, w.cols, kNr, k0 > 0);
           }
+          multiply_panels(pk, pk1, kc, xpack.data(), n, yp, w.cols, kNr, kNr, k0 > 0, avx);
         }
       }
     }
