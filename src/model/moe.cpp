@@ -355,11 +355,15 @@ static void moe_dp_alltoall(const Step& st, const MoeWeights& w, int layer, int 
 // 1 - (1 - 1/G)^k: 0.996 for DeepSeek's k = 8 on 2 ranks, 0.9 on 4, 0.66 on 8, 0.4 on 16, so
 // all-to-all pays once it saves a quarter of the bytes and the step carries enough tokens
 // for bytes, not latency, to set the exchange's cost.
+bool moe_alltoall_pays(int ranks, int experts_per_tok, int64_t total_tokens) {
+  constexpr int kMinTokens = 64;
+  const double reach = 1.0 - std::pow(1.0 - 1.0 / ranks, experts_per_tok);
+  return total_tokens >= kMinTokens && reach <= 0.75;
+}
+
 static bool dispatch_alltoall(const RankShard& sh, const ModelConfig& c, int total) {
   if (sh.moe_dispatch != MoeDispatch::Auto) return sh.moe_dispatch == MoeDispatch::AllToAll;
-  constexpr int kMinTokens = 64;
-  const double reach = 1.0 - std::pow(1.0 - 1.0 / sh.group(), c.num_experts_per_tok);
-  return total >= kMinTokens && reach <= 0.75;
+  return moe_alltoall_pays(sh.group(), c.num_experts_per_tok, total);
 }
 
 // Data-parallel attention: this rank's n tokens of one role are a block of the role's

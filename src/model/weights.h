@@ -76,6 +76,10 @@ struct ModelWeights {
 // How data-parallel attention's MoE layers move each token to its experts' ranks (moe.cpp):
 // chosen by the step's size, or one of the two always.
 enum class MoeDispatch { Auto, AllGather, AllToAll };
+// Auto's choice for a step of `total_tokens` over `ranks` members, each token picking
+// `experts_per_tok` experts: all-to-all when it moves enough fewer bytes (moe.cpp says why).
+// `dsa plan` costs the same choice.
+bool moe_alltoall_pays(int ranks, int experts_per_tok, int64_t total_tokens);
 
 // This process's part of a parallel layout (a constant of the loaded model). The job's
 // `ranks` form pp pipeline stages of group() ranks each (world rank = stage * group() +

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "model/weights.h"
 
 namespace dsa::sim {
 
@@ -193,10 +194,14 @@ struct Builder {
     const double cb = mla_cache_bytes(m, o.cache);
     gemm("attn.o_proj", T, c.hidden_size, heads() * c.v_head_dim, attn_w());
     memory("attn.cache_write", T * cb, 0.0, token_shape(T));
-    if (l.tp > 1) allreduce(T);
+    if (l.tp > 1) {
+      // The engine gathers the heads' outputs, then o_proj's rows (mla.cpp).
+      if (o.engine_collectives) tp_gathers(T, T * c.num_attention_heads * c.v_head_dim);
+      else allreduce(T);
+    }
     if (c.is_moe_layer(li)) moe(T, s);
     else mlp(T);
-    if (l.tp > 1) allreduce(T);
+    if (l.tp > 1 && !o.engine_collectives) allreduce(T);
   }
 
   // The norms and the query and latent projections, with RoPE.
@@ -320,6 +325,8 @@ struct Builder {
     gemm("mlp.gate_up", T, 2 * I, m.cfg.hidden_size, o.weight);
     memory("mlp.act", T * I * 3.0 * 2.0, T * I * 4.0, token_shape(T));  // silu(gate) * up
     gemm("mlp.down", T, m.cfg.hidden_size, I, o.weight);
+    // The engine gathers the intermediate's parts, then down_proj's rows (mlp.cpp).
+    if (l.tp > 1 && o.engine_collectives) tp_gathers(T, T * double(m.cfg.intermediate_size));
   }
 
   static std::string score_shape(const Step& s) {
@@ -331,6 +338,39 @@ struct Builder {
     const double bytes = 2.0 * (l.tp - 1) / l.tp * T * m.cfg.hidden_size * 2.0;
     comm_among("tp.allreduce", OpClass::CommTP, bytes, l.tp, 2.0 * (l.tp - 1),
                "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp));
+  }
+
+  // ---- this engine's collectives (Options::engine_collectives), in f32 ----
+  // Ring all-gather among n ranks of `bytes` in all: (n-1)/n of it reaches each rank, in n-1
+  // rounds.
+  void allgather(const char* name, OpClass cls, double bytes, double n, const std::string& shape) {
+    comm_among(name, cls, (n - 1) / n * bytes, n, n - 1, shape);
+  }
+  // Tensor parallelism around one split product pair: the members' parts of `inner` values
+  // (all rows), then the T rows of the hidden output, each computed whole on one member.
+  void tp_gathers(double T, double inner) {
+    const std::string shape = "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp);
+    allgather("tp.allgather", OpClass::CommTP, inner * 4.0, l.tp, shape);
+    allgather("tp.allgather", OpClass::CommTP, T * m.cfg.hidden_size * 4.0, l.tp, shape);
+  }
+  // Data-parallel attention's MoE exchange (moe.cpp), the stage's dp members each holding T
+  // of the total tokens: every member's count, then all-to-all when moe_alltoall_pays
+  // (each token, with its routes as 2k floats, to the members that own one of its experts
+  // and its partial output back), else every token to every member by all-gather and the
+  // partial outputs summed back by reduce-scatter.
+  void engine_dispatch(double T) {
+    const auto& c = m.cfg;
+    const double G = l.dp, k = c.num_experts_per_tok, h = c.hidden_size, total = T * G;
+    const std::string shape = "T=" + std::to_string(int64_t(T)) + ";ranks=" + std::to_string(l.dp);
+    allgather("moe.counts", OpClass::CommEP, 0.0, G, shape);
+    if (moe_alltoall_pays(l.dp, c.num_experts_per_tok, int64_t(total))) {
+      const double sent = T * (G - 1) * (1.0 - std::pow(1.0 - 1.0 / G, k));  // token copies to other members
+      comm_among("moe.dispatch", OpClass::CommEP, sent * (h + 2 * k) * 4.0, G, 3 * (G - 1), shape);  // counts, rows, routes
+      comm_among("moe.combine", OpClass::CommEP, sent * h * 4.0, G, G - 1, shape);
+    } else {
+      allgather("moe.dispatch", OpClass::CommEP, total * h * 4.0, G, shape);
+      allgather("moe.combine", OpClass::CommEP, total * h * 4.0, G, shape);  // a reduce-scatter moves as much
+    }
   }
 
   void moe(double T, const Step&) {
@@ -378,13 +418,25 @@ struct Builder {
       gemm("moe.shared_gate_up", T, 2 * sI, h, o.weight);
       gemm("moe.shared_down", T, h, sI, o.weight);
     }
-    if (l.rep > 1) {
-      // Every device of the stage already holds every token (replicated attention), so each
-      // computes its own experts' share of every token and one ring all-reduce of the fp32
-      // hidden state sums the shares, as the engine's MoE does without --dp.
+    if (o.engine_collectives && l.tp > 1) {
+      // The engine gathers the split intermediates (the shared expert's; the routed ones' when
+      // tensor parallelism splits every expert), then the output's rows unless the experts
+      // are whole and the all-reduce below sums them (moe.cpp).
+      const double shared_inter = T * double(c.n_shared_experts) * mI;
+      const std::string shape = "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp);
+      if (shared_inter > 0) allgather("tp.allgather", OpClass::CommTP, shared_inter * 4.0, l.tp, shape);
+      if (mtp_ways > 1) tp_gathers(T, assigned * mI);
+    }
+    if (l.rep > 1 || (o.engine_collectives && l.dp == 1 && l.ep > 1)) {
+      // Every device of the stage already holds every token (replicated attention, or this
+      // engine's tensor-parallel attention), so each computes its own experts' share of every
+      // token and one ring all-reduce of the fp32 hidden state sums the shares, as the
+      // engine's MoE does without --dp.
       const double n = double(l.tp) * l.rep;
       comm_among("moe.allreduce", OpClass::CommEP, 2.0 * (n - 1) / n * T * h * 4.0, n, 2.0 * (n - 1),
                  "T=" + std::to_string(int64_t(T)) + ";ranks=" + std::to_string(int64_t(n)));
+    } else if (l.ep > 1 && o.engine_collectives) {
+      engine_dispatch(T);
     } else if (l.ep > 1) {
       // Each device dispatches its share (T/tp) of the tokens to k experts: fp8 hidden plus
       // one fp32 scale per 128 going out, bf16 coming back (DeepSeek's dispatch/combine
@@ -409,14 +461,25 @@ struct Builder {
     }
   }
 
+  // The embedding rows of T tokens. This engine's tensor parallelism splits the table by
+  // vocabulary rows and sums the members' rows (each a token's row or zeros) with an
+  // all-reduce (forward.cpp).
+  void embed(double T) {
+    const double h = m.cfg.hidden_size;
+    memory("embed", T * h * 2.0 * 2.0, 0.0, "T=" + std::to_string(int64_t(T)));
+    if (o.engine_collectives && l.tp > 1 && m.cfg.vocab_size % l.tp == 0)
+      comm_among("embed.allreduce", OpClass::CommTP, 2.0 * (l.tp - 1) / l.tp * T * h * 4.0, l.tp, 2.0 * (l.tp - 1),
+                 "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp));
+  }
+
   // Embedding, final norm and lm_head for `logit_tokens` rows.
   void head(double T, double logit_tokens, bool with_embed) {
     const auto& c = m.cfg;
     const double h = c.hidden_size;
-    if (with_embed) memory("embed", T * h * 2.0 * 2.0, 0.0, "T=" + std::to_string(int64_t(T)));
+    if (with_embed) embed(T);
     memory("final_norm", logit_tokens * h * 2.0 * 2.0, logit_tokens * 4.0 * h, "T=" + std::to_string(int64_t(logit_tokens)));
     gemm("lm_head", logit_tokens, double(c.vocab_size) / (l.tp * l.rep), h, o.weight, /*bf16_weight=*/true);
-    if (l.rep > 1) {
+    if (l.rep > 1 || (o.engine_collectives && l.tp > 1)) {
       // Replicas split the head by vocabulary rows; every device then gathers all fp32 logits.
       const double n = double(l.tp) * l.rep;
       comm_among("head.allgather", OpClass::CommTP, (n - 1) / n * logit_tokens * double(c.vocab_size) * 4.0, n, n - 1,
@@ -447,7 +510,7 @@ std::vector<Op> op_plan(const SimModel& m, const Step& s, const Layout& l, const
   const double T = double(s.seqs) * double(s.new_tokens);
   const double logits = s.phase == Phase::Decode ? T : double(s.seqs);  // prefill: last token only
   b.weight = 1.0;
-  b.memory("embed", T * c.hidden_size * 2.0 * 2.0, 0.0, "T=" + std::to_string(int64_t(T)));
+  b.embed(T);
   b.weight = 1.0 / l.pp;  // the average stage holds L/pp layers
   for (int li = 0; li < c.num_hidden_layers; ++li) b.layer(li, s);
   b.weight = 1.0;

@@ -56,6 +56,9 @@ struct Options {
   // Prefill attention in the absorbed form at every prompt length (the profile's
   // prefill_absorbed: the CPU engine); else the expanded form while it is cheaper.
   bool absorbed_prefill = false;
+  // This engine's collectives (the profile's engine_collectives: the CPU engine's MPI
+  // runtime); else the GPU frameworks'.
+  bool engine_collectives = false;
 };
 
 // One forward step of one attention data-parallel group (one pipeline micro-batch).

@@ -99,6 +99,12 @@ double num(const json& j, const char* k, double def, const std::string& where) {
   return v;
 }
 
+bool flag(const json& j, const char* k, const std::string& where) {
+  if (!j.contains(k) || j[k].is_null()) return false;
+  if (!j[k].is_boolean()) throw Error(where + ": field '" + std::string(k) + "': expected true or false, got " + j[k].dump());
+  return j[k].get<bool>();
+}
+
 std::string str(const json& j, const char* k, const std::string& def, const std::string& where) {
   if (!j.contains(k) || j[k].is_null()) return def;
   if (!j[k].is_string()) throw Error(where + ": field '" + std::string(k) + "': expected a string, got " + j[k].dump());
@@ -150,7 +156,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
                  "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "inter_node_bandwidth_gbps",
                  "inter_node_latency_us", "launch_overhead_us", "dequant_flops_per_weight", "pack_flops_per_weight",
                  "decode_gemv_efficiency", "decode_gemv_flops_per_weight", "decode_gemv_bf16_efficiency",
-                 "decode_gemv_bf16_flops_per_weight", "prefill_absorbed",
+                 "decode_gemv_bf16_flops_per_weight", "prefill_absorbed", "engine_collectives",
                  "memory_usable_fraction", "memory_reserve_gib", "price_per_hour", "efficiency"},
              where);
   Hardware h;
@@ -177,10 +183,8 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   h.decode_gemv_flops_per_weight = num(j, "decode_gemv_flops_per_weight", 0, where);
   h.decode_gemv_bf16_efficiency = num(j, "decode_gemv_bf16_efficiency", 0, where);
   h.decode_gemv_bf16_flops_per_weight = num(j, "decode_gemv_bf16_flops_per_weight", 0, where);
-  if (j.contains("prefill_absorbed")) {
-    if (!j["prefill_absorbed"].is_boolean()) throw Error(where + ": field 'prefill_absorbed': expected true or false");
-    h.prefill_absorbed = j["prefill_absorbed"].get<bool>();
-  }
+  h.prefill_absorbed = flag(j, "prefill_absorbed", where);
+  h.engine_collectives = flag(j, "engine_collectives", where);
   h.memory_usable_fraction = num(j, "memory_usable_fraction", h.memory_usable_fraction, where);
   h.memory_reserve_gib = num(j, "memory_reserve_gib", h.memory_reserve_gib, where);
   h.price_per_hour = num(j, "price_per_hour", 0, where);
@@ -232,6 +236,7 @@ std::string hardware_to_json(const Hardware& h) {
             {"decode_gemv_efficiency", h.decode_gemv_efficiency}, {"decode_gemv_flops_per_weight", h.decode_gemv_flops_per_weight},
             {"decode_gemv_bf16_efficiency", h.decode_gemv_bf16_efficiency},
             {"decode_gemv_bf16_flops_per_weight", h.decode_gemv_bf16_flops_per_weight}, {"prefill_absorbed", h.prefill_absorbed},
+            {"engine_collectives", h.engine_collectives},
             {"memory_usable_fraction", h.memory_usable_fraction}, {"memory_reserve_gib", h.memory_reserve_gib},
             {"price_per_hour", h.price_per_hour},
             {"efficiency", {{"gemm", h.eff.gemm}, {"attention_dense", h.eff.attention_dense},
@@ -324,6 +329,7 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   // The engine runs every prompt's attention in the absorbed form over an f32 view of the
   // cache, with or without an indexer: one probe for both.
   h.prefill_absorbed = true;
+  h.engine_collectives = true;  // its ranks run this engine's collectives
   h.eff.attention_sparse_prefill = h.eff.attention_dense_prefill = frac(k.prefill_attention_gflops * 1e9 / P);
   // Element-wise kernels (norms, RoPE, fp8 quantization of activations) run on one core at
   // a fraction of the bandwidth: the probe's rate in the operator table's bytes.

@@ -72,6 +72,13 @@ struct Hardware {
   // cache alone). false: the expanded (MHA) form while it costs fewer FLOPs, as DeepSeek's
   // GPU kernels choose for short prompts.
   bool prefill_absorbed = false;
+  // Communication as this engine's MPI runtime does it (model/mla.cpp, mlp.cpp, moe.cpp):
+  // tensor parallelism all-gathers whole f32 outputs (two gathers per attention and per MLP)
+  // and sums the experts of every token with one all-reduce, data-parallel attention moves
+  // tokens by all-gather and reduce-scatter or by all-to-all as moe_alltoall_pays chooses,
+  // and a step runs as one batch. false: the GPU frameworks' collectives (all-reduces of
+  // bf16 partial sums, DeepEP's fp8 dispatch and bf16 combine, two overlapped micro-batches).
+  bool engine_collectives = false;
   double memory_usable_fraction = 0.92;  // allocator headroom / fragmentation
   double memory_reserve_gib = 4;         // runtime context, communication buffers, graphs
   double price_per_hour = 0;             // $ per device-hour (a rental assumption)

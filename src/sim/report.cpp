@@ -36,8 +36,15 @@ std::string grouped(int64_t v) {  // 1234567 -> 1,234,567
   return (v < 0 ? "-" : "") + out;
 }
 
-// all_reduce: the layout sums the experts with an all-reduce (replicated attention).
-void phase_table(std::string& o, const PhaseResult& r, bool all_reduce) {
+// How the layout's experts meet their tokens: one all-reduce of their outputs when every
+// device holds every token (replicated attention, or this engine's tensor-parallel attention),
+// else an exchange (all-to-all, or this engine's choice of all-gather or all-to-all).
+const char* expert_comm_name(const Layout& l, const Hardware& hw) {
+  if (l.rep > 1 || (hw.engine_collectives && l.dp == 1)) return "all-reduce";
+  return hw.engine_collectives ? "exchange" : "all-to-all";
+}
+
+void phase_table(std::string& o, const PhaseResult& r, const char* expert_comm) {
   o += fmt("  %-28s %7s %11s %11s %11s %6s  %s\n", "operator", "count", "GFLOP", "MB", "time us", "share", "bound");
   const double total = std::max(r.compute_us + r.ep_comm_us + r.other_comm_us, 1e-9);
   for (const auto& t : r.ops)
@@ -50,7 +57,7 @@ void phase_table(std::string& o, const PhaseResult& r, bool all_reduce) {
   }
   o += fmt("  %-28s %7s %11.1f %11.1f %11.1f\n", "total", "", flops / 1e9, bytes / 1e6, r.compute_us + r.ep_comm_us + r.other_comm_us);
   o += fmt("  step: compute+memory %.1f us, expert %s %.1f us%s, other communication %.1f us -> %.1f us\n",
-           r.compute_us, all_reduce ? "all-reduce" : "all-to-all", r.ep_comm_us,
+           r.compute_us, expert_comm, r.ep_comm_us,
            r.micro_batches > 1 ? " (two micro-batches: each hides the other's all-to-all; rows sum both)" : "",
            r.other_comm_us, r.step_us);
 }
@@ -109,10 +116,10 @@ void ops_text(std::string& o, const PlanContext& c, const PlanResult& p) {
            p.prefill.step.context > 0 ? fmt(" after %s cached", grouped(p.prefill.step.context).c_str()).c_str() : "",
            p.prefill.steps > 1 ? fmt(" in %d chunks of up to %s (rows sum them)", p.prefill.steps, grouped(r.prefill_chunk).c_str()).c_str()
                                : "");
-  phase_table(o, p.prefill, p.layout.rep > 1);
+  phase_table(o, p.prefill, expert_comm_name(p.layout, *c.hw));
   o += fmt("\ndecode: %s sequences x %s token(s) at depth %s per dp group, one device\n", grouped(p.decode.step.seqs).c_str(),
            grouped(p.decode.step.new_tokens).c_str(), grouped(p.decode.step.context).c_str());
-  phase_table(o, p.decode, p.layout.rep > 1);
+  phase_table(o, p.decode, expert_comm_name(p.layout, *c.hw));
   o += "\n";
 }
 

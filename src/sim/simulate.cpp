@@ -112,6 +112,7 @@ static PhaseResult cost_single(const SimModel& m, const Hardware& hw, const Layo
   r.step = s;
   Options eo = o;
   eo.absorbed_prefill = o.absorbed_prefill || hw.prefill_absorbed;  // the engine the profile measured
+  eo.engine_collectives = o.engine_collectives || hw.engine_collectives;
   for (const Op& op : op_plan(m, s, l, eo)) {
     OpTime t = time_op(op, hw, kt);
     if (op.cls == OpClass::CommEP) r.ep_comm_us += t.time_us;
@@ -199,8 +200,8 @@ PhaseResult cost_step(const SimModel& m, const Hardware& hw, const Layout& l, co
   PhaseResult one = cost_single(m, hw, l, o, s, kt);
   Step sa, sb;
   // Replicated attention sums the experts with an all-reduce, not the dispatch and combine
-  // this schedule interleaves.
-  if (!overlap || l.rep > 1 || one.ep_comm_us <= 0 || !split_step(s, sa, sb)) return one;
+  // this schedule interleaves; this engine runs a step as one batch.
+  if (!overlap || l.rep > 1 || hw.engine_collectives || one.ep_comm_us <= 0 || !split_step(s, sa, sb)) return one;
   // Two micro-batches (DeepSeek's and TensorRT-LLM's wide-EP serving, SGLang's two-batch
   // overlap): in every MoE layer each stage of one runs beside a stage of the other,
   //   [rest 0 | combine 1]  [dispatch 0 | rest 1]  [experts 0 | dispatch 1]  [combine 0 | experts 1],

@@ -202,6 +202,59 @@ TEST(SimCost, TensorAndExpertParallelSplitsAndCommunication) {
   EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (2 * 2 * 0.5 * 256 * 2));
 }
 
+// The CPU engine's own collectives (model/mla.cpp, mlp.cpp, moe.cpp, forward.cpp), all f32.
+TEST(SimCost, EngineCollectivesGatherWholeOutputs) {
+  const SimModel t = tiny();
+  Options eng;
+  eng.engine_collectives = true;
+  Layout l;
+  l.tp = 2;
+  const double T = 4, H = 256;
+  auto ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, l, eng));
+  EXPECT_EQ(ops.count("tp.allreduce"), 0u);
+  EXPECT_EQ(ops.count("moe.allreduce") + ops.count("moe.dispatch"), 0u);
+  // Each gather brings the other member's half. Per layer the heads' outputs (4 x 32) and
+  // o_proj's rows; the dense layer's intermediate (512) and rows; each MoE layer's shared
+  // intermediate (64), its routed intermediates (2 picks x 64, every expert split) and rows.
+  const double half = 0.5 * 4.0;
+  const double attn = 3 * half * T * (4 * 32 + H), dense = half * T * (512 + H), moe = 2 * half * T * (64 + 2 * 64 + H);
+  EXPECT_REL(ops.at("tp.allgather").comm_intra, attn + dense + moe);
+  EXPECT_EQ(ops.at("tp.allgather").cls, OpClass::CommTP);
+  // The embedding split by vocabulary rows and summed; the head's halves gathered.
+  EXPECT_REL(ops.at("embed.allreduce").comm_intra, 2 * 0.5 * T * H * 4);
+  EXPECT_REL(ops.at("head.allgather").comm_intra, 0.5 * T * 1000 * 4);
+
+  // Whole experts over the same two ranks: every rank holds every token, so one all-reduce
+  // per MoE layer, and only the shared expert's intermediate is gathered there.
+  l.ep = 2;
+  ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, l, eng));
+  EXPECT_EQ(ops.count("moe.dispatch"), 0u);
+  EXPECT_REL(ops.at("moe.allreduce").comm_intra, 2 * (2 * 0.5 * T * H * 4));
+  EXPECT_REL(ops.at("tp.allgather").comm_intra, attn + dense + 2 * half * T * 64);
+
+  // Data-parallel attention: a few tokens go to every member by all-gather and come back by
+  // reduce-scatter, after every member's count.
+  Layout dp;
+  dp.dp = 2;
+  dp.ep = 2;
+  ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, dp, eng));
+  EXPECT_EQ(ops.count("tp.allgather") + ops.count("moe.allreduce"), 0u);
+  EXPECT_REL(ops.at("moe.dispatch").comm_intra, 2 * (0.5 * 2 * T * H * 4));
+  EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (0.5 * 2 * T * H * 4));
+  EXPECT_EQ(ops.at("moe.counts").comm_hops, 2 * 1);
+  // Enough tokens over enough members: all-to-all, each token to the other members that own
+  // one of its two experts (1 - (7/8)^2 of each), its hidden state and routes out, a row back.
+  dp.dp = dp.ep = 8;
+  ops = by_name(op_plan(t, Step{Phase::Decode, 16, 1, 10}, dp, eng));
+  const double sent = 16 * 7 * (1 - std::pow(7.0 / 8, 2));
+  EXPECT_REL(ops.at("moe.dispatch").comm_intra, 2 * sent * (H + 4) * 4);
+  EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * sent * H * 4);
+  EXPECT_EQ(ops.at("moe.dispatch").comm_hops, 2 * 3 * 7);
+  // Fewer tokens than the engine's threshold: all-gather again.
+  ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, dp, eng));
+  EXPECT_REL(ops.at("moe.dispatch").comm_intra, 2 * (7.0 / 8 * 8 * 4 * H * 4));
+}
+
 TEST(SimCost, ReplicatedAttentionAllReducesTheExpertsAndSplitsTheHead) {
   const SimModel t = tiny();
   Layout l;

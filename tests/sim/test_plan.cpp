@@ -316,6 +316,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.attention_sparse_decode, 0.2, 1e-12);
   // One probe of the engine's absorbed prefill attention, for sparse and dense models.
   EXPECT_TRUE(h.prefill_absorbed);
+  EXPECT_TRUE(h.engine_collectives);  // its ranks run this engine's collectives
   EXPECT_NEAR(h.eff.attention_sparse_prefill, 0.05, 1e-12);
   EXPECT_NEAR(h.eff.attention_dense_prefill, 0.05, 1e-12);
   EXPECT_NEAR(h.decode_gemv_bf16_efficiency, 0.4, 1e-9);
@@ -353,10 +354,15 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   // The profile's JSON carries the bf16 line and the attention form.
   const Hardware back = hardware_from_json_text(hardware_to_json(h), "back");
   EXPECT_TRUE(back.prefill_absorbed);
+  EXPECT_TRUE(back.engine_collectives);
+  EXPECT_FALSE(load_hardware("h200").engine_collectives);  // the GPU frameworks' collectives
   EXPECT_EQ(back.decode_gemv_bf16_efficiency, h.decode_gemv_bf16_efficiency);
   EXPECT_EQ(back.decode_gemv_bf16_flops_per_weight, h.decode_gemv_bf16_flops_per_weight);
   std::string bad = hardware_to_json(h);
   bad.replace(bad.find("\"prefill_absorbed\": true"), 24, "\"prefill_absorbed\": 1");
+  EXPECT_THROW(hardware_from_json_text(bad, "bad"), dsa::Error);
+  bad = hardware_to_json(h);
+  bad.replace(bad.find("\"engine_collectives\": true"), 26, "\"engine_collectives\": \"yes\"");
   EXPECT_THROW(hardware_from_json_text(bad, "bad"), dsa::Error);
   // Without that probe decode products are costed as the GEMM model says.
   KernelRates old = k;
@@ -663,6 +669,13 @@ TEST(SimPlan, TwoMicroBatchesHideTheAllToAll) {
   const PhaseResult f = cost_step(t, fast, l, o, Step{Phase::Decode, 64, 1, 100}, nullptr, true);
   EXPECT_EQ(f.micro_batches, 1);
   EXPECT_REL(f.step_us, f.compute_us + f.ep_comm_us + f.other_comm_us);
+  // This engine runs a step as one batch, whatever its exchange costs.
+  Hardware eng = hw;
+  eng.engine_collectives = true;
+  const PhaseResult e = cost_step(t, eng, l, o, full, nullptr, true);
+  ASSERT_GT(e.ep_comm_us, 0);
+  EXPECT_EQ(e.micro_batches, 1);
+  EXPECT_REL(e.step_us, e.compute_us + e.ep_comm_us + e.other_comm_us);
 }
 
 TEST(SimPlan, SparseDecodeCostIsFlatAndDenseGrowsWithContext) {
