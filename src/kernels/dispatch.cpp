@@ -145,13 +145,17 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
   Timed t(KernelId::Linear, flops, bytes, jobs[0].w, n_jobs);
   DSA_DISPATCH(linear_multi, jobs, n_jobs);
 }
-void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
-  Timed t(KernelId::LinearT, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows, &w);
-  DSA_DISPATCH(linear_t_heads, w, x, x_stride, n_heads, head_stride, row0, nrows, y);
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y,
+                    int n_tok) {
+  DSA_CHECK(n_tok >= 1, "linear_t_heads: no tokens");
+  Timed t(KernelId::LinearT, 2.0 * n_tok * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows, &w);
+  DSA_DISPATCH(linear_t_heads, w, x, x_stride, n_heads, head_stride, row0, nrows, y, n_tok);
 }
-void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
-  Timed t(KernelId::Linear, 2.0 * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows, &w);
-  DSA_DISPATCH(linear_heads, w, x, n_heads, head_stride, row0, nrows, y, y_stride);
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride,
+                  int n_tok) {
+  DSA_CHECK(n_tok >= 1, "linear_heads: no tokens");
+  Timed t(KernelId::Linear, 2.0 * n_tok * n_heads * nrows * w.cols, double(w.bytes()) * n_heads * nrows / w.rows, &w);
+  DSA_DISPATCH(linear_heads, w, x, n_heads, head_stride, row0, nrows, y, y_stride, n_tok);
 }
 void embed(const Linear& table, const int32_t* ids, int n, float* y) {
   Timed t(KernelId::Other, 0, double(table.bytes()) / table.rows * n);

@@ -149,12 +149,17 @@ struct LinearJob {
   int rows() const { return nrows < 0 ? w->rows - row0 : nrows; }
 };
 void linear_multi(const LinearJob* jobs, int n_jobs);
-// One token through per-head slices of one weight (the absorbed MLA decode): for every
-// head h the rows [h * head_stride + row0, + nrows) of W.
-//   linear_t_heads: y[h, 0:cols]  = x[h * x_stride + 0 : nrows] · W[rows of h]
-//   linear_heads:   y[h * y_stride + 0 : nrows] = W[rows of h] · x[h, 0:cols]
-void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y);
-void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride);
+// n_tok tokens through per-head slices of one weight (the absorbed MLA decode): for every
+// head h the rows [h * head_stride + row0, + nrows) of W. x and y hold [n_tok][n_heads]
+// blocks (token i's start n_heads per-head strides after token i - 1's):
+//   linear_t_heads: y[i, h, 0:cols]  = x[i, h * x_stride + 0 : nrows] · W[rows of h]
+//   linear_heads:   y[i, h * y_stride + 0 : nrows] = W[rows of h] · x[i, h, 0:cols]
+// Decode-role products: each token's outputs are the same bits whatever n_tok (batch
+// invariance); a call reads each head's rows once for all its tokens.
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y,
+                    int n_tok = 1);
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride,
+                  int n_tok = 1);
 // y[n, cols] = table[ids[i]] (bf16/f16/f32 embedding rows)
 void embed(const Linear& table, const int32_t* ids, int n, float* y);
 

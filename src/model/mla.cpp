@@ -56,37 +56,35 @@ void project(const Step& st, const LayerWeights& w) {
   }
 }
 
-// One query through the absorbed (MQA) form over its sequence's cache: q_nope through the
-// k part of kv_b, sparse attention in the kv_lora space, the result through the v part.
-void absorbed_query(const Step& st, const MlaWeights& a, const MlaCacheView& view, int i) {
+// The decode tokens [0, nd) in the absorbed (MQA) form over their sequences' caches: every
+// token's q_nope through the k part of kv_b in one call (each head's rows read once for all
+// of them), sparse attention in the kv_lora space one query at a time (several of them one
+// per thread, a single one with the kernel's own threads), the results through the v part
+// in one call. The kernels give each token the same bits however many share a call and
+// whichever thread runs it (kernels.h).
+void absorbed_queries(const Step& st, const MlaWeights& a, int cache_layer, int nd) {
+  if (nd <= 0) return;
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int nh = st.m.shard.n_heads(c.num_attention_heads), nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int qk = c.qk_head_dim(), Lr = c.kv_lora_rank, K = c.index_topk;
   const int kv0 = st.m.shard.head0(c.num_attention_heads) * (nope + vd);  // this rank's first head in kv_b
-  const float* qi = &ws.q[size_t(i) * size_t(nh) * size_t(qk)];
-  float* qlat = &ws.q_lat[size_t(i) * size_t(nh) * size_t(Lr)];
-  float* qpe = &ws.q_pe[size_t(i) * size_t(nh) * size_t(R)];
-  float* olat = &ws.o_lat[size_t(i) * size_t(nh) * size_t(Lr)];
-  kernels::linear_t_heads(a.kv_b_proj, qi, qk, nh, nope + vd, kv0, nope, qlat);
-  for (int h = 0; h < nh; ++h) std::memcpy(qpe + size_t(h) * size_t(R), qi + size_t(h) * size_t(qk) + size_t(nope), size_t(R) * sizeof(float));
-  kernels::mla_sparse_decode(view, qlat, qpe, nh, &ws.topk[size_t(i) * size_t(K)], ws.topk_n[size_t(i)], float(c.softmax_scale()), olat);
-  kernels::linear_heads(a.kv_b_proj, olat, nh, nope + vd, kv0 + nope, vd, &ws.attn[size_t(i) * size_t(nh) * size_t(vd)], vd);
-}
-
-// The decode tokens [0, nd), one query at a time: several of them one per thread, a single
-// one with the kernels' own threads. The kernels give the same bits either way (kernels.h).
-void absorbed_queries(const Step& st, const MlaWeights& a, int cache_layer, int nd) {
-  auto one = [&](int i) {
-    const SeqStep& q = st.b.seqs[st.ws.tok_seq[size_t(i)]];
-    absorbed_query(st, a, st.kv.mla(cache_layer, q.blocks), i);
+  kernels::linear_t_heads(a.kv_b_proj, ws.q.data(), qk, nh, nope + vd, kv0, nope, ws.q_lat.data(), nd);
+  for (size_t r = 0; r < size_t(nd) * size_t(nh); ++r)
+    std::memcpy(&ws.q_pe[r * size_t(R)], &ws.q[r * size_t(qk) + size_t(nope)], size_t(R) * sizeof(float));
+  auto attend = [&](int i) {
+    const SeqStep& q = st.b.seqs[ws.tok_seq[size_t(i)]];
+    const size_t r = size_t(i) * size_t(nh);
+    kernels::mla_sparse_decode(st.kv.mla(cache_layer, q.blocks), &ws.q_lat[r * size_t(Lr)], &ws.q_pe[r * size_t(R)], nh,
+                               &ws.topk[size_t(i) * size_t(K)], ws.topk_n[size_t(i)], float(c.softmax_scale()), &ws.o_lat[r * size_t(Lr)]);
   };
   if (nd > 1 && !st.b.tap) {
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < nd; ++i) one(i);
+    for (int i = 0; i < nd; ++i) attend(i);
   } else {
-    for (int i = 0; i < nd; ++i) one(i);
+    for (int i = 0; i < nd; ++i) attend(i);
   }
+  kernels::linear_heads(a.kv_b_proj, ws.o_lat.data(), nh, nope + vd, kv0 + nope, vd, ws.attn.data(), vd, nd);
 }
 
 // A prefill chunk (tokens [t0, t0 + n) at positions pos0 ..), in the absorbed form like

@@ -238,14 +238,57 @@ TEST_P(KernelTwins, PerHeadSlices) {
     const auto w = make_linear(dt, heads * (nope + vd), cols, 9);
     const auto x = randv(size_t(heads) * 48, 4);  // x_stride 48 >= nope
     std::vector<float> a(size_t(heads) * cols), b(a.size());
-    kernels::cpu::linear_t_heads(w.l, x.data(), 48, heads, nope + vd, 0, nope, a.data());
-    kernels::ref::linear_t_heads(w.l, x.data(), 48, heads, nope + vd, 0, nope, b.data());
+    kernels::cpu::linear_t_heads(w.l, x.data(), 48, heads, nope + vd, 0, nope, a.data(), 1);
+    kernels::ref::linear_t_heads(w.l, x.data(), 48, heads, nope + vd, 0, nope, b.data(), 1);
     EXPECT_LE(max_rel(a, b), 2e-6);
     const auto o = randv(size_t(heads) * cols, 6);
     std::vector<float> c(size_t(heads) * vd), d(c.size());
-    kernels::cpu::linear_heads(w.l, o.data(), heads, nope + vd, nope, vd, c.data(), vd);
-    kernels::ref::linear_heads(w.l, o.data(), heads, nope + vd, nope, vd, d.data(), vd);
+    kernels::cpu::linear_heads(w.l, o.data(), heads, nope + vd, nope, vd, c.data(), vd, 1);
+    kernels::ref::linear_heads(w.l, o.data(), heads, nope + vd, nope, vd, d.data(), vd, 1);
     EXPECT_LE(max_rel(c, d), 2e-6);
+    // Several tokens in one call (17: a chunk of the fp8 kernel and a single one; 30 more than
+    // one gather of the multi-token GEMV), each bitwise its own call's result; one token's x
+    // scaled past the fp8 transposed kernel's range takes its fallback in either call.
+    for (int n : {2, 17, 30}) {
+      auto xs = randv(size_t(n) * heads * 48, 11);
+      if (n == 17) xs[size_t(5) * heads * 48 + 48 + 3] = 1e30f;
+      const auto os = randv(size_t(n) * heads * cols, 12);
+      std::vector<float> yt(size_t(n) * heads * cols), yh(size_t(n) * heads * vd), rt(yt.size()), rh(yh.size());
+      kernels::cpu::linear_t_heads(w.l, xs.data(), 48, heads, nope + vd, 0, nope, yt.data(), n);
+      kernels::cpu::linear_heads(w.l, os.data(), heads, nope + vd, nope, vd, yh.data(), vd, n);
+      kernels::ref::linear_t_heads(w.l, xs.data(), 48, heads, nope + vd, 0, nope, rt.data(), n);
+      kernels::ref::linear_heads(w.l, os.data(), heads, nope + vd, nope, vd, rh.data(), vd, n);
+      for (int i = 0; i < n; ++i) {
+        std::vector<float> at(size_t(heads) * cols), ah(size_t(heads) * vd);
+        kernels::cpu::linear_t_heads(w.l, &xs[size_t(i) * heads * 48], 48, heads, nope + vd, 0, nope, at.data(), 1);
+        kernels::cpu::linear_heads(w.l, &os[size_t(i) * heads * cols], heads, nope + vd, nope, vd, ah.data(), vd, 1);
+        EXPECT_TRUE(std::equal(at.begin(), at.end(), yt.begin() + std::ptrdiff_t(size_t(i) * at.size())))
+            << dtype_name(dt) << " nope " << nope << ": token " << i << " of " << n << " through linear_t_heads";
+        EXPECT_TRUE(std::equal(ah.begin(), ah.end(), yh.begin() + std::ptrdiff_t(size_t(i) * ah.size())))
+            << dtype_name(dt) << " nope " << nope << ": token " << i << " of " << n << " through linear_heads";
+      }
+      EXPECT_LE(max_rel(yh, rh), 2e-6);
+      if (n != 17) {
+        EXPECT_LE(max_rel(yt, rt), 2e-6);
+      }
+    }
+  }
+  // fp8 scale blocks 72 columns wide (strips of 32, 32 and 8) and 80 rows per head (past a
+  // 64-row chunk): seven tokens in one call, each bitwise its own.
+  auto w = make_linear(DType::F8_E4M3, 2 * 100, 216, 13);
+  w.l.block_cols = 72;
+  w.scale.assign(size_t(2) * 3, 0.0f);
+  for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(1.0f, int(i % 4) - 9);
+  w.l.scale = w.scale.data();
+  const int n = 7, heads = 2, nope = 80;
+  const auto xs = randv(size_t(n) * heads * nope, 14);
+  std::vector<float> yt(size_t(n) * heads * 216), at(size_t(heads) * 216), rt(yt.size());
+  kernels::cpu::linear_t_heads(w.l, xs.data(), nope, heads, 100, 0, nope, yt.data(), n);
+  kernels::ref::linear_t_heads(w.l, xs.data(), nope, heads, 100, 0, nope, rt.data(), n);
+  EXPECT_LE(max_rel(yt, rt), 2e-6);
+  for (int i = 0; i < n; ++i) {
+    kernels::cpu::linear_t_heads(w.l, &xs[size_t(i) * heads * nope], nope, heads, 100, 0, nope, at.data(), 1);
+    EXPECT_TRUE(std::equal(at.begin(), at.end(), yt.begin() + std::ptrdiff_t(size_t(i) * at.size()))) << "token " << i;
   }
 }
 

@@ -11,8 +11,8 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_multi(const LinearJob* jobs, int n_jobs);
-void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y);
-void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride);
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y, int n_tok);
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride, int n_tok);
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void hadamard128(float* x, int n_vec);

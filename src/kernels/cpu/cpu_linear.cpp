@@ -836,10 +836,11 @@ __attribute__((target("avx2,fma"))) bool linear_t_one_fp8_avx2(const Linear& w, 
 }
 
 // y[0:cols] = x[0:nrows] · W[r0 : r0 + nrows], single-threaded (callers parallelize).
+// Whether linear_t_one_fp8_avx2 takes this weight's shape.
+bool fp8_t_shape(const Linear& w) { return w.dtype == DType::F8_E4M3 && w.cols % w.block_cols == 0 && w.block_cols % 8 == 0; }
+
 void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, bool avx) {
-  if (avx && w.dtype == DType::F8_E4M3 && w.cols % w.block_cols == 0 && w.block_cols % 8 == 0 &&
-      linear_t_one_fp8_avx2(w, x, r0, nrows, y))
-    return;
+  if (avx && fp8_t_shape(w) && linear_t_one_fp8_avx2(w, x, r0, nrows, y)) return;
   std::fill(y, y + w.cols, 0.0f);
   const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : 128;
   float wbuf[512];
@@ -852,6 +853,106 @@ void linear_t_one(const Linear& w, const float* x, int r0, int nrows, float* y, 
       float* yc = y + c0;
       for (int c = 0; c < len; ++c) yc[c] += xv * wbuf[c];
     }
+  }
+}
+
+// Whether linear_t_one_fp8_avx2 takes every one of n tokens (x rows ldx apart): its 2^64
+// multiplier must keep each row's x * scale finite.
+bool fp8_t_takes(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows) {
+  const int sc = w.scale_cols();
+  for (int t = 0; t < n; ++t)
+    for (int r = 0; r < nrows; ++r)
+      for (int b = 0; b < sc; ++b)
+        if (!(std::fabs(x[size_t(t) * ldx + size_t(r)] * w.scale[size_t((r0 + r) / w.block_rows) * size_t(sc) + size_t(b)]) < 0x1p60f))
+          return false;
+  return true;
+}
+
+// linear_t_one_fp8_avx2 for n tokens (x and y rows ldx and ldy apart; n <= kTokChunkT). A
+// strip of up to 32 columns of 64 rows is widened once into wb (f32 bits, 8 KB: L1), then NT
+// tokens x NV vectors of it accumulate in registers down the rows, each column summing its
+// rows in row order from zero with the one-token kernel's multipliers (x * block scale *
+// 2^64), carried through y between row chunks: every token's y is bitwise what the
+// one-token kernel gives it. Per row NT broadcasts and NV loads feed NT x NV FMAs, where
+// the one-token kernel widens each weight for one FMA.
+constexpr int kTokChunkT = 16, kRowChunkT = 64, kStripT = 32;
+
+template <int NV, int NT>
+__attribute__((target("avx2,fma"))) inline void t_tile(const float* wb, int rows, const float* s, float* const* yt) {
+  __m256 acc[NT][NV];
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < NV; ++v) acc[t][v] = _mm256_loadu_ps(yt[t] + 8 * v);
+  for (int r = 0; r < rows; ++r) {
+    __m256 wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = _mm256_load_ps(wb + size_t(r) * kStripT + 8 * v);
+    for (int t = 0; t < NT; ++t) {
+      const __m256 m = _mm256_broadcast_ss(s + size_t(t) * kRowChunkT + size_t(r));
+      for (int v = 0; v < NV; ++v) acc[t][v] = _mm256_fmadd_ps(wv[v], m, acc[t][v]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(yt[t] + 8 * v, acc[t][v]);
+}
+
+// The n tokens over one strip (nv vectors at column c), three at a time.
+template <int NV>
+__attribute__((target("avx2,fma"))) void t_strip(const float* wb, int rows, const float* s, float* y, size_t ldy, int n, int c) {
+  int t = 0;
+  for (; t + 3 <= n; t += 3) {
+    float* const yt[3] = {y + size_t(t) * ldy + size_t(c), y + size_t(t + 1) * ldy + size_t(c), y + size_t(t + 2) * ldy + size_t(c)};
+    t_tile<NV, 3>(wb, rows, s + size_t(t) * kRowChunkT, yt);
+  }
+  for (; t < n; ++t) {
+    float* const yt[1] = {y + size_t(t) * ldy + size_t(c)};
+    t_tile<NV, 1>(wb, rows, s + size_t(t) * kRowChunkT, yt);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void linear_t_tokens_fp8_avx2(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows,
+                                                                   float* y, size_t ldy) {
+  const int sc = w.scale_cols(), bc = w.block_cols, K = w.cols;
+  for (int t = 0; t < n; ++t) std::fill(y + size_t(t) * ldy, y + size_t(t) * ldy + size_t(K), 0.0f);
+  alignas(32) float wb[kRowChunkT * kStripT];
+  alignas(32) float s[kTokChunkT * kRowChunkT];
+  for (int c0 = 0; c0 < K; c0 += bc) {  // one scale block of columns: one multiplier per row and token
+    for (int q0 = 0; q0 < nrows; q0 += kRowChunkT) {
+      const int rows = std::min(kRowChunkT, nrows - q0);
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < rows; ++r)
+          s[size_t(t) * kRowChunkT + size_t(r)] = x[size_t(t) * ldx + size_t(q0 + r)] *
+                                                  w.scale[size_t((r0 + q0 + r) / w.block_rows) * size_t(sc) + size_t(c0 / bc)] * kFp8XScale;
+      for (int c = c0; c < c0 + bc; c += kStripT) {
+        const int nv = std::min(kStripT, c0 + bc - c) / 8;
+        const uint8_t* p = w.data + size_t(r0 + q0) * size_t(K) + size_t(c);
+        for (int r = 0; r < rows; ++r)
+          for (int v = 0; v < nv; ++v) _mm256_store_ps(wb + size_t(r) * kStripT + 8 * v, fp8x8_bits(p + size_t(r) * size_t(K) + 8 * v));
+        if (nv == 4) t_strip<4>(wb, rows, s, y, ldy, n, c);
+        else
+          for (int v = 0; v < nv; ++v) t_strip<1>(wb + 8 * v, rows, s, y, ldy, n, c + 8 * v);
+      }
+    }
+  }
+  const __m256 undo = _mm256_set1_ps(kFp8BitsUndo);
+  for (int t = 0; t < n; ++t)
+    for (int c = 0; c < K; c += 8) {
+      float* yt = y + size_t(t) * ldy + size_t(c);
+      _mm256_storeu_ps(yt, _mm256_mul_ps(_mm256_loadu_ps(yt), undo));
+    }
+}
+
+// n tokens through rows [r0, r0 + nrows) in the transposed direction (x and y rows ldx and
+// ldy apart): each token's y bitwise linear_t_one's for it alone, the fp8 weights widened
+// once per chunk of tokens when the fp8 kernel takes every token of the chunk.
+void linear_t_tokens(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows, float* y, size_t ldy, bool avx) {
+  for (int t0 = 0; t0 < n; t0 += kTokChunkT) {
+    const int cnt = std::min(kTokChunkT, n - t0);
+    const float* xt = x + size_t(t0) * ldx;
+    float* yt = y + size_t(t0) * ldy;
+    if (cnt > 1 && avx && fp8_t_shape(w) && fp8_t_takes(w, xt, ldx, cnt, r0, nrows)) {
+      linear_t_tokens_fp8_avx2(w, xt, ldx, cnt, r0, nrows, yt, ldy);
+      continue;
+    }
+    for (int t = 0; t < cnt; ++t) linear_t_one(w, xt + size_t(t) * ldx, r0, nrows, yt + size_t(t) * ldy, avx);
   }
 }
 }  // namespace
@@ -891,13 +992,15 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
   }
 }
 
-void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y,
+                    int n_tok) {
   const bool avx = use_avx2();
   DSA_CHECK(w.dtype != DType::F8_E4M3 || w.block_cols <= 512, "weight block wider than 512 columns");
+  const size_t ldx = size_t(n_heads) * size_t(x_stride), ldy = size_t(n_heads) * size_t(w.cols);
   // One parallel region for all heads instead of one per head; inside a caller's parallel
   // loop (one query per thread) the heads run on its thread.
   auto head = [&](int h) {
-    linear_t_one(w, x + size_t(h) * size_t(x_stride), h * head_stride + row0, nrows, y + size_t(h) * size_t(w.cols), avx);
+    linear_t_tokens(w, x + size_t(h) * size_t(x_stride), ldx, n_tok, h * head_stride + row0, nrows, y + size_t(h) * size_t(w.cols), ldy, avx);
   };
   if (omp_get_level() > 0) {
     for (int h = 0; h < n_heads; ++h) head(h);
@@ -907,20 +1010,37 @@ void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, 
   for (int h = 0; h < n_heads; ++h) head(h);
 }
 
-void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
+// A head's inputs of several tokens gathered into rows for gemv_rows (kTokPrepared at a time).
+thread_local std::vector<float> t_xheads;
+
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride,
+                  int n_tok) {
   const bool avx = use_avx2();
   const bool fast = avx && (w.dtype == DType::F8_E4M3 || w.dtype == DType::BF16);
+  const size_t cols = size_t(w.cols), ldx = size_t(n_heads) * cols, ldy = size_t(n_heads) * size_t(y_stride);
   auto head = [&](int h) {
     const int r0 = h * head_stride + row0;
     float* yh = y + size_t(h) * size_t(y_stride);
-    const float* xh = x + size_t(h) * size_t(w.cols);
-    if (fast) gemv_rows(w, xh, 1, yh, 0, r0, r0, r0 + nrows);
-    else
-      for (int r = 0; r < nrows; ++r) {
-        float acc = 0;
-        for (int c = 0; c < w.cols; ++c) acc += ref::weight_at(w, r0 + r, c) * xh[c];
-        yh[r] = acc;
+    const float* xh = x + size_t(h) * cols;
+    if (fast && n_tok == 1) {
+      gemv_rows(w, xh, 1, yh, 0, r0, r0, r0 + nrows);
+    } else if (fast) {
+      // The tokens' rows of this head through the multi-token GEMV: each output in the
+      // one-token order (gemv_rows), so each token gets what it gets alone.
+      float* xg = x_buffer(t_xheads, size_t(kTokPrepared) * cols);
+      for (int t0 = 0; t0 < n_tok; t0 += kTokPrepared) {
+        const int cnt = std::min(kTokPrepared, n_tok - t0);
+        for (int t = 0; t < cnt; ++t) std::copy_n(xh + size_t(t0 + t) * ldx, cols, xg + size_t(t) * cols);
+        gemv_rows(w, xg, cnt, yh + size_t(t0) * ldy, ldy, r0, r0, r0 + nrows);
       }
+    } else {
+      for (int t = 0; t < n_tok; ++t)
+        for (int r = 0; r < nrows; ++r) {
+          float acc = 0;
+          for (int c = 0; c < w.cols; ++c) acc += ref::weight_at(w, r0 + r, c) * xh[size_t(t) * ldx + size_t(c)];
+          yh[size_t(t) * ldy + size_t(r)] = acc;
+        }
+    }
   };
   if (omp_get_level() > 0) {  // as in linear_t_heads
     for (int h = 0; h < n_heads; ++h) head(h);
@@ -933,6 +1053,7 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
 void reserve_gemv_scratch(int max_cols) {
   x_buffer(t_xscaled, 2 * size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));  // avx512: two copies (cpu.h)
   x_buffer(t_xdeint, size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));
+  x_buffer(t_xheads, size_t(kTokPrepared) * size_t(std::max(max_cols, 1)));
 }
 
 }  // namespace dsa::kernels::cpu

@@ -48,14 +48,20 @@ void linear_multi(const LinearJob* jobs, int n_jobs) {
   for (int j = 0; j < n_jobs; ++j) linear(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, jobs[j].row0, jobs[j].rows());
 }
 
-void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y) {
-  for (int h = 0; h < n_heads; ++h)
-    linear_t(w, x + size_t(h) * size_t(x_stride), 1, y + size_t(h) * size_t(w.cols), h * head_stride + row0, nrows);
+void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y,
+                    int n_tok) {
+  for (int t = 0; t < n_tok; ++t)
+    for (int h = 0; h < n_heads; ++h)
+      linear_t(w, x + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(x_stride), 1,
+               y + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(w.cols), h * head_stride + row0, nrows);
 }
 
-void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride) {
-  for (int h = 0; h < n_heads; ++h)
-    linear(w, x + size_t(h) * size_t(w.cols), 1, y + size_t(h) * size_t(y_stride), h * head_stride + row0, nrows);
+void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride, int row0, int nrows, float* y, int y_stride,
+                  int n_tok) {
+  for (int t = 0; t < n_tok; ++t)
+    for (int h = 0; h < n_heads; ++h)
+      linear(w, x + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(w.cols), 1,
+             y + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(y_stride), h * head_stride + row0, nrows);
 }
 
 void embed(const Linear& table, const int32_t* ids, int n, float* y) {
