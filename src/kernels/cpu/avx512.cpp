@@ -256,6 +256,10 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
 // ---- bf16: two weights per 32-bit lane ----------------------------------------------
 // The odd column sits in a lane's high half (masked, it is an f32), the even one in its low
 // half (shifted up by 16); x is split per 32 columns into its even and odd columns to match.
+// Every bf16 kernel sums a (row, token) pair in one 16-lane accumulator, per 32 columns the
+// even columns then the odd ones: one register per pair lets a tile hold 4 rows x 6 tokens
+// (24 sums), where two per pair held 2 x 6, and the x loads per FMA halve. The one-token
+// kernel's four rows give it eight FMA chains, ample for a stream from memory.
 void deinterleave_x(const float* x, int n, float* b) {
   int c = 0;
   for (; c + 32 <= n; c += 32)
@@ -266,8 +270,8 @@ void deinterleave_x(const float* x, int n, float* b) {
   for (; c < n; ++c) b[c] = x[c];
 }
 
-inline float bf16_finish(__m512 a0, __m512 a1, const uint16_t* wr, const float* x, int K) {
-  float acc = hsum16(_mm512_add_ps(a0, a1));
+inline float bf16_finish(__m512 a, const uint16_t* wr, const float* x, int K) {
+  float acc = hsum16(a);
   for (int c = K / 32 * 32; c < K; ++c) acc += bf16_to_f32(wr[c]) * x[c];
   return acc;
 }
@@ -279,26 +283,25 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
   for (int r = r0; r < r1; ++r) {
     const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
-    __m512 a[NT][2];
-    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
+    __m512 a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
     for (int c = 0; c < k32; c += 32) {
       _mm_prefetch(reinterpret_cast<const char*>(wr + c) + ahead, _MM_HINT_T0);
       const __m512i v = load_weights64(wr + c);
       const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
       for (int t = 0; t < NT; ++t) {
         const float* xd = xp + size_t(t) * size_t(K) + c;
-        a[t][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xd), a[t][0]);
-        a[t][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xd + 16), a[t][1]);
+        a[t] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xd), a[t]);
+        a[t] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xd + 16), a[t]);
       }
     }
-    for (int t = 0; t < NT; ++t) y[size_t(t) * ldy + size_t(r - base)] = bf16_finish(a[t][0], a[t][1], wr, x + size_t(t) * size_t(K), K);
+    for (int t = 0; t < NT; ++t) y[size_t(t) * ldy + size_t(r - base)] = bf16_finish(a[t], wr, x + size_t(t) * size_t(K), K);
   }
 }
 
 // NT tokens against NR rows at a time, each x vector loaded once for all NR rows; every
-// (row, token) sum in the one-token order (even columns into the first accumulator, odd into
-// the second). 2 x NR x NT accumulators: two rows for up to six tokens, four rows for two
-// tokens (the MTP verification's pair, which two rows leave short of loads in flight).
+// (row, token) sum in the one-token order (one accumulator, even columns then odd ones per
+// 32). NR x NT accumulators: four rows for up to six tokens.
 // The columns go in chunks of kBf16Chunk. A token's whole x is 8 KB at 2048 columns, so six
 // tokens' x does not stay in L1 beside the weight stream, and the row pair's sweep over all
 // columns reloaded it from L2; one chunk of it (up to 24 KB) does stay while a sub-block of
@@ -313,12 +316,12 @@ constexpr int kBf16SubRows = 16;
 constexpr int kBf16Chunk = 1024;
 
 template <int NR, int NT>
-void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&acc)[NR][NT][2]) {
+void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&acc)[NR][NT]) {
   const size_t ahead = prefetch_ahead(2 * size_t(K));
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
   // Local accumulators: through the reference, a compiler that does not inline this
   // function cannot rule out that the x loads alias them, and stores all 24 every step.
-  __m512 a[NR][NT][2];
+  __m512 a[NR][NT];
   std::memcpy(a, acc, sizeof a);
   for (int c = c0; c < c1; c += 32) {
     __m512 we[NR], wo[NR];
@@ -334,8 +337,8 @@ void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, in
       pin(xe);
       pin(xo);
       for (int j = 0; j < NR; ++j) {
-        a[j][t][0] = _mm512_fmadd_ps(we[j], xe, a[j][t][0]);
-        a[j][t][1] = _mm512_fmadd_ps(wo[j], xo, a[j][t][1]);
+        a[j][t] = _mm512_fmadd_ps(we[j], xe, a[j][t]);
+        a[j][t] = _mm512_fmadd_ps(wo[j], xo, a[j][t]);
       }
     }
   }
@@ -347,7 +350,7 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
   constexpr int chunk = kBf16Chunk;
   static_assert(kBf16SubRows % NR == 0);
   const int K = w.cols, k32 = K / 32 * 32, rfull = r0 + (r1 - r0) / NR * NR;
-  alignas(64) float park[kBf16SubRows / NR][NR][NT][2][16];
+  alignas(64) float park[kBf16SubRows / NR][NR][NT][16];
   for (int rs = r0; rs < rfull; rs += kBf16SubRows) {
     const int re = std::min(rfull, rs + kBf16SubRows);
     for (int c0 = 0; c0 < std::max(k32, 1); c0 += chunk) {
@@ -356,18 +359,16 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
       for (int r = rs; r < re; r += NR) {
         auto& pk = park[(r - rs) / NR];
         const uint16_t* wr[NR];
-        __m512 a[NR][NT][2];
+        __m512 a[NR][NT];
         for (int j = 0; j < NR; ++j) {
           wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
-          for (int t = 0; t < NT; ++t)
-            for (int h = 0; h < 2; ++h) a[j][t][h] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(pk[j][t][h]);
+          for (int t = 0; t < NT; ++t) a[j][t] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(pk[j][t]);
         }
         bf16_tile_chunk<NR, NT>(wr, xp, K, c0, c1, a);
         for (int j = 0; j < NR; ++j)
           for (int t = 0; t < NT; ++t) {
-            if (last) y[size_t(t) * ldy + size_t(r + j - base)] = bf16_finish(a[j][t][0], a[j][t][1], wr[j], x + size_t(t) * size_t(K), K);
-            else
-              for (int h = 0; h < 2; ++h) _mm512_store_ps(pk[j][t][h], a[j][t][h]);
+            if (last) y[size_t(t) * ldy + size_t(r + j - base)] = bf16_finish(a[j][t], wr[j], x + size_t(t) * size_t(K), K);
+            else _mm512_store_ps(pk[j][t], a[j][t]);
           }
       }
     }
@@ -383,40 +384,40 @@ void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, i
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
   int r = r0;
   for (; r + 4 <= r1; r += 4) {
-    __m512 a[4][2];
+    __m512 a[4];
     const uint16_t* wr[4];
     for (int j = 0; j < 4; ++j) {
       wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
-      a[j][0] = a[j][1] = _mm512_setzero_ps();
+      a[j] = _mm512_setzero_ps();
     }
     for (int c = 0; c < k32; c += 32) {
       const __m512 xe = _mm512_loadu_ps(xd + c), xo = _mm512_loadu_ps(xd + c + 16);
       for (int j = 0; j < 4; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);
         const __m512i v = load_weights64(wr[j] + c);
-        a[j][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, a[j][0]);
-        a[j][1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), xo, a[j][1]);
+        a[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, a[j]);
+        a[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), xo, a[j]);
       }
     }
-    for (int j = 0; j < 4; ++j) y[r + j - base] = bf16_finish(a[j][0], a[j][1], wr[j], x, K);
+    for (int j = 0; j < 4; ++j) y[r + j - base] = bf16_finish(a[j], wr[j], x, K);
   }
   if (r < r1) gemv_bf16_tokens<1>(w, x, xd, y, 0, base, r, r1);
 }
 
 // ---- many tokens ----------------------------------------------------------------------
-// Tokens in groups against two rows at a time: up to four for fp8 (16 accumulators beside 8
-// widened weight vectors, 4 x vectors and the mask) and six for bf16 (24 accumulators). With more
+// Tokens in groups: up to four for fp8 against two rows (16 accumulators beside 8 widened
+// weight vectors, 4 x vectors and the mask) and six for bf16 against four (24). With more
 // than one group the rows go in blocks of 64, each block's weights read from memory once and
 // from cache by the later groups. Every kernel sums a row in the one-token order, so the
 // grouping changes no output bit.
 constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
-// Two tokens run against four rows (two rows keep too few loads in flight), more against two.
+// fp8: two tokens run against four rows (two rows keep too few loads in flight), more
+// against two. bf16: four rows for any number of tokens.
 template <int NT>
 void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1) {
-  constexpr int kRows = NT == 2 ? 4 : 2;
-  if (fp8) gemv_fp8_tile<kRows, NT>(w, x, xb, y, ldy, base, r0, r1);
-  else gemv_bf16_tile<kRows, NT>(w, x, xb, y, ldy, base, r0, r1);
+  if (fp8) gemv_fp8_tile<NT == 2 ? 4 : 2, NT>(w, x, xb, y, ldy, base, r0, r1);
+  else gemv_bf16_tile<4, NT>(w, x, xb, y, ldy, base, r0, r1);
 }
 
 void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1) {
@@ -429,8 +430,8 @@ void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, floa
     case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
     case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
     case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
-    case 5: gemv_bf16_tile<2, 5>(w, x, xb, y, ldy, base, r0, r1); break;  // bf16 only: fp8 groups stop at four
-    default: gemv_bf16_tile<2, 6>(w, x, xb, y, ldy, base, r0, r1); break;
+    case 5: gemv_bf16_tile<4, 5>(w, x, xb, y, ldy, base, r0, r1); break;  // bf16 only: fp8 groups stop at four
+    default: gemv_bf16_tile<4, 6>(w, x, xb, y, ldy, base, r0, r1); break;
   }
 }
 
