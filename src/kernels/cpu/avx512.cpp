@@ -783,29 +783,102 @@ void hadamard128_one(float* t) {
   for (int i = 0; i < 8; ++i) _mm512_storeu_ps(t + 16 * i, _mm512_mul_ps(v[i], s));
 }
 
+// The sparse attention tile's online-softmax step for 16 heads in lanes, lane for lane the
+// avx2 step on its two 8-lane groups (exp16 is bitwise exp8): the tile's scores s[j][0:16)
+// (cnt tokens, row stride lds) become e^(s - new max) in place; where some head's running max
+// m rose, the running sum l and the columns oT[c][0:16) (c < L, row stride ldo) are scaled by
+// e^(old - new max), which is exactly 1 for the heads whose max did not rise; then the
+// tile's values are added to l in token order.
+void softmax16(float* s, size_t lds, int cnt, float* m, float* l, float* oT, size_t ldo, int L) {
+  const __m512 mx = _mm512_loadu_ps(m);
+  __m512 tmax = mx;
+  for (int j = 0; j < cnt; ++j) tmax = _mm512_max_ps(tmax, _mm512_loadu_ps(s + size_t(j) * lds));
+  const __m512 alpha = exp16(_mm512_sub_ps(mx, tmax));
+  _mm512_storeu_ps(m, tmax);
+  for (int j = 0; j < cnt; ++j) {
+    float* sj = s + size_t(j) * lds;
+    _mm512_storeu_ps(sj, exp16(_mm512_sub_ps(_mm512_loadu_ps(sj), tmax)));
+  }
+  __m512 sum = _mm512_loadu_ps(l);
+  if (_mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_OQ)) {
+    for (int c = 0; c < L; ++c) {
+      float* oc = oT + size_t(c) * ldo;
+      _mm512_storeu_ps(oc, _mm512_mul_ps(_mm512_loadu_ps(oc), alpha));
+    }
+    sum = _mm512_mul_ps(sum, alpha);
+  }
+  for (int j = 0; j < cnt; ++j) sum = _mm512_add_ps(sum, _mm512_loadu_ps(s + size_t(j) * lds));
+  _mm512_storeu_ps(l, sum);
+}
+
+// topk's order keys of 16 scores (order_key in cpu_attention.cpp), as signed integers with
+// the top bit flipped (SIMDe has no unsigned 512-bit compare): + 0.0f turns -0 into +0 (they
+// tie), negative scores have their magnitude bits inverted.
+inline __m512i topk_keys16(const float* p) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), zero = _mm512_setzero_si512();
+  const __m512i u = _mm512_castps_si512(_mm512_add_ps(_mm512_loadu_ps(p), _mm512_setzero_ps()));
+  return _mm512_mask_xor_epi32(u, _mm512_cmpgt_epi32_mask(zero, u), u, magnitude);
+}
+inline uint32_t topk_key(float f) {
+  f += 0.0f;
+  uint32_t key;
+  std::memcpy(&key, &f, 4);
+  return key ^ (uint32_t(int32_t(key) >> 31) | 0x80000000u);
+}
+
+// topk's first level: the top 11 bits of every order key counted into two histograms taken
+// alternately (h0 for even positions, h1 for odd), the keys 16 at a time.
+void topk_bins(const float* scores, int n, uint32_t* h0, uint32_t* h1) {
+  alignas(64) uint32_t b[16];
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    // The signed key's top bit is flipped back before the shift: the bins of the unsigned key.
+    const __m512i key = _mm512_xor_si512(topk_keys16(scores + j), _mm512_set1_epi32(int32_t(0x80000000u)));
+    _mm512_store_si512(b, _mm512_srli_epi32(key, 21));
+    for (int i = 0; i < 16; i += 2) {
+      ++h0[b[i]];
+      ++h1[b[i + 1]];
+    }
+  }
+  for (; j < n; ++j) ++((j % 2) ? h1 : h0)[topk_key(scores[j]) >> 21];
+}
+
+// The order keys whose bits under hi_mask equal prefix, in position order, compressed into
+// cand; returns how many.
+int topk_gather(const float* scores, int n, uint32_t hi_mask, uint32_t prefix, uint32_t* cand) {
+  const __m512i flip = _mm512_set1_epi32(int32_t(0x80000000u));
+  const __m512i mask = _mm512_set1_epi32(int32_t(hi_mask)), want = _mm512_set1_epi32(int32_t(prefix));
+  int m = 0, j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512i key = _mm512_xor_si512(topk_keys16(scores + j), flip);
+    const __mmask16 hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(key, mask), want);
+    _mm512_mask_compressstoreu_epi32(cand + m, hit, key);
+    m += __builtin_popcount(uint32_t(hit));
+  }
+  for (; j < n; ++j) {
+    const uint32_t key = topk_key(scores[j]);
+    if ((key & hi_mask) == prefix) cand[m++] = key;
+  }
+  return m;
+}
+
 // The last pass of topk's radix select: in position order, every score whose order key is
 // above tau and the first `ties` equal to it, 16 positions per step, the chosen lanes
 // compressed into out. Keys compare as signed integers here (the order key with its top bit
 // flipped: SIMDe has no unsigned 512-bit compare), which orders them the same way.
 int topk_emit(const float* scores, int n, uint32_t tau, int ties, int k, int32_t* out) {
-  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), zero = _mm512_setzero_si512();
   const __m512i t = _mm512_set1_epi32(int32_t(tau ^ 0x80000000u));
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   int cnt = 0, j = 0;
   for (; j + 16 <= n && cnt < k; j += 16) {
-    // + 0.0f turns -0 into +0 (they tie, as in order_key).
-    const __m512i u = _mm512_castps_si512(_mm512_add_ps(_mm512_loadu_ps(scores + j), _mm512_setzero_ps()));
-    const __m512i key = _mm512_mask_xor_epi32(u, _mm512_cmpgt_epi32_mask(zero, u), u, magnitude);
+    const __m512i key = topk_keys16(scores + j);
     uint32_t take = _mm512_cmpgt_epi32_mask(key, t);
     for (uint32_t eq = _mm512_cmpeq_epi32_mask(key, t); eq && ties > 0; eq &= eq - 1, --ties) take |= eq & (~eq + 1);
     _mm512_mask_compressstoreu_epi32(out + cnt, __mmask16(take), _mm512_add_epi32(lanes, _mm512_set1_epi32(j)));
     cnt += __builtin_popcount(take);
   }
   for (; j < n && cnt < k; ++j) {
-    float f = scores[j] + 0.0f;
-    uint32_t key;
-    std::memcpy(&key, &f, 4);
-    key ^= uint32_t(int32_t(key) >> 31) | 0x80000000u;
+    const uint32_t key = topk_key(scores[j]);
     if (key > tau || (key == tau && ties-- > 0)) out[cnt++] = j;
   }
   return cnt;
@@ -825,14 +898,16 @@ namespace dsa::kernels::cpu {
 #ifdef DSA_AVX512_EMULATED
 const Avx512Kernels& avx512_emulated_kernels() {
   static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::scores16, avx512_emulated::accumulate16,
-                                 avx512_emulated::rmsnorm_row, avx512_emulated::silu_mul, avx512_emulated::topk_emit,
+                                 avx512_emulated::softmax16, avx512_emulated::rmsnorm_row, avx512_emulated::silu_mul,
+                                 avx512_emulated::topk_bins, avx512_emulated::topk_gather, avx512_emulated::topk_emit,
                                  avx512_emulated::hadamard128_one};
   return k;
 }
 #else
 const Avx512Kernels& avx512_native() {
   static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::scores16, avx512::accumulate16,
-                                 avx512::rmsnorm_row, avx512::silu_mul, avx512::topk_emit, avx512::hadamard128_one};
+                                 avx512::softmax16, avx512::rmsnorm_row, avx512::silu_mul, avx512::topk_bins, avx512::topk_gather,
+                                 avx512::topk_emit, avx512::hadamard128_one};
   return k;
 }
 #endif

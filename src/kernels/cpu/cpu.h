@@ -57,10 +57,19 @@ struct Avx512Kernels {
   // oT[c][0:16) += Σ_j k_j[c] p[j][0:16) for columns c < d.
   void (*scores16)(const float* qT, size_t ldq, const float* const* k, int n, int d, float* s, size_t lds);
   void (*accumulate16)(const float* p, size_t ldp, const float* const* k, int nj, int d, float* oT, size_t ldo);
+  // The tile's online-softmax step for those 16 heads (bitwise the avx2 step): s[j][0:16) for
+  // cnt tokens become e^(s - new max), the running max m[0:16) and sum l[0:16) are updated,
+  // and oT[c][0:16) for c < L is rescaled where a head's max rose.
+  void (*softmax16)(float* s, size_t lds, int cnt, float* m, float* l, float* oT, size_t ldo, int L);
   // One row of rmsnorm (f32 or bf16 weights): the sum of squares in 16-lane accumulators.
   void (*rmsnorm_row)(const float* x, const Vec& w, int dim, float eps, float* y);
   // silu(gate) * up over elements [b, e): bitwise the avx2 kernel's results.
   void (*silu_mul)(const float* gate, const float* up, size_t b, size_t e, float* out);
+  // topk's first level: the top 11 bits of each score's order key counted, even positions
+  // into h0 and odd ones into h1 (2048 bins each); and the gather of the keys whose bits
+  // under hi_mask equal prefix, in position order, into cand (returns how many).
+  void (*topk_bins)(const float* scores, int n, uint32_t* h0, uint32_t* h1);
+  int (*topk_gather)(const float* scores, int n, uint32_t hi_mask, uint32_t prefix, uint32_t* cand);
   // topk's last pass: positions (ascending) of the scores whose order key exceeds tau, and
   // of the first `ties` whose key equals it, at most k of them; returns how many.
   int (*topk_emit)(const float* scores, int n, uint32_t tau, int ties, int k, int32_t* out);

@@ -188,13 +188,18 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   if (k == 0) return;
   // Level 1 over every key, into two histograms taken alternately: neighbouring scores tend
   // to share a bin, and one histogram makes each increment wait for the previous one.
+  const bool wide = isa() == Isa::Avx512;
   uint32_t h0[2048] = {}, h1[2048] = {};
-  int i = 0;
-  for (; i + 2 <= n; i += 2) {
-    ++h0[order_key(scores[i]) >> 21];
-    ++h1[order_key(scores[i + 1]) >> 21];
+  if (wide) {
+    avx512_kernels().topk_bins(scores, n, h0, h1);
+  } else {
+    int i = 0;
+    for (; i + 2 <= n; i += 2) {
+      ++h0[order_key(scores[i]) >> 21];
+      ++h1[order_key(scores[i + 1]) >> 21];
+    }
+    if (i < n) ++h0[order_key(scores[i]) >> 21];
   }
-  if (i < n) ++h0[order_key(scores[i]) >> 21];
   int need = k;  // keys still wanted among those matching `prefix` on the fixed bits
   int bin = 2047;
   for (; bin > 0 && int(h0[bin] + h1[bin]) < need; --bin) need -= int(h0[bin] + h1[bin]);
@@ -206,11 +211,14 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   const int in_bin = int(h0[bin] + h1[bin]);
   const bool gathered = in_bin <= kCand;
   int m = 0;
-  if (gathered)
+  if (gathered && wide) {
+    m = avx512_kernels().topk_gather(scores, n, hi_mask, prefix, cand);
+  } else if (gathered) {
     for (int j = 0; j < n; ++j) {
       const uint32_t key = order_key(scores[j]);
       if ((key & hi_mask) == prefix) cand[m++] = key;
     }
+  }
   constexpr int kShift[2] = {10, 0}, kBits[2] = {11, 10};
   for (int level = 0; level < 2; ++level) {
     uint32_t hist[2048] = {};
@@ -232,7 +240,7 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   }
   const uint32_t tau = prefix;
   int cnt = 0, ties = need;
-  if (isa() == Isa::Avx512) {
+  if (wide) {
     avx512_kernels().topk_emit(scores, n, tau, ties, k, out);
     return;
   }
@@ -404,11 +412,9 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
   std::fill(oT, oT + size_t(L) * size_t(hp), 0.0f);
   const size_t tb = c.token_bytes();
   const float* rows[kTile + 8];
-  __m256 mx[32], sum[32];
-  for (int g = 0; g < hp / 8; ++g) {
-    mx[g] = _mm256_set1_ps(-INFINITY);
-    sum[g] = _mm256_setzero_ps();
-  }
+  // m and l hold the running max and sum per head from the first tile on.
+  std::fill(m, m + hp, -INFINITY);
+  std::fill(l, l + hp, 0.0f);
   constexpr int kAhead = 8;  // tokens: the gather is random, so prefetch by index
   auto prefetch = [&](int j) {
     const char* p = reinterpret_cast<const char*>(c.token(idx[j]));
@@ -432,25 +438,28 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
     if (g16 < hp / 8)
       for (int jb = 0; jb < cnt; jb += 8)
         scores_8tok(qt + 8 * g16, size_t(hp), rows + jb, D, sc + size_t(jb) * size_t(hp) + size_t(8 * g16), size_t(hp));
-    for (int g = 0; g < hp / 8; ++g) {
-      const __m256 alpha = softmax_tile_exp(sc, size_t(hp), cnt, g, mx[g]);
+    for (int g = 0; g < hp / 8; g += wide ? 2 : 1) {
+      if (wide) {
+        avx512_kernels().softmax16(sc + 8 * g, size_t(hp), cnt, m + 8 * g, l + 8 * g, oT + 8 * g, size_t(hp), L);
+        continue;
+      }
+      __m256 m8 = _mm256_loadu_ps(m + 8 * g), s8 = _mm256_loadu_ps(l + 8 * g);
+      const __m256 alpha = softmax_tile_exp(sc, size_t(hp), cnt, g, m8);
       if (rescales(alpha)) {  // heads whose max did not rise have alpha = 1: their values stay exact
         for (int d = 0; d < L; ++d) {
           float* od = oT + size_t(d) * size_t(hp) + size_t(8 * g);
           _mm256_storeu_ps(od, _mm256_mul_ps(_mm256_loadu_ps(od), alpha));
         }
-        sum[g] = _mm256_mul_ps(sum[g], alpha);
+        s8 = _mm256_mul_ps(s8, alpha);
       }
-      for (int j = 0; j < cnt; ++j) sum[g] = _mm256_add_ps(sum[g], _mm256_load_ps(sc + size_t(j) * size_t(hp) + size_t(8 * g)));
+      for (int j = 0; j < cnt; ++j) s8 = _mm256_add_ps(s8, _mm256_load_ps(sc + size_t(j) * size_t(hp) + size_t(8 * g)));
+      _mm256_storeu_ps(m + 8 * g, m8);
+      _mm256_storeu_ps(l + 8 * g, s8);
     }
     if (wide)
       for (int g = 0; g < hp; g += 16) avx512_kernels().accumulate16(sc + g, size_t(hp), rows, cnt, L, oT + g, size_t(hp));
     else
       accumulate_lanes(sc, rows, cnt, L, oT, hp);
-  }
-  for (int g = 0; g < hp / 8; ++g) {
-    _mm256_storeu_ps(m + 8 * g, mx[g]);
-    _mm256_storeu_ps(l + 8 * g, sum[g]);
   }
 }
 
