@@ -826,21 +826,26 @@ inline uint32_t topk_key(float f) {
   return key ^ (uint32_t(int32_t(key) >> 31) | 0x80000000u);
 }
 
+// The keys of positions [j, min(n, j + 16)) in the first lanes; a partial last group is
+// copied into a zero-padded buffer first, so nothing past n is read.
+inline __m512i topk_group_keys(const float* scores, int j, int n) {
+  if (n - j >= 16) return topk_keys16(scores + j);
+  alignas(64) float t[16] = {};
+  std::memcpy(t, scores + j, sizeof(float) * size_t(n - j));
+  return topk_keys16(t);
+}
+inline __mmask16 topk_lanes(int j, int n) { return n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1); }
+
 // topk's first level: the top 11 bits of every order key counted into two histograms taken
 // alternately (h0 for even positions, h1 for odd), the keys 16 at a time.
 void topk_bins(const float* scores, int n, uint32_t* h0, uint32_t* h1) {
   alignas(64) uint32_t b[16];
-  int j = 0;
-  for (; j + 16 <= n; j += 16) {
+  for (int j = 0; j < n; j += 16) {
     // The signed key's top bit is flipped back before the shift: the bins of the unsigned key.
-    const __m512i key = _mm512_xor_si512(topk_keys16(scores + j), _mm512_set1_epi32(int32_t(0x80000000u)));
+    const __m512i key = _mm512_xor_si512(topk_group_keys(scores, j, n), _mm512_set1_epi32(int32_t(0x80000000u)));
     _mm512_store_si512(b, _mm512_srli_epi32(key, 21));
-    for (int i = 0; i < 16; i += 2) {
-      ++h0[b[i]];
-      ++h1[b[i + 1]];
-    }
+    for (int i = 0; i < std::min(16, n - j); ++i) ++(i % 2 ? h1 : h0)[b[i]];
   }
-  for (; j < n; ++j) ++((j % 2) ? h1 : h0)[topk_key(scores[j]) >> 21];
 }
 
 // The order keys whose bits under hi_mask equal prefix, in position order, compressed into
@@ -848,16 +853,13 @@ void topk_bins(const float* scores, int n, uint32_t* h0, uint32_t* h1) {
 int topk_gather(const float* scores, int n, uint32_t hi_mask, uint32_t prefix, uint32_t* cand) {
   const __m512i flip = _mm512_set1_epi32(int32_t(0x80000000u));
   const __m512i mask = _mm512_set1_epi32(int32_t(hi_mask)), want = _mm512_set1_epi32(int32_t(prefix));
-  int m = 0, j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512i key = _mm512_xor_si512(topk_keys16(scores + j), flip);
-    const __mmask16 hit = _mm512_cmpeq_epi32_mask(_mm512_and_si512(key, mask), want);
+  int m = 0;
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 valid = topk_lanes(j, n);
+    const __m512i key = _mm512_xor_si512(topk_group_keys(scores, j, n), flip);
+    const __mmask16 hit = _mm512_mask_cmpeq_epi32_mask(valid, _mm512_and_si512(key, mask), want);
     _mm512_mask_compressstoreu_epi32(cand + m, hit, key);
     m += __builtin_popcount(uint32_t(hit));
-  }
-  for (; j < n; ++j) {
-    const uint32_t key = topk_key(scores[j]);
-    if ((key & hi_mask) == prefix) cand[m++] = key;
   }
   return m;
 }
