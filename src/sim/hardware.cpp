@@ -156,7 +156,8 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
                  "devices_per_node", "intra_node_bandwidth_gbps", "intra_node_latency_us", "inter_node_bandwidth_gbps",
                  "inter_node_latency_us", "launch_overhead_us", "dequant_flops_per_weight", "pack_flops_per_weight",
                  "decode_gemv_efficiency", "decode_gemv_flops_per_weight", "decode_gemv_bf16_efficiency",
-                 "decode_gemv_bf16_flops_per_weight", "prefill_absorbed", "engine_collectives",
+                 "decode_gemv_bf16_flops_per_weight", "decode_gemv_bend_tokens", "decode_gemv_many_efficiency",
+                 "decode_gemv_bf16_many_efficiency", "prefill_absorbed", "engine_collectives",
                  "memory_usable_fraction", "memory_reserve_gib", "price_per_hour", "efficiency"},
              where);
   Hardware h;
@@ -183,6 +184,9 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   h.decode_gemv_flops_per_weight = num(j, "decode_gemv_flops_per_weight", 0, where);
   h.decode_gemv_bf16_efficiency = num(j, "decode_gemv_bf16_efficiency", 0, where);
   h.decode_gemv_bf16_flops_per_weight = num(j, "decode_gemv_bf16_flops_per_weight", 0, where);
+  h.decode_gemv_bend_tokens = num(j, "decode_gemv_bend_tokens", 0, where);
+  h.decode_gemv_many_efficiency = num(j, "decode_gemv_many_efficiency", 0, where);
+  h.decode_gemv_bf16_many_efficiency = num(j, "decode_gemv_bf16_many_efficiency", 0, where);
   h.prefill_absorbed = flag(j, "prefill_absorbed", where);
   h.engine_collectives = flag(j, "engine_collectives", where);
   h.memory_usable_fraction = num(j, "memory_usable_fraction", h.memory_usable_fraction, where);
@@ -235,7 +239,9 @@ std::string hardware_to_json(const Hardware& h) {
             {"dequant_flops_per_weight", h.dequant_flops_per_weight}, {"pack_flops_per_weight", h.pack_flops_per_weight},
             {"decode_gemv_efficiency", h.decode_gemv_efficiency}, {"decode_gemv_flops_per_weight", h.decode_gemv_flops_per_weight},
             {"decode_gemv_bf16_efficiency", h.decode_gemv_bf16_efficiency},
-            {"decode_gemv_bf16_flops_per_weight", h.decode_gemv_bf16_flops_per_weight}, {"prefill_absorbed", h.prefill_absorbed},
+            {"decode_gemv_bf16_flops_per_weight", h.decode_gemv_bf16_flops_per_weight},
+            {"decode_gemv_bend_tokens", h.decode_gemv_bend_tokens}, {"decode_gemv_many_efficiency", h.decode_gemv_many_efficiency},
+            {"decode_gemv_bf16_many_efficiency", h.decode_gemv_bf16_many_efficiency}, {"prefill_absorbed", h.prefill_absorbed},
             {"engine_collectives", h.engine_collectives},
             {"memory_usable_fraction", h.memory_usable_fraction}, {"memory_reserve_gib", h.memory_reserve_gib},
             {"price_per_hour", h.price_per_hour},
@@ -253,10 +259,8 @@ std::string hardware_to_json(const Hardware& h) {
 // A decode-role product's seconds per weight = a + b * tokens, through the one-token time t1
 // and the kGemvTokens-token probe's rate (b: what each further token costs, its FMAs, x loads
 // and its share of the re-widening its token group pays; a: streaming and widening the weight
-// once), as an efficiency and FLOP-equivalents per weight: e = 2 / (b P), 2a / b. A straight
-// line through the two probes, used past them too (64 tokens): docs/PLAN.md has how close
-// it came on each machine. A missing probe, or noise that leaves b or a non-positive, leaves
-// both 0 (the GEMM costing).
+// once), as an efficiency and FLOP-equivalents per weight: e = 2 / (b P), 2a / b. A missing
+// probe, or noise that leaves b or a non-positive, leaves both 0 (the GEMM costing).
 static void decode_gemv_line(double t1, double tokens_gflops, double P, double& efficiency, double& flops_per_weight) {
   if (!(tokens_gflops > 0 && t1 > 0)) return;
   const double tn = 2.0 * kGemvTokens / (tokens_gflops * 1e9);
@@ -266,16 +270,29 @@ static void decode_gemv_line(double t1, double tokens_gflops, double P, double& 
   flops_per_weight = 2.0 * a / b;
 }
 
+// What each token costs past kGemvTokens, from the kGemvTokens- and kGemvTokensMany-token
+// probes, as an efficiency, kept where it is more than the first line's (e below its
+// efficiency): on the Zen 5 machine the bf16 tile's cost per weight was 46, 127 and 475 ps at
+// 1, 16 and 64 tokens, where the first line alone put 64 tokens at 366.
+static double decode_gemv_many_efficiency(double tokens_gflops, double many_gflops, double P, double first_efficiency) {
+  if (!(first_efficiency > 0 && tokens_gflops > 0 && many_gflops > 0)) return 0;
+  const double tn = 2.0 * kGemvTokens / (tokens_gflops * 1e9), tm = 2.0 * kGemvTokensMany / (many_gflops * 1e9);
+  const double b = (tm - tn) / (kGemvTokensMany - kGemvTokens);
+  if (!(b > 0) || !(2.0 / (b * P) < first_efficiency)) return 0;
+  return std::clamp(2.0 / (b * P), 1e-4, 1.0);
+}
+
 Hardware local_hardware_from(int threads, double bw, double gflops, const KernelRates& k) {
   Hardware h;
   h.name = "local";
-  char desc[640];
+  char desc[768];
   std::snprintf(desc, sizeof desc,
                 "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f GB/s (rows of %d; "
-                "%.0f GFLOP/s with %d tokens) / fp8 %.1f GB/s (%.0f GFLOP/s with %d tokens), GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, "
+                "%.0f / %.0f GFLOP/s with %d / %d tokens) / fp8 %.1f GB/s (%.0f / %.0f GFLOP/s), GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, "
                 "indexer %.1f, sparse decode %.1f, prefill attention %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
-                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_bf16_tokens_gflops, kGemvTokens, k.gemv_fp8_gbps,
-                k.gemv_fp8_tokens_gflops, kGemvTokens, k.gemm_small_gflops, kGemmSmallRows, k.gemm_large_gflops, kGemmLargeRows,
+                threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_bf16_tokens_gflops, k.gemv_bf16_many_gflops, kGemvTokens,
+                kGemvTokensMany, k.gemv_fp8_gbps, k.gemv_fp8_tokens_gflops, k.gemv_fp8_many_gflops, k.gemm_small_gflops, kGemmSmallRows,
+                k.gemm_large_gflops, kGemmLargeRows,
                 k.indexer_gflops, k.sparse_decode_gflops, k.prefill_attention_gflops, k.topk_keys_per_s / 1e6, k.elementwise_gbps,
                 k.call_overhead_us);
   h.description = desc;
@@ -323,6 +340,10 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   // The bf16 tile the same way, from the one-token bf16 GEMV (2 bytes per weight).
   decode_gemv_line(2.0 / (k.gemv_bf16_gbps * 1e9), k.gemv_bf16_tokens_gflops, P, h.decode_gemv_bf16_efficiency,
                    h.decode_gemv_bf16_flops_per_weight);
+  h.decode_gemv_bend_tokens = kGemvTokens;
+  h.decode_gemv_many_efficiency = decode_gemv_many_efficiency(k.gemv_fp8_tokens_gflops, k.gemv_fp8_many_gflops, P, h.decode_gemv_efficiency);
+  h.decode_gemv_bf16_many_efficiency =
+      decode_gemv_many_efficiency(k.gemv_bf16_tokens_gflops, k.gemv_bf16_many_gflops, P, h.decode_gemv_bf16_efficiency);
   h.eff.indexer = frac(k.indexer_gflops * 1e9 / P);
   h.eff.topk = frac(k.topk_keys_per_s / P);
   h.eff.attention_sparse_decode = h.eff.attention_dense = frac(k.sparse_decode_gflops * 1e9 / P);

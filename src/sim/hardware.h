@@ -67,6 +67,12 @@ struct Hardware {
   // use the fp8 pair above.
   double decode_gemv_bf16_efficiency = 0;
   double decode_gemv_bf16_flops_per_weight = 0;
+  // Past decode_gemv_bend_tokens tokens per weight each further token costs more than the
+  // lines above say (the tile turns compute-bound): 2 FLOPs per weight at these
+  // efficiencies (fp8, bf16) instead. 0: the lines hold at any token count.
+  double decode_gemv_bend_tokens = 0;
+  double decode_gemv_many_efficiency = 0;
+  double decode_gemv_bf16_many_efficiency = 0;
   // Prefill attention runs in the absorbed (MQA) form at every prompt length, as the CPU
   // engine does (model/mla.cpp: a token's attention then depends on its inputs and the
   // cache alone). false: the expanded (MHA) form while it costs fewer FLOPs, as DeepSeek's

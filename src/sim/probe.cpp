@@ -563,16 +563,19 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   r.gemv_bf16_cols = std::clamp(gemv_bf16_cols, 256, 65536);
   const Weights wb = std::make_shared<WeightBuffer>();
   Probe gemv_bf16 = gemv_bf16_probe(wb, r.gemv_bf16_cols, 1, 8), gemv_bf16_tokens = gemv_bf16_probe(wb, r.gemv_bf16_cols, kGemvTokens, 2),
-        gemv_fp8 = expert_gemv_probe(wb, 1, 6), gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemm_large = gemm_probe(wb, false),
+        gemv_bf16_many = gemv_bf16_probe(wb, r.gemv_bf16_cols, kGemvTokensMany, 1), gemv_fp8 = expert_gemv_probe(wb, 1, 6),
+        gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemv_many = expert_gemv_probe(wb, kGemvTokensMany, 1), gemm_large = gemm_probe(wb, false),
         gemm_small = gemm_probe(wb, true), indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
         prefill_attention = prefill_attention_probe(), elementwise = elementwise_probe(), call = call_probe(wb);
-  std::vector<Probe*> probes = {&gemv_bf16, &gemv_bf16_tokens, &gemv_fp8,      &gemv_tokens,       &gemm_large,  &gemm_small,
-                                &indexer,   &top,              &sparse_decode, &prefill_attention, &elementwise, &call};
+  std::vector<Probe*> probes = {&gemv_bf16,  &gemv_bf16_tokens, &gemv_bf16_many,    &gemv_fp8,    &gemv_tokens, &gemv_many, &gemm_large,
+                                &gemm_small, &indexer,          &top,               &sparse_decode, &prefill_attention, &elementwise, &call};
   run_rounds(probes, 15);
   r.gemv_bf16_gbps = rate(gemv_bf16) / 1e9;
   r.gemv_fp8_gbps = rate(gemv_fp8) / 1e9;
   r.gemv_fp8_tokens_gflops = rate(gemv_tokens) / 1e9;
   r.gemv_bf16_tokens_gflops = rate(gemv_bf16_tokens) / 1e9;
+  r.gemv_fp8_many_gflops = rate(gemv_many) / 1e9;
+  r.gemv_bf16_many_gflops = rate(gemv_bf16_many) / 1e9;
   r.gemm_large_gflops = rate(gemm_large) / 1e9;
   r.gemm_small_gflops = rate(gemm_small) / 1e9;
   r.indexer_gflops = rate(indexer) / 1e9;

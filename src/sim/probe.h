@@ -22,7 +22,7 @@ using dsa::physical_memory_bytes;
 // so that `dsa plan --hardware local` composes end-to-end predictions from measured
 // operators. The probes run interleaved, fifteen rounds of a few calls each; a rate is the
 // median over rounds of each round's mean call time (as `dsa bench` takes the median of
-// repeats, each a mean over tokens). About 2.5 s on two cores.
+// repeats, each a mean over tokens). About 3.5 s on two cores.
 struct KernelRates {
   double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix of gemv_bf16_cols columns, from DRAM
   int gemv_bf16_cols = 0;         // its row length: the planned model's hidden size (its lm_head's rows)
@@ -32,6 +32,9 @@ struct KernelRates {
                                       // batched decode step's products, the decode-role kernels)
   double gemv_bf16_tokens_gflops = 0;  // the bf16 GEMV above with kGemvTokens tokens (a batched decode
                                        // step's lm_head, the decode-role bf16 tile)
+  double gemv_fp8_many_gflops = 0;   // the fp8 and bf16 probes above with kGemvTokensMany tokens: past
+  double gemv_bf16_many_gflops = 0;  // kGemvTokens a token costs more than the line from one token to
+                                     // kGemvTokens says (the tile is compute-bound there)
   double gemm_small_gflops = 0;   // eight fp8 [1024 x 2048] GEMMs of kGemmSmallRows rows in a parallel
                                   // loop, one per thread (prefill experts, as the engine runs them)
   double gemm_large_gflops = 0;   // one such GEMM of kGemmLargeRows rows across the threads (a dense projection)
@@ -44,7 +47,7 @@ struct KernelRates {
   double elementwise_gbps = 0;    // norms, RoPE, indexer quantization, silu * up and cache writes of a
                                   // kEltTokens-token chunk, in the operator table's bytes per second
 };
-constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256, kGemvTokens = 16;
+constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256, kGemvTokens = 16, kGemvTokensMany = 64;
 // gemv_bf16_cols: the bf16 GEMV probe's row length. The GEMV pays a fixed cost per row on top
 // of its bytes (about 26 ns per row on two threads of the development machine: rows of 1024
 // stream at 22 GB/s where rows of 8192 reach 29), so the probe streams rows as long as those

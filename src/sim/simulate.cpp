@@ -85,19 +85,27 @@ OpTime time_op(const Op& op, const Hardware& hw, const KernelTable* kt) {
   const bool low = op.bits <= 8;
   const bool gemv = op.phase == Phase::Decode && op.cls == OpClass::Gemm && hw.decode_gemv_efficiency > 0;
   const bool gemv_bf16 = gemv && !low && hw.decode_gemv_bf16_efficiency > 0;
-  double per_weight = 0, eff = efficiency(hw, op);
-  if (gemv_bf16) {
-    per_weight = hw.decode_gemv_bf16_flops_per_weight;
-    eff = hw.decode_gemv_bf16_efficiency;
-  } else if (gemv) {
-    per_weight = low ? hw.decode_gemv_flops_per_weight : 0;
-    eff = hw.decode_gemv_efficiency;
-  } else if (low) {
-    per_weight = hw.dequant_flops_per_weight;
-    if (op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
+  const double peak = hw.peak_flops(op.bits) * hw.eff.sustained;
+  // Seconds at efficiency e with f FLOP-equivalents per weight beside the product's FLOPs.
+  auto seconds = [&](double e, double f) { return (op.flops + op.weight_elems * f) / (peak * e); };
+  double s = 0;
+  if (gemv) {
+    const double e1 = gemv_bf16 ? hw.decode_gemv_bf16_efficiency : hw.decode_gemv_efficiency;
+    const double f1 = gemv_bf16 ? hw.decode_gemv_bf16_flops_per_weight : low ? hw.decode_gemv_flops_per_weight : 0;
+    s = seconds(e1, f1);
+    // Tokens past the bend at the steeper rate, where the profile measured one.
+    const double e2 = gemv_bf16 ? hw.decode_gemv_bf16_many_efficiency : hw.decode_gemv_many_efficiency;
+    const double past = op.weight_elems > 0 ? op.flops / (2.0 * op.weight_elems) - hw.decode_gemv_bend_tokens : 0;
+    if (e2 > 0 && hw.decode_gemv_bend_tokens > 0 && past > 0) s += 2.0 * past * op.weight_elems / peak * (1.0 / e2 - 1.0 / e1);
+  } else {
+    double per_weight = 0;
+    if (low) {
+      per_weight = hw.dequant_flops_per_weight;
+      if (op.weight_elems > 0 && op.flops / (2.0 * op.weight_elems) >= kPackedGemmMinRows) per_weight += hw.pack_flops_per_weight;
+    }
+    s = seconds(efficiency(hw, op), per_weight);
   }
-  const double work = op.flops + op.weight_elems * per_weight;
-  t.compute_us = work / (hw.peak_flops(op.bits) * eff * hw.eff.sustained) * 1e6;
+  t.compute_us = s * 1e6;
   const double mem_eff = op.cls == OpClass::Memory ? hw.eff.elementwise : hw.eff.memory;
   t.memory_us = op.bytes / (hw.memory_bandwidth_gbps * 1e9 * mem_eff) * 1e6;
   t.time_us = std::max(t.compute_us, t.memory_us) + hw.launch_overhead_us * op.count;

@@ -302,6 +302,11 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   // b = 2 / (0.4 x 100e9) = 5e-11 s per further token: 2a / b = 2 (2 / 18e9 - 5e-11) / 5e-11.
   const double bf16_b = 5e-11, bf16_a = 2.0 / 18e9 - bf16_b;
   k.gemv_bf16_tokens_gflops = 2.0 * kGemvTokens / (bf16_a + kGemvTokens * bf16_b) / 1e9;
+  // Past kGemvTokens each further token costs more: bf16 1e-10 s per weight (e = 0.2), fp8
+  // 8.5e-11 s (e = 2 / 8.5).
+  const double bf16_t16 = bf16_a + kGemvTokens * bf16_b, fp8_t16 = 1.2e-10 + kGemvTokens * 8e-11;
+  k.gemv_bf16_many_gflops = 2.0 * kGemvTokensMany / (bf16_t16 + (kGemvTokensMany - kGemvTokens) * 1e-10) / 1e9;
+  k.gemv_fp8_many_gflops = 2.0 * kGemvTokensMany / (fp8_t16 + (kGemvTokensMany - kGemvTokens) * 8.5e-11) / 1e9;
   k.call_overhead_us = 3;
   k.elementwise_gbps = 1;  // / 20 GB/s -> 0.05
   const Hardware h = local_hardware_from(2, 20, 100, k);
@@ -321,6 +326,9 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(h.eff.attention_dense_prefill, 0.05, 1e-12);
   EXPECT_NEAR(h.decode_gemv_bf16_efficiency, 0.4, 1e-9);
   EXPECT_NEAR(h.decode_gemv_bf16_flops_per_weight, 2.0 * bf16_a / bf16_b, 1e-6);
+  EXPECT_EQ(h.decode_gemv_bend_tokens, kGemvTokens);
+  EXPECT_NEAR(h.decode_gemv_bf16_many_efficiency, 0.2, 1e-9);
+  EXPECT_NEAR(h.decode_gemv_many_efficiency, 2.0 / 8.5, 1e-9);
   EXPECT_EQ(h.launch_overhead_us, 3);
   EXPECT_NEAR(h.eff.elementwise, 0.05, 1e-12);
   EXPECT_EQ(h.eff.sustained, 1.0);  // the probes already time the kernels as the engine runs them
@@ -340,6 +348,8 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemv_fp8_tokens_gflops * 1e9) * 1e6, 1e-6);
   g.flops = 2.0 * 4 * g.weight_elems;  // four tokens: (2 x 4 + 3) / 25e9 s per weight
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, 11.0 / 25e9 * g.weight_elems * 1e6, 1e-6);
+  g.flops = 2.0 * kGemvTokensMany * g.weight_elems;  // the second line, through the many-token probe
+  EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemv_fp8_many_gflops * 1e9) * 1e6, 1e-6);
   // A bf16 decode product reproduces the bf16 probes, one token (at the GEMV's bandwidth)
   // and kGemvTokens; between them the line: four tokens (2 x 4 + 2a / b) / (0.4 x 100e9).
   Op bf = make_op("lm_head", OpClass::Gemm, 16, 1);
@@ -351,6 +361,12 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_NEAR(time_op(bf, h, nullptr).time_us - h.launch_overhead_us, bf.bytes / (k.gemv_bf16_gbps * 1e9) * 1e6, 1e-6);
   bf.flops = 2.0 * 4 * bf.weight_elems;
   EXPECT_NEAR(time_op(bf, h, nullptr).compute_us, (8.0 + 2.0 * bf16_a / bf16_b) / 40e9 * bf.weight_elems * 1e6, 1e-6);
+  bf.flops = 2.0 * kGemvTokensMany * bf.weight_elems;
+  EXPECT_NEAR(time_op(bf, h, nullptr).compute_us, bf.flops / (k.gemv_bf16_many_gflops * 1e9) * 1e6, 1e-6);
+  bf.flops = 2.0 * 32 * bf.weight_elems;  // between the two probes, on the second line
+  EXPECT_NEAR(time_op(bf, h, nullptr).compute_us, (bf16_t16 + 16 * 1e-10) * bf.weight_elems * 1e6, 1e-6);
+  g.flops = 2.0 * 32 * g.weight_elems;
+  EXPECT_NEAR(time_op(g, h, nullptr).compute_us, (fp8_t16 + 16 * 8.5e-11) * g.weight_elems * 1e6, 1e-6);
   // The profile's JSON carries the bf16 line and the attention form.
   const Hardware back = hardware_from_json_text(hardware_to_json(h), "back");
   EXPECT_TRUE(back.prefill_absorbed);
@@ -358,6 +374,9 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_FALSE(load_hardware("h200").engine_collectives);  // the GPU frameworks' collectives
   EXPECT_EQ(back.decode_gemv_bf16_efficiency, h.decode_gemv_bf16_efficiency);
   EXPECT_EQ(back.decode_gemv_bf16_flops_per_weight, h.decode_gemv_bf16_flops_per_weight);
+  EXPECT_EQ(back.decode_gemv_bf16_many_efficiency, h.decode_gemv_bf16_many_efficiency);
+  EXPECT_EQ(back.decode_gemv_many_efficiency, h.decode_gemv_many_efficiency);
+  EXPECT_EQ(back.decode_gemv_bend_tokens, h.decode_gemv_bend_tokens);
   std::string bad = hardware_to_json(h);
   bad.replace(bad.find("\"prefill_absorbed\": true"), 24, "\"prefill_absorbed\": 1");
   EXPECT_THROW(hardware_from_json_text(bad, "bad"), dsa::Error);
