@@ -327,37 +327,61 @@ Probe expert_gemv_probe(const Weights& wb, int tokens, int calls_per_round) {
           calls_per_round, work};
 }
 
-// Packed GEMMs on fp8 [1024 x 2048] weights (2 MiB each: compute-bound at these row counts).
-// kGemmLargeRows rows: one GEMM split across the threads (a dense prefill projection).
-// kGemmSmallRows rows: eight experts' GEMMs in a parallel loop, each on one thread, as the
-// engine's MoE prefill runs them (kernels called inside a parallel region run single-threaded).
-Probe gemm_probe(const Weights& wb, bool experts) {
-  static constexpr int kExperts = 8;
+// One packed GEMM of kGemmLargeRows rows on an fp8 [1024 x 2048] weight (2 MiB), split
+// across the threads: a dense prefill projection (compute-bound at this row count).
+Probe gemm_probe(const Weights& wb) {
   struct State {
-    std::vector<Linear> w = std::vector<Linear>(kExperts);
-    std::vector<float> x, y;
+    Linear w;
+    std::vector<float> x = floats(size_t(kGemmLargeRows) * 2048, 2), y = std::vector<float>(size_t(kGemmLargeRows) * 1024);
   };
   auto st = std::make_shared<State>();
-  for (int e = 0; e < kExperts; ++e) {
-    Linear& w = st->w[size_t(e)];
+  st->w.dtype = DType::F8_E4M3;
+  st->w.data = wb->bytes.data();
+  st->w.rows = 1024;
+  st->w.cols = 2048;
+  st->w.scale = wb->scales.data();
+  return {[wb, st] { kernels::linear(st->w, st->x.data(), kGemmLargeRows, st->y.data()); }, 2, 2.0 * kGemmLargeRows * 1024.0 * 2048.0};
+}
+
+// A prefill chunk's routed experts as the engine's MoE runs them (model/moe.cpp,
+// experts_prefill): eight experts of kGemmSmallRows rows each in a parallel loop, one per
+// thread at a time, each its gate and up GEMMs ([512 x 2048] fp8), silu * up and its down
+// GEMM ([2048 x 512]) on its own thread (kernels called inside a parallel region run
+// single-threaded). 24 MiB of weights per call, eight such sets in turn, so that every call
+// reads them from DRAM as a layer's experts do.
+Probe expert_gemm_probe(const Weights& wb) {
+  static constexpr int kExperts = 8, kSets = 8, M = kGemmSmallRows;
+  struct State {
+    std::vector<Linear> w = std::vector<Linear>(size_t(kExperts) * 3 * kSets);
+    std::vector<float> x = floats(size_t(kExperts) * M * 2048, 2), g = std::vector<float>(size_t(kExperts) * M * 512),
+                       u = std::vector<float>(size_t(kExperts) * M * 512), d = std::vector<float>(size_t(kExperts) * M * 2048);
+    size_t call = 0;
+  };
+  auto st = std::make_shared<State>();
+  for (size_t i = 0; i < st->w.size(); ++i) {
+    Linear& w = st->w[i];
+    const bool down = i % 3 == 2;
     w.dtype = DType::F8_E4M3;
-    w.data = wb->bytes.data() + size_t(e) * (size_t(2) << 20);
-    w.rows = 1024;
-    w.cols = 2048;
+    w.data = wb->bytes.data() + i * (size_t(1) << 20);
+    w.rows = down ? 2048 : 512;
+    w.cols = down ? 512 : 2048;
     w.scale = wb->scales.data();
   }
-  st->x = floats(size_t(kGemmLargeRows) * 2048, 2);
-  st->y.resize(size_t(std::max(kGemmLargeRows, kExperts * kGemmSmallRows)) * 1024);
-  if (!experts)
-    return {[wb, st] { kernels::linear(st->w[0], st->x.data(), kGemmLargeRows, st->y.data()); }, 2,
-            2.0 * kGemmLargeRows * 1024.0 * 2048.0};
   return {[wb, st] {
+            const Linear* set = &st->w[(st->call++ % kSets) * kExperts * 3];
 #pragma omp parallel for schedule(dynamic, 1)
-            for (int e = 0; e < kExperts; ++e)
-              kernels::linear(st->w[size_t(e)], st->x.data() + size_t(e) * kGemmSmallRows * 2048, kGemmSmallRows,
-                              st->y.data() + size_t(e) * kGemmSmallRows * 1024);
+            for (int e = 0; e < kExperts; ++e) {
+              const Linear* ex = set + size_t(e) * 3;
+              const size_t r = size_t(e) * M;
+              float* g = &st->g[r * 512];
+              float* u = &st->u[r * 512];
+              kernels::linear(ex[0], &st->x[r * 2048], M, g);
+              kernels::linear(ex[1], &st->x[r * 2048], M, u);
+              kernels::silu_mul(g, u, size_t(M) * 512, g);
+              kernels::linear(ex[2], g, M, &st->d[r * 2048]);
+            }
           },
-          2, 2.0 * kExperts * kGemmSmallRows * 1024.0 * 2048.0};
+          2, 2.0 * kExperts * M * 3.0 * 512.0 * 2048.0};
 }
 
 // Lightning indexer scan: 16 heads over 16,384 cached fp8 keys (2 MiB), each call on a
@@ -564,8 +588,8 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   const Weights wb = std::make_shared<WeightBuffer>();
   Probe gemv_bf16 = gemv_bf16_probe(wb, r.gemv_bf16_cols, 1, 8), gemv_bf16_tokens = gemv_bf16_probe(wb, r.gemv_bf16_cols, kGemvTokens, 2),
         gemv_bf16_many = gemv_bf16_probe(wb, r.gemv_bf16_cols, kGemvTokensMany, 1), gemv_fp8 = expert_gemv_probe(wb, 1, 6),
-        gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemv_many = expert_gemv_probe(wb, kGemvTokensMany, 1), gemm_large = gemm_probe(wb, false),
-        gemm_small = gemm_probe(wb, true), indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
+        gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemv_many = expert_gemv_probe(wb, kGemvTokensMany, 1), gemm_large = gemm_probe(wb),
+        gemm_small = expert_gemm_probe(wb), indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
         prefill_attention = prefill_attention_probe(), elementwise = elementwise_probe(), call = call_probe(wb);
   std::vector<Probe*> probes = {&gemv_bf16,  &gemv_bf16_tokens, &gemv_bf16_many,    &gemv_fp8,    &gemv_tokens, &gemv_many, &gemm_large,
                                 &gemm_small, &indexer,          &top,               &sparse_decode, &prefill_attention, &elementwise, &call};

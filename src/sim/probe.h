@@ -35,8 +35,9 @@ struct KernelRates {
   double gemv_fp8_many_gflops = 0;   // the fp8 and bf16 probes above with kGemvTokensMany tokens: past
   double gemv_bf16_many_gflops = 0;  // kGemvTokens a token costs more than the line from one token to
                                      // kGemvTokens says (the tile is compute-bound there)
-  double gemm_small_gflops = 0;   // eight fp8 [1024 x 2048] GEMMs of kGemmSmallRows rows in a parallel
-                                  // loop, one per thread (prefill experts, as the engine runs them)
+  double gemm_small_gflops = 0;   // eight experts' fp8 GEMMs (gate and up [512 x 2048], down [2048 x
+                                  // 512]) of kGemmSmallRows rows and their silu * up in a parallel
+                                  // loop, one expert per thread, weights from DRAM (prefill's experts)
   double gemm_large_gflops = 0;   // one such GEMM of kGemmLargeRows rows across the threads (a dense projection)
   double indexer_gflops = 0;      // indexer_scores: 16 heads over 16,384 fp8 keys, from DRAM
   double topk_keys_per_s = 0;     // topk: 2,048 of 16,384 scores
