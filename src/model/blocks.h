@@ -15,6 +15,12 @@ struct Step {
   int first(int s) const { return ws.seq_first[size_t(s)]; }
 };
 
+// Per-token work of a few hundred nanoseconds a call (RoPE, fp8 quantization, cache writes,
+// row copies) is split across the threads from this many tokens on: every token's result is
+// its own, so the split changes no bit, and a prompt chunk no longer runs it on one thread
+// while the others wait at the next kernel.
+constexpr int kParallelTokens = 16;
+
 // y = x · W[row0 : row0 + nrows]ᵀ over the step's tokens (x [n, cols], y [n, nrows]; nrows
 // < 0: all rows): the decode-role rows [0, nd) through the GEMV order, the rest through the
 // GEMM (kernels.h).

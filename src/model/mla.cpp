@@ -103,9 +103,12 @@ void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& 
   float* qn = ws.kv.data();                             // [n, nope] one head's q_nope
   float* lat = ws.kv.data() + size_t(n) * size_t(nope);  // [n, kv_lora] one head's latents
   auto row = [&](int i, int h) { return (size_t(t0 + i) * size_t(nh) + size_t(h)); };
+  const bool par = n >= kParallelTokens;
   for (int h = 0; h < nh; ++h) {
+#pragma omp parallel for schedule(static) if (par)
     for (int i = 0; i < n; ++i) std::memcpy(qn + size_t(i) * size_t(nope), &ws.q[row(i, h) * size_t(qk)], size_t(nope) * sizeof(float));
     kernels::linear_t(a.kv_b_proj, qn, n, lat, (h0 + h) * (nope + vd), nope);
+#pragma omp parallel for schedule(static) if (par)
     for (int i = 0; i < n; ++i) {
       std::memcpy(&ws.q_lat[row(i, h) * size_t(Lr)], lat + size_t(i) * size_t(Lr), size_t(Lr) * sizeof(float));
       std::memcpy(&ws.q_pe[row(i, h) * size_t(R)], &ws.q[row(i, h) * size_t(qk) + size_t(nope)], size_t(R) * sizeof(float));
@@ -135,8 +138,10 @@ void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& 
   }
   float* ov = lat + size_t(n) * size_t(Lr);  // [n, v] one head's output, after the latents
   for (int h = 0; h < nh; ++h) {
+#pragma omp parallel for schedule(static) if (par)
     for (int i = 0; i < n; ++i) std::memcpy(lat + size_t(i) * size_t(Lr), &ws.o_lat[row(i, h) * size_t(Lr)], size_t(Lr) * sizeof(float));
     kernels::linear(a.kv_b_proj, lat, n, ov, (h0 + h) * (nope + vd) + nope, vd);
+#pragma omp parallel for schedule(static) if (par)
     for (int i = 0; i < n; ++i) std::memcpy(&ws.attn[(size_t(t0 + i) * size_t(nh) + size_t(h)) * size_t(vd)], ov + size_t(i) * size_t(vd), size_t(vd) * sizeof(float));
   }
 }
@@ -177,6 +182,7 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
 
   // q = q_b(rmsnorm(q_a(x))), per head [nope | rope]; MLA RoPE is interleaved (pairs 2i, 2i+1).
   project(st, w);
+#pragma omp parallel for schedule(static) if (n >= kParallelTokens)
   for (int i = 0; i < n; ++i)
     for (int h = 0; h < nh; ++h)
       kernels::rope(&ws.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk) + size_t(nope)], R, cos_at(ws.pos[size_t(i)]),
@@ -185,6 +191,7 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
   // kv_a(x) = [latent | k_rope]; the latent is normalized, the rope key rotated, and both
   // go to the sequence's cache. Attention below reads them back from the cache, so a
   // quantized cache (fp8) affects prefill and decode alike, as in deployment.
+#pragma omp parallel for schedule(static) if (n >= kParallelTokens)
   for (int i = 0; i < n; ++i) {
     const int p = ws.pos[size_t(i)];
     const float* kv = &ws.kva[size_t(i) * size_t(Lr + R)];
