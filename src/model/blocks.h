@@ -21,6 +21,19 @@ struct Step {
 // while the others wait at the next kernel.
 constexpr int kParallelTokens = 16;
 
+// fn(i) for the tokens i in [0, n): across the threads from kParallelTokens tokens on, else
+// on the calling thread without entering a parallel region (even an inactive one costs about
+// a microsecond, several times per layer of every decode step).
+template <class F>
+void for_each_token(int n, F&& fn) {
+  if (n < kParallelTokens) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; ++i) fn(i);
+}
+
 // y = x · W[row0 : row0 + nrows]ᵀ over the step's tokens (x [n, cols], y [n, nrows]; nrows
 // < 0: all rows): the decode-role rows [0, nd) through the GEMV order, the rest through the
 // GEMM (kernels.h).

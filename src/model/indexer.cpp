@@ -25,27 +25,25 @@ void indexer_block(const Step& st, const LayerWeights& w, int layer, int cache_l
   // queries), one 128-vector per head. Hadamard rotation before fp8 (as DeepSeek's demo,
   // SGLang and llama.cpp): spreads outliers so one block scale fits; fp8 scales are ue8m0
   // for every checkpoint.
-  const bool par = n >= kParallelTokens;
-#pragma omp parallel for schedule(static) if (par)
-  for (int i = 0; i < n; ++i)
+  for_each_token(n, [&](int i) {
     for (int h = 0; h < nih; ++h)
       kernels::rope(&ws.iq[(size_t(i) * size_t(nih) + size_t(h)) * 128], R, cos_at(ws.pos[size_t(i)]), sin_at(ws.pos[size_t(i)]), interleave);
+  });
   kernels::hadamard128(ws.iq.data(), n * nih);
-#pragma omp parallel for schedule(static) if (par)
-  for (int r = 0; r < n * nih; ++r)
-    kernels::act_quant_fp8(&ws.iq[size_t(r) * 128], 128, 128, true, &ws.iq8[size_t(r) * 128], &ws.iq_scale[size_t(r)]);
+  for_each_token(n, [&](int i) {
+    for (size_t r = size_t(i) * size_t(nih); r < size_t(i + 1) * size_t(nih); ++r)
+      kernels::act_quant_fp8(&ws.iq[r * 128], 128, 128, true, &ws.iq8[r * 128], &ws.iq_scale[r]);
+  });
 
   // One key per token: LayerNorm(wk(x)) (eps 1e-6), rope, Hadamard, fp8 into the cache.
   kernels::layernorm(ws.ik.data(), x.k_norm_weight, x.k_norm_bias, n, 128, 1e-6f, ws.ik.data());
-#pragma omp parallel for schedule(static) if (par)
-  for (int i = 0; i < n; ++i) kernels::rope(&ws.ik[size_t(i) * 128], R, cos_at(ws.pos[size_t(i)]), sin_at(ws.pos[size_t(i)]), interleave);
+  for_each_token(n, [&](int i) { kernels::rope(&ws.ik[size_t(i) * 128], R, cos_at(ws.pos[size_t(i)]), sin_at(ws.pos[size_t(i)]), interleave); });
   kernels::hadamard128(ws.ik.data(), n);
-#pragma omp parallel for schedule(static) if (par)
-  for (int i = 0; i < n; ++i) {
+  for_each_token(n, [&](int i) {
     const int64_t slot = st.kv.mla(cache_layer, st.b.seqs[ws.tok_seq[size_t(i)]].blocks).slot(ws.pos[size_t(i)]);
     kernels::act_quant_fp8(&ws.ik[size_t(i) * 128], 128, 128, true, st.kv.index_k(cache_layer) + size_t(slot) * 128,
                            st.kv.index_scale(cache_layer) + slot);
-  }
+  });
 
   // Head weights: weights_proj(x) * n_heads^-0.5 * q_scale * 128^-0.5 (the softmax scale
   // folded in, as the reference does).

@@ -103,16 +103,13 @@ void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& 
   float* qn = ws.kv.data();                             // [n, nope] one head's q_nope
   float* lat = ws.kv.data() + size_t(n) * size_t(nope);  // [n, kv_lora] one head's latents
   auto row = [&](int i, int h) { return (size_t(t0 + i) * size_t(nh) + size_t(h)); };
-  const bool par = n >= kParallelTokens;
   for (int h = 0; h < nh; ++h) {
-#pragma omp parallel for schedule(static) if (par)
-    for (int i = 0; i < n; ++i) std::memcpy(qn + size_t(i) * size_t(nope), &ws.q[row(i, h) * size_t(qk)], size_t(nope) * sizeof(float));
+    for_each_token(n, [&](int i) { std::memcpy(qn + size_t(i) * size_t(nope), &ws.q[row(i, h) * size_t(qk)], size_t(nope) * sizeof(float)); });
     kernels::linear_t(a.kv_b_proj, qn, n, lat, (h0 + h) * (nope + vd), nope);
-#pragma omp parallel for schedule(static) if (par)
-    for (int i = 0; i < n; ++i) {
+    for_each_token(n, [&](int i) {
       std::memcpy(&ws.q_lat[row(i, h) * size_t(Lr)], lat + size_t(i) * size_t(Lr), size_t(Lr) * sizeof(float));
       std::memcpy(&ws.q_pe[row(i, h) * size_t(R)], &ws.q[row(i, h) * size_t(qk) + size_t(nope)], size_t(R) * sizeof(float));
-    }
+    });
   }
   MlaCacheView view = cache;
   const int ctx = pos0 + n;
@@ -138,11 +135,11 @@ void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& 
   }
   float* ov = lat + size_t(n) * size_t(Lr);  // [n, v] one head's output, after the latents
   for (int h = 0; h < nh; ++h) {
-#pragma omp parallel for schedule(static) if (par)
-    for (int i = 0; i < n; ++i) std::memcpy(lat + size_t(i) * size_t(Lr), &ws.o_lat[row(i, h) * size_t(Lr)], size_t(Lr) * sizeof(float));
+    for_each_token(n, [&](int i) { std::memcpy(lat + size_t(i) * size_t(Lr), &ws.o_lat[row(i, h) * size_t(Lr)], size_t(Lr) * sizeof(float)); });
     kernels::linear(a.kv_b_proj, lat, n, ov, (h0 + h) * (nope + vd) + nope, vd);
-#pragma omp parallel for schedule(static) if (par)
-    for (int i = 0; i < n; ++i) std::memcpy(&ws.attn[(size_t(t0 + i) * size_t(nh) + size_t(h)) * size_t(vd)], ov + size_t(i) * size_t(vd), size_t(vd) * sizeof(float));
+    for_each_token(n, [&](int i) {
+      std::memcpy(&ws.attn[(size_t(t0 + i) * size_t(nh) + size_t(h)) * size_t(vd)], ov + size_t(i) * size_t(vd), size_t(vd) * sizeof(float));
+    });
   }
 }
 
@@ -182,17 +179,16 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
 
   // q = q_b(rmsnorm(q_a(x))), per head [nope | rope]; MLA RoPE is interleaved (pairs 2i, 2i+1).
   project(st, w);
-#pragma omp parallel for schedule(static) if (n >= kParallelTokens)
-  for (int i = 0; i < n; ++i)
+  for_each_token(n, [&](int i) {
     for (int h = 0; h < nh; ++h)
       kernels::rope(&ws.q[(size_t(i) * size_t(nh) + size_t(h)) * size_t(qk) + size_t(nope)], R, cos_at(ws.pos[size_t(i)]),
                     sin_at(ws.pos[size_t(i)]), true);
+  });
 
   // kv_a(x) = [latent | k_rope]; the latent is normalized, the rope key rotated, and both
   // go to the sequence's cache. Attention below reads them back from the cache, so a
   // quantized cache (fp8) affects prefill and decode alike, as in deployment.
-#pragma omp parallel for schedule(static) if (n >= kParallelTokens)
-  for (int i = 0; i < n; ++i) {
+  for_each_token(n, [&](int i) {
     const int p = ws.pos[size_t(i)];
     const float* kv = &ws.kva[size_t(i) * size_t(Lr + R)];
     float* lat = &ws.latent[size_t(i) * size_t(Lr)];
@@ -201,7 +197,7 @@ void attention_block(const Step& st, const LayerWeights& w, int layer, int cache
     std::memcpy(kr, kv + Lr, size_t(R) * sizeof(float));
     kernels::rope(kr, R, cos_at(p), sin_at(p), true);
     kernels::mla_cache_write(st.kv.mla(cache_layer, st.b.seqs[ws.tok_seq[size_t(i)]].blocks), p, lat, kr);
-  }
+  });
 
   // Key selection: a full layer runs its own indexer; a shared layer reuses the top-k of
   // the most recent full layer, still in ws.topk for these same tokens.

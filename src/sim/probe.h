@@ -38,7 +38,7 @@ struct KernelRates {
   double gemm_small_gflops = 0;   // eight experts' fp8 GEMMs (gate and up [512 x 2048], down [2048 x
                                   // 512]) of kGemmSmallRows rows and their silu * up in a parallel
                                   // loop, one expert per thread, weights from DRAM (prefill's experts)
-  double gemm_large_gflops = 0;   // one such GEMM of kGemmLargeRows rows across the threads (a dense projection)
+  double gemm_large_gflops = 0;   // one fp8 [1024 x 2048] GEMM of kGemmLargeRows rows across the threads (a dense projection)
   double indexer_gflops = 0;      // indexer_scores: 16 heads over 16,384 fp8 keys, from DRAM
   double topk_keys_per_s = 0;     // topk: 2,048 of 16,384 scores
   double sparse_decode_gflops = 0;   // mla_sparse_decode: 16 heads, 2,048 of 16,384 fp8 latents, from DRAM
