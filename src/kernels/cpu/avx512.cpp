@@ -150,7 +150,7 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y,
     __m512 a[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
     for (int c = 0; c < kfull; c += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + c + ahead), _MM_HINT_T0);
+      prefetch_stream(reinterpret_cast<const char*>(wr + c + ahead));
       const Fp8x64 f = fp8x64_bits(wr + c);
       for (int t = 0; t < NT; ++t) {
         const float* xt = xs + size_t(t) * size_t(K) + c;
@@ -188,7 +188,7 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
       if constexpr (NR == 2) {
         Fp8x64 f[NR];
         for (int j = 0; j < NR; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+          prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
           f[j] = fp8x64_bits(wr[j] + c);
         }
         for (int t = 0; t < NT; ++t) {
@@ -207,7 +207,7 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
             pin(xv[t][q]);
           }
         for (int j = 0; j < NR; ++j) {
-          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+          prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
           const Fp8x64 f = fp8x64_bits(wr[j] + c);
           for (int t = 0; t < NT; ++t) fp8_fma4(f, xv[t], a[j][t]);
         }
@@ -241,7 +241,7 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
       const __m512 xv[4] = {_mm512_loadu_ps(xs + c), _mm512_loadu_ps(xs + c + 16), _mm512_loadu_ps(xs + c + 32),
                             _mm512_loadu_ps(xs + c + 48)};
       for (int j = 0; j < 4; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+        prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
         fp8_fma4(fp8x64_bits(wr[j] + c), xv, a[j]);
       }
     }
@@ -286,7 +286,7 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
     __m512 a[NT];
     for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
     for (int c = 0; c < k32; c += 32) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + c) + ahead, _MM_HINT_T0);
+      prefetch_stream(reinterpret_cast<const char*>(wr + c) + ahead);
       const __m512i v = load_weights64(wr + c);
       const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
       for (int t = 0; t < NT; ++t) {
@@ -326,7 +326,7 @@ void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, in
   for (int c = c0; c < c1; c += 32) {
     __m512 we[NR], wo[NR];
     for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);
+      prefetch_stream(reinterpret_cast<const char*>(wr[j] + c) + ahead);
       const __m512i v = load_weights64(wr[j] + c);
       we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
@@ -393,7 +393,7 @@ void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, i
     for (int c = 0; c < k32; c += 32) {
       const __m512 xe = _mm512_loadu_ps(xd + c), xo = _mm512_loadu_ps(xd + c + 16);
       for (int j = 0; j < 4; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);
+        prefetch_stream(reinterpret_cast<const char*>(wr[j] + c) + ahead);
         const __m512i v = load_weights64(wr[j] + c);
         a[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, a[j]);
         a[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), xo, a[j]);

@@ -148,7 +148,7 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const fl
         for (int j = 0; j < 4; ++j) {
           // Rows are short streams (0.5-4 KB) that the hardware prefetcher picks up late;
           // fetch the same columns a few groups of four rows ahead (>= 8 KB).
-          _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c + ahead), _MM_HINT_T0);
+          prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
           const Fp8x32 f = fp8x32_bits(wr[j] + c);
           a[j][0] = _mm256_fmadd_ps(f.b3, x3, a[j][0]);
           a[j][1] = _mm256_fmadd_ps(f.b2, x2, a[j][1]);
@@ -235,7 +235,7 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const f
     for (int c = 0; c < k16; c += 16) {
       const __m256 xe = _mm256_loadu_ps(xd + c), xo = _mm256_loadu_ps(xd + c + 8);
       for (int j = 0; j < 4; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + c) + ahead, _MM_HINT_T0);  // as in gemv_fp8_avx2
+        prefetch_stream(reinterpret_cast<const char*>(wr[j] + c) + ahead);  // as in gemv_fp8_avx2
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + c));
         a[j][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, a[j][0]);
         a[j][1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi_mask)), xo, a[j][1]);
@@ -266,7 +266,7 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, c
       __m256 a[NT][2];
       for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
       for (int c = c0; c < c0 + bc; c += 32) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr + c + ahead), _MM_HINT_T0);
+        prefetch_stream(reinterpret_cast<const char*>(wr + c + ahead));
         const Fp8x32 f = fp8x32_bits(wr + c);
         for (int t = 0; t < NT; ++t) {
           const float* xs = xp + size_t(t) * size_t(K) + c;
@@ -319,8 +319,8 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
     __m256 a[NT][2], b[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = b[t][0] = b[t][1] = _mm256_setzero_ps();
     for (int c = 0; c < k16; c += 16) {
-      _mm_prefetch(reinterpret_cast<const char*>(w0 + c) + ahead, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w1 + c) + ahead, _MM_HINT_T0);
+      prefetch_stream(reinterpret_cast<const char*>(w0 + c) + ahead);
+      prefetch_stream(reinterpret_cast<const char*>(w1 + c) + ahead);
       const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + c));
       const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1 + c));
       const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi_mask));
@@ -344,7 +344,7 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
     __m256 a[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
     for (int c = 0; c < k16; c += 16) {
-      if ((c & 31) == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + c) + ahead, _MM_HINT_T0);  // 64 bytes per 32 columns
+      if ((c & 31) == 0) prefetch_stream(reinterpret_cast<const char*>(wr + c) + ahead);  // 64 bytes per 32 columns
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + c));
       const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
       for (int t = 0; t < NT; ++t) {
@@ -808,7 +808,7 @@ __attribute__((target("avx2,fma"))) bool linear_t_one_fp8_avx2(const Linear& w, 
       const __m256 s6 = _mm256_set1_ps(xv(r + 6, c0)), s7 = _mm256_set1_ps(xv(r + 7, c0));
       for (int c = c0; c < c0 + bc; c += 8) {
         if ((c & 63) == 0 && r + 24 <= nrows)  // the same columns 16 rows ahead (8 KB at 512 columns)
-          for (int j = 16; j < 24; ++j) _mm_prefetch(reinterpret_cast<const char*>(p + size_t(j) * ld + size_t(c)), _MM_HINT_T0);
+          for (int j = 16; j < 24; ++j) prefetch_stream(reinterpret_cast<const char*>(p + size_t(j) * ld + size_t(c)));
         __m256 acc = _mm256_loadu_ps(y + c);
         acc = _mm256_fmadd_ps(fp8x8_bits(p + c), s0, acc);
         acc = _mm256_fmadd_ps(fp8x8_bits(p + ld + c), s1, acc);

@@ -10,6 +10,14 @@ namespace dsa::kernels::cpu {
 // is otherwise folded into each of them as a memory operand (one load per use).
 __attribute__((target("avx2,fma"))) inline void in_register(__m256& v) { __asm__("" : "+x"(v)); }
 
+// Prefetches a weight stream's line into L2, not L1. On Zen 4 (32 KB L1, two cores) an L1
+// prefetch (T0) held the one-token fp8 stream to 22 GB/s of a 33-35 GB/s read bandwidth,
+// into L2 (T1) it ran at 27-32 GB/s; the bf16 lm_head and the multi-token tiles gained too
+// (docs/KERNELS.md). A line prefetched into L1 holds one of its few miss buffers until it
+// arrives; one bound for L2 waits in L2's deeper queue, and the load that follows finds it
+// there in time.
+inline void prefetch_stream(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+
 // Sum of the eight lanes.
 __attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
