@@ -160,7 +160,7 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
   const double step_s = 1.0 / median(bt.tg);
   const double roof_s = roofline_s(dc, bw, peak);
   nlohmann::json j = {{"model", a.model}, {"threads", threads}, {"isa", kernels::isa_name(kernels::isa())},
-                      {"cpu_features", kernels::cpu_features()}, {"batch", B}, {"depth", a.depth}, {"gen_tokens", a.gen},
+                      {"bf16_dot", kernels::bf16_dot()}, {"cpu_features", kernels::cpu_features()}, {"batch", B}, {"depth", a.depth}, {"gen_tokens", a.gen},
                       {"repeat", a.repeat}, {"kv_cache", a.kv_cache},
                       {"decode_aggregate_tokens_per_s", median(bt.tg) * B}, {"decode_per_seq_tokens_per_s", median(bt.tg)},
                       {"decode_step_ms", step_s * 1e3}, {"decode_step_bytes", dc.bytes}, {"decode_step_flops", dc.flops},
@@ -181,8 +181,8 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
 void print_batch(const Args& a, const nlohmann::json& j, WeightTable weights) {
   using namespace dsa;
   const auto num = [&](const char* k) { return j[k].get<double>(); };
-  std::printf("model %s, %d threads, %s kernels, batch %d, depth %d, kv cache %s\n", a.model.c_str(), j["threads"].get<int>(),
-              kernels::isa_name(kernels::isa()), a.batch, a.depth, a.kv_cache.c_str());
+  std::printf("model %s, %d threads, %s kernels%s, batch %d, depth %d, kv cache %s\n", a.model.c_str(), j["threads"].get<int>(),
+              kernels::isa_name(kernels::isa()), kernels::bf16_dot() ? " (bf16 dot products)" : "", a.batch, a.depth, a.kv_cache.c_str());
   std::printf("decode  %d x %d tokens: %8.1f tok/s aggregate, %.1f tok/s per sequence, %.1f ms/step\n", a.batch, a.gen,
               num("decode_aggregate_tokens_per_s"), num("decode_per_seq_tokens_per_s"), num("decode_step_ms"));
   std::printf("        step: %.1f MB, %.1f GFLOP; roofline %.1f ms (%s-bound: %.1f GB/s read, %.0f GFLOP/s FMA peak) = %.2f of it\n",
@@ -336,6 +336,7 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
   nlohmann::json j = {{"model", a.model},
                       {"threads", threads},
                       {"isa", kernels::isa_name(kernels::isa())},
+                      {"bf16_dot", kernels::bf16_dot()},
                       {"cpu_features", kernels::cpu_features()},
                       {"numa_nodes", numa_status().nodes},
                       {"numa_interleaved", numa_status().interleaved},
@@ -379,8 +380,8 @@ void print_single(const Args& a, const nlohmann::json& j) {
   const double bytes = num("decode_bytes_per_token"), flops = num("prefill_flops_per_token"), peak = num("peak_gflops");
   const double bw = num("read_bandwidth_gbps"), pps = num("prefill_tokens_per_s"), tgs = num("decode_tokens_per_s");
   const int nodes = j["numa_nodes"].get<int>();
-  std::printf("model %s, %d threads, %s kernels, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), j["threads"].get<int>(),
-              kernels::isa_name(kernels::isa()), a.depth, a.kv_cache.c_str(), nodes, nodes > 1 ? "s" : "",
+  std::printf("model %s, %d threads, %s kernels%s, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), j["threads"].get<int>(),
+              kernels::isa_name(kernels::isa()), kernels::bf16_dot() ? " (bf16 dot products)" : "", a.depth, a.kv_cache.c_str(), nodes, nodes > 1 ? "s" : "",
               j["numa_interleaved"].get<bool>() ? " (pages interleaved)" : "");
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);

@@ -73,7 +73,8 @@ void run(const std::string& dir, const Layout& layout) {
                   full * ModelConfig::indexer_cache_bytes(c.index_head_dim);
   const int bf16 = c.num_hidden_layers * 2 * (c.kv_lora_rank + c.qk_rope_head_dim) + full * ModelConfig::indexer_cache_bytes(c.index_head_dim);
   std::printf("model:        %s\n", dir.c_str());
-  std::printf("kernels:      %s tier (cpu: %s)\n", kernels::isa_name(kernels::isa()), kernels::cpu_features().c_str());
+  std::printf("kernels:      %s tier%s (cpu: %s)\n", kernels::isa_name(kernels::isa()), kernels::bf16_dot() ? ", bf16 dot products" : "",
+              kernels::cpu_features().c_str());
   std::printf("family:       %s (%s)\n", c.family == Family::DeepseekV32 ? "DeepSeek-V3.2" : "GLM-5", c.model_type.c_str());
   std::printf("layers:       %d (%d dense + %d MoE)%s\n", c.num_hidden_layers, std::min(c.first_k_dense_replace, c.num_hidden_layers),
               c.num_hidden_layers - std::min(c.first_k_dense_replace, c.num_hidden_layers),

@@ -114,6 +114,24 @@ const char* isa_name(Isa t) {
   return "?";
 }
 
+bool bf16_dot_supported() { return supported(Isa::Avx512) && features().avx512bf16; }
+
+namespace {
+bool& bf16_state() {
+  static bool on = [] {
+    const char* e = std::getenv("DSA_BF16");
+    return bf16_dot_supported() && !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+}  // namespace
+
+bool bf16_dot() { return isa() == Isa::Avx512 && bf16_state(); }
+void set_bf16_dot(bool on) {
+  DSA_CHECK(!on || bf16_dot_supported(), "this CPU has no AVX512-BF16 dot products");
+  bf16_state() = on;
+}
+
 bool isa_supported(Isa t) { return supported(t); }
 Isa isa() { return current(); }
 void set_isa(Isa t) {
@@ -123,6 +141,7 @@ void set_isa(Isa t) {
 
 namespace cpu {
 void force_isa(Isa t) { current() = t; }
+void force_bf16_dot(bool on) { bf16_state() = on; }
 }  // namespace cpu
 
 std::string cpu_features() {

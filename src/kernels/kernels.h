@@ -76,6 +76,13 @@ Isa isa();
 void set_isa(Isa t);  // throws when the CPU cannot run it
 // The vector extensions CPUID reports, e.g. "avx2 fma f16c avx512f ... amx-tile".
 std::string cpu_features();
+// AVX512-BF16 dot products inside the avx512 tier, for the one product whose operands are
+// exact in bf16: the indexer scan's fp8 q and keys (twice the products per instruction of
+// an f32 FMA). On where the CPU has AVX512-BF16, unless DSA_BF16=0; off in other tiers. Its
+// scores differ from the f32 scan's in the last bits (pairs of products summed per step).
+bool bf16_dot_supported();
+bool bf16_dot();
+void set_bf16_dot(bool on);  // throws when on and unsupported
 
 // Sizes every worker thread's kernel scratch (GEMV input buffers up to max_cols columns, the
 // sparse decode's tile for n_heads heads of latent_dim = kv_lora + rope values and its

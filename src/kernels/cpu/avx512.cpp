@@ -678,6 +678,86 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
 }
 
 
+// ---- lightning indexer scan on AVX512-BF16 ------------------------------------------
+// Only the functions that issue vdpbf16ps are compiled for AVX512-BF16 (the tier does not
+// require it; bf16_dot() says when these run).
+#ifdef DSA_AVX512_EMULATED
+#define DSA_BF16_TARGET
+#else
+#define DSA_BF16_TARGET __attribute__((target("avx512bf16")))
+#endif
+
+// q and the keys are e4m3 codes: exact in bf16 (3 mantissa bits of 7), and the product of
+// two is exact in f32, so vdpbf16ps takes two products per lane per instruction where an f32
+// FMA takes one. q comes as 2^-56 times its values (the f32 scan's 2^64 * 2^-120, so the
+// same w applies) and the keys at their values: every operand and product is a normal
+// number, which the instruction's flush of denormals never touches. Each instruction adds a
+// pair of products to the running sum, so the scores differ from the f32 chain's in the last
+// bits.
+
+// 32 e4m3 codes as bf16 bits, in order: the magnitude's bits moved under bf16's exponent
+// bias (code << 4 plus 120 << 7) for normal codes, a table for the eight subnormal ones
+// (m * 2^-9), then the sign. Code 0x7F (NaN in e4m3fn) becomes 480, as the f32 scan's bit
+// trick reads it.
+inline __m512i bf16x32_from_fp8(const uint8_t* p, __m512i subnormals) {
+  const __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // bit 7 kept
+  const __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7F));
+  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(m, 4), _mm512_set1_epi16(0x3C00));
+  const __mmask32 is_normal = _mm512_test_epi16_mask(m, _mm512_set1_epi16(0x78));  // exponent bits set
+  const __m512i b = _mm512_mask_blend_epi16(is_normal, _mm512_permutexvar_epi16(m, subnormals), normal);
+  return _mm512_or_si512(b, _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8));
+}
+
+inline __m512bh as_bh(__m512i v) {
+  __m512bh b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// dots for kIndexKeys keys against NG groups of 16 heads: per row pair i, one q load per
+// group and one broadcast of each key's pair (kb [key][128] bf16 bits).
+template <int NG>
+DSA_BF16_TARGET void index_dots_bf16(const uint32_t* qP, size_t ldq, const uint16_t (*kb)[128], float* s, size_t lds) {
+  __m512 a[kIndexKeys][NG];
+#pragma GCC unroll 12
+  for (int j = 0; j < kIndexKeys; ++j)
+    for (int g = 0; g < NG; ++g) a[j][g] = _mm512_setzero_ps();
+  for (int i = 0; i < 64; ++i, qP += ldq) {
+    __m512bh q[NG];
+    for (int g = 0; g < NG; ++g) q[g] = as_bh(_mm512_loadu_si512(qP + 16 * g));
+#pragma GCC unroll 12
+    for (int j = 0; j < kIndexKeys; ++j) {
+      uint32_t pair;
+      std::memcpy(&pair, &kb[j][2 * i], sizeof pair);
+      const __m512bh kv = as_bh(_mm512_set1_epi32(int32_t(pair)));
+      for (int g = 0; g < NG; ++g) a[j][g] = _mm512_dpbf16_ps(a[j][g], q[g], kv);
+    }
+  }
+#pragma GCC unroll 12
+  for (int j = 0; j < kIndexKeys; ++j)
+    for (int g = 0; g < NG; ++g) _mm512_storeu_ps(s + size_t(j) * lds + 16 * size_t(g), a[j][g]);
+}
+
+DSA_BF16_TARGET void indexer_lanes_bf16(const uint32_t* qP, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1,
+                        float* out) {
+  alignas(64) static const uint16_t kSubnormals[32] = {0, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
+  const __m512i sub = _mm512_load_si512(kSubnormals);
+  alignas(64) uint16_t kb[kIndexKeys][128];
+  alignas(64) float dots[kIndexKeys * 64];  // [key][hp]
+  for (int t = t0; t < t1; t += kIndexKeys) {
+    const int cnt = std::min(kIndexKeys, t1 - t);
+    for (int j = 0; j < kIndexKeys; ++j) {
+      const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
+      for (int c = 0; c < 128; c += 32) _mm512_store_si512(&kb[j][c], bf16x32_from_fp8(src + c, sub));
+    }
+    int g = 0;
+    for (; g + 32 <= hp; g += 32) index_dots_bf16<2>(qP + g, size_t(hp), kb, dots + g, size_t(hp));
+    if (g < hp) index_dots_bf16<1>(qP + g, size_t(hp), kb, dots + g, size_t(hp));
+    for (int j = 0; j < cnt; ++j) out[t + j] = relu_weighted_sum(dots + j * hp, w, hp) * k_scale[t + j];
+  }
+}
+
+
 // ---- element-wise and top-k --------------------------------------------------------
 // exp on 16 lanes: the avx2 exp8's range reduction and polynomial step for step, so each
 // lane is bitwise exp8's. 2^n is built from the integral n by the 1.5 * 2^23 rounding trick
@@ -899,7 +979,7 @@ int topk_emit(const float* scores, int n, uint32_t tau, int ties, int k, int32_t
 namespace dsa::kernels::cpu {
 #ifdef DSA_AVX512_EMULATED
 const Avx512Kernels& avx512_emulated_kernels() {
-  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::scores16, avx512_emulated::accumulate16,
+  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::indexer_lanes_bf16, avx512_emulated::scores16, avx512_emulated::accumulate16,
                                  avx512_emulated::softmax16, avx512_emulated::rmsnorm_row, avx512_emulated::silu_mul,
                                  avx512_emulated::topk_bins, avx512_emulated::topk_gather, avx512_emulated::topk_emit,
                                  avx512_emulated::hadamard128_one};
@@ -907,7 +987,7 @@ const Avx512Kernels& avx512_emulated_kernels() {
 }
 #else
 const Avx512Kernels& avx512_native() {
-  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::scores16, avx512::accumulate16,
+  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::indexer_lanes_bf16, avx512::scores16, avx512::accumulate16,
                                  avx512::softmax16, avx512::rmsnorm_row, avx512::silu_mul, avx512::topk_bins, avx512::topk_gather,
                                  avx512::topk_emit, avx512::hadamard128_one};
   return k;

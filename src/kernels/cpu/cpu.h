@@ -51,6 +51,11 @@ struct Avx512Kernels {
   // The indexer scan of keys [t0, t1) of one contiguous run (indexer_scores' inner kernel):
   // qT [128][hp] for hp a multiple of 16, w [hp]; every score bitwise the avx2 kernel's.
   void (*indexer_lanes)(const float* qT, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1, float* out);
+  // The same scan on AVX512-BF16 dot products (bf16_dot()): qP [64][hp], lane h of row i
+  // holding q[h][2i] (low half) and q[h][2i + 1] as bf16, each 2^-56 times its e4m3 value;
+  // the same w. Scores within a few ulps of the f32 scan's.
+  void (*indexer_lanes_bf16)(const uint32_t* qP, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1,
+                             float* out);
   // The sparse attention tile's two products for one group of 16 heads in lanes (the avx2
   // kernels' two 8-lane groups, every lane's sum in their order, so bitwise theirs):
   // s[j][0:16) = Σ_d k_j[d] qT[d][0:16) for n tokens (a multiple of 4), and
@@ -84,5 +89,6 @@ const Avx512Kernels& avx512_native();
 const Avx512Kernels& avx512_kernels();
 void emulate_avx512(const Avx512Kernels* k);
 void force_isa(Isa t);  // set_isa without the CPU check (emulate_avx512 only)
+void force_bf16_dot(bool on);  // set_bf16_dot without the CPU check (the emulated tier's tests)
 
 }  // namespace dsa::kernels::cpu

@@ -138,10 +138,26 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexK
   }
   const int hp = (n_heads + 7) / 8 * 8;
   const bool wide = isa() == Isa::Avx512 && hp % 16 == 0;  // the avx512 scan: whole registers of 16 heads
-  alignas(32) float qT[128 * 64];
+  const bool bf16 = wide && bf16_dot();
+  alignas(64) float qT[128 * 64];
+  alignas(64) uint32_t qP[64 * 64];  // the bf16 scan's q: row pairs of bf16 (kernels/cpu/cpu.h)
   alignas(32) float wp[64];
+  // bf16 bits of an e4m3 value times 2^-56: exact, the value has four significant bits.
+  auto bf16_bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u >> 16;
+  };
   for (int h = 0; h < hp; ++h) {
     wp[h] = h < n_heads ? w[h] * 0x1p56f : 0.0f;  // undoes 2^64 * 2^-120 (positive: commutes with ReLU)
+    if (bf16) {
+      for (int i = 0; i < 64; ++i) {
+        const float lo = h < n_heads ? fp8_e4m3_to_f32(q8[h * 128 + 2 * i]) * 0x1p-56f : 0.0f;
+        const float hi = h < n_heads ? fp8_e4m3_to_f32(q8[h * 128 + 2 * i + 1]) * 0x1p-56f : 0.0f;
+        qP[i * hp + h] = bf16_bits(lo) | (bf16_bits(hi) << 16);
+      }
+      continue;
+    }
     for (int d = 0; d < 128; ++d) qT[d * hp + h] = h < n_heads ? fp8_e4m3_to_f32(q8[h * 128 + d]) * 0x1p64f : 0.0f;
   }
   // The scan over every cached key (132 bytes each) goes in chunks of up to 256 keys that
@@ -155,7 +171,8 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexK
     const int t1 = std::min({n_keys, t0 + kChunk, (run + 1) * span});
     if (t0 >= t1) return;
     const int64_t slot = keys.slot(t0);
-    if (wide) avx512_kernels().indexer_lanes(qT, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
+    if (bf16) avx512_kernels().indexer_lanes_bf16(qP, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
+    else if (wide) avx512_kernels().indexer_lanes(qT, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
     else indexer_scores_lanes(qT, wp, hp, keys.k8 + size_t(slot) * 128, keys.k_scale + slot, 0, t1 - t0, out + t0);
   };
   const int n_chunks = runs * per_run;
