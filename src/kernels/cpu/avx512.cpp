@@ -150,7 +150,7 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y,
     __m512 a[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm512_setzero_ps();
     for (int c = 0; c < kfull; c += 64) {
-      prefetch_stream(reinterpret_cast<const char*>(wr + c + ahead));
+      prefetch_stream(wr + c + ahead);
       const Fp8x64 f = fp8x64_bits(wr + c);
       for (int t = 0; t < NT; ++t) {
         const float* xt = xs + size_t(t) * size_t(K) + c;
@@ -188,7 +188,7 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
       if constexpr (NR == 2) {
         Fp8x64 f[NR];
         for (int j = 0; j < NR; ++j) {
-          prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
+          prefetch_stream(wr[j] + c + ahead);
           f[j] = fp8x64_bits(wr[j] + c);
         }
         for (int t = 0; t < NT; ++t) {
@@ -207,7 +207,7 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
             pin(xv[t][q]);
           }
         for (int j = 0; j < NR; ++j) {
-          prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
+          prefetch_stream(wr[j] + c + ahead);
           const Fp8x64 f = fp8x64_bits(wr[j] + c);
           for (int t = 0; t < NT; ++t) fp8_fma4(f, xv[t], a[j][t]);
         }
@@ -241,7 +241,7 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
       const __m512 xv[4] = {_mm512_loadu_ps(xs + c), _mm512_loadu_ps(xs + c + 16), _mm512_loadu_ps(xs + c + 32),
                             _mm512_loadu_ps(xs + c + 48)};
       for (int j = 0; j < 4; ++j) {
-        prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
+        prefetch_stream(wr[j] + c + ahead);
         fp8_fma4(fp8x64_bits(wr[j] + c), xv, a[j]);
       }
     }

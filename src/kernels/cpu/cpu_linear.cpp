@@ -148,7 +148,7 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const fl
         for (int j = 0; j < 4; ++j) {
           // Rows are short streams (0.5-4 KB) that the hardware prefetcher picks up late;
           // fetch the same columns a few groups of four rows ahead (>= 8 KB).
-          prefetch_stream(reinterpret_cast<const char*>(wr[j] + c + ahead));
+          prefetch_stream(wr[j] + c + ahead);
           const Fp8x32 f = fp8x32_bits(wr[j] + c);
           a[j][0] = _mm256_fmadd_ps(f.b3, x3, a[j][0]);
           a[j][1] = _mm256_fmadd_ps(f.b2, x2, a[j][1]);
@@ -266,7 +266,7 @@ __attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, c
       __m256 a[NT][2];
       for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
       for (int c = c0; c < c0 + bc; c += 32) {
-        prefetch_stream(reinterpret_cast<const char*>(wr + c + ahead));
+        prefetch_stream(wr + c + ahead);
         const Fp8x32 f = fp8x32_bits(wr + c);
         for (int t = 0; t < NT; ++t) {
           const float* xs = xp + size_t(t) * size_t(K) + c;
@@ -808,7 +808,7 @@ __attribute__((target("avx2,fma"))) bool linear_t_one_fp8_avx2(const Linear& w, 
       const __m256 s6 = _mm256_set1_ps(xv(r + 6, c0)), s7 = _mm256_set1_ps(xv(r + 7, c0));
       for (int c = c0; c < c0 + bc; c += 8) {
         if ((c & 63) == 0 && r + 24 <= nrows)  // the same columns 16 rows ahead (8 KB at 512 columns)
-          for (int j = 16; j < 24; ++j) prefetch_stream(reinterpret_cast<const char*>(p + size_t(j) * ld + size_t(c)));
+          for (int j = 16; j < 24; ++j) prefetch_stream(p + size_t(j) * ld + size_t(c));
         __m256 acc = _mm256_loadu_ps(y + c);
         acc = _mm256_fmadd_ps(fp8x8_bits(p + c), s0, acc);
         acc = _mm256_fmadd_ps(fp8x8_bits(p + ld + c), s1, acc);

@@ -10,7 +10,8 @@ namespace dsa::kernels::cpu {
 // is otherwise folded into each of them as a memory operand (one load per use).
 __attribute__((target("avx2,fma"))) inline void in_register(__m256& v) { __asm__("" : "+x"(v)); }
 
-// Prefetches a weight stream's line into L2, not L1. On Zen 4 (32 KB L1, two cores) an L1
+// Prefetches a line of a stream (a GEMV's weight rows, sparse attention's gathered latents)
+// into L2, not L1. On Zen 4 (32 KB L1, two cores) an L1
 // prefetch (T0) held the one-token fp8 stream to 22 GB/s of a 33-35 GB/s read bandwidth,
 // into L2 (T1) it ran at 27-32 GB/s; the bf16 lm_head and the multi-token tiles gained too
 // (docs/KERNELS.md). A line prefetched into L1 holds one of its few miss buffers until it
