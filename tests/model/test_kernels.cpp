@@ -421,15 +421,23 @@ TEST_P(CacheTwin, SparseDecodeMatchesRef) {
   kernels::cpu::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, a.data());
   kernels::ref::mla_sparse_decode(c, ql.data(), qr.data(), heads, many.data(), int(many.size()), 0.3f, b.data());
   EXPECT_LE(max_rel(a, b), 1e-5);
-  // 8 heads (one lane group), 12 (the last group half padding), 24 (a pair of groups and an
-  // odd one), from a query with more heads than the test's 16.
+  // 2, 3 and 5 heads (a tensor-parallel rank's share of a small model), 8 (one lane group),
+  // 12 (the last group half padding), 24 (a pair of groups and an odd one), from a query with
+  // more heads than the test's 16.
   const auto qlw = randv(size_t(24) * L, 27), qrw = randv(size_t(24) * R, 28);
-  for (int hh : {8, 12, 24}) {
+  std::vector<std::vector<float>> by_count;
+  for (int hh : {2, 3, 5, 8, 12, 24}) {
     std::vector<float> aw(size_t(hh) * L), bw(aw.size());
     kernels::cpu::mla_sparse_decode(c, qlw.data(), qrw.data(), hh, many.data(), int(many.size()), 0.3f, aw.data());
     kernels::ref::mla_sparse_decode(c, qlw.data(), qrw.data(), hh, many.data(), int(many.size()), 0.3f, bw.data());
     EXPECT_LE(max_rel(aw, bw), 1e-5) << hh << " heads";
+    by_count.push_back(aw);
   }
+  // A head's output does not depend on how many heads share the call: tensor parallelism
+  // gives each rank a slice of the heads and must reproduce one process's bits.
+  for (size_t i = 0; i + 1 < by_count.size(); ++i)
+    for (size_t v = 0; v < by_count[i].size(); ++v)
+      ASSERT_EQ(by_count[i][v], by_count.back()[v]) << by_count[i].size() / L << " heads, value " << v;
   // DeepSeek-sized head count over a long selection (indices may repeat): eight partials
   // per call, merged across the threads.
   {

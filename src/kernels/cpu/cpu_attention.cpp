@@ -572,7 +572,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
 
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat) {
-  if (!use_avx2() || n_heads % 4 != 0 || n_heads > 256 || c.kv_lora % 16 != 0 || c.kv_lora + c.rope > 2048 || n_idx <= 0) {
+  if (!use_avx2() || n_heads > 256 || c.kv_lora % 16 != 0 || c.kv_lora + c.rope > 2048 || n_idx <= 0) {
     ref::mla_sparse_decode(c, q_lat, q_rope, n_heads, idx, n_idx, scale, o_lat);
     return;
   }
