@@ -207,6 +207,7 @@ struct ParallelFlags {
     if (n > 1) {
       dist::set_stage_size(s.group());
       s.sum = &dist::sum;
+      s.sum_f64 = &dist::sum_f64;
       s.gather_columns = &dist::gather_columns;
       s.send = &dist::send;
       s.recv = &dist::recv;
@@ -216,6 +217,7 @@ struct ParallelFlags {
       s.sum_scatter_rows = &dist::sum_scatter_rows;
       s.exchange_counts = &dist::exchange_counts;
       s.exchange_rows = &dist::exchange_rows;
+      s.exchange_rows_f64 = &dist::exchange_rows_f64;
       s.moe_dispatch = moe_dispatch_from_env();
     }
     return s;

@@ -71,29 +71,37 @@ static const float* gather_tokens(Workspace& ws, const float* xn, int e, int k, 
   return xg;
 }
 
-// out row t = the routing-weighted sum of token t's k expert outputs, slots in order
-// (the reference's summation order); on an expert-parallel rank, of the slots whose
-// experts it owns (the ranks' partial rows are summed afterwards). Rows of `width` columns
-// in d and out: the hidden size, or a tensor-parallel member's columns of it.
-static void combine_token(Workspace& ws, const RankShard& shard, int E, float* out, int t, int k, int width) {
-  out += size_t(t) * size_t(width);
-  std::fill(out, out + width, 0.0f);
+// Row t of acc = the routing-weighted sum of token t's k expert outputs, slots in order
+// (the reference's order); on an expert-parallel rank, of the slots whose experts it owns
+// (the ranks' partial rows are summed afterwards). Rows of `width` columns in d and acc: the
+// hidden size, or a tensor-parallel member's columns of it.
+//
+// Why doubles: the ranks of an expert-parallel layout hold disjoint slots, and adding their
+// rounded f32 partial sums differs from one process's sum by an ulp or so; with an fp8
+// latent cache such an ulp can move a cached value across an e4m3 rounding step (1/16 of
+// it) and the logits by about 1e-3. A product of two floats is exact in a double and a sum
+// of k + 1 of them rounds at 2^-53 of the largest, so the float each row ends as
+// (round_rows) is the same bits however the terms are grouped over ranks, unless the sum
+// lies within that of a float rounding boundary (about one value in 5e8).
+static void combine_token(Workspace& ws, const RankShard& shard, int E, double* acc, int t, int k, int width) {
+  acc += size_t(t) * size_t(width);
+  std::fill(acc, acc + width, 0.0);
   for (int j = 0; j < k; ++j) {
     const int r = t * k + j;
     if (!shard.owns(ws.expert_ids[size_t(r)], E)) continue;
-    const float wt = ws.expert_w[size_t(r)];
+    const double wt = ws.expert_w[size_t(r)];
     const float* dj = &ws.d[size_t(ws.expert_pos[size_t(r)]) * size_t(width)];
-    for (int h = 0; h < width; ++h) out[h] += wt * dj[h];
+    for (int h = 0; h < width; ++h) acc[h] += wt * double(dj[h]);
   }
 }
 
 // The shared expert's rows of this rank, [n, rs.out] at ds, added into the combined rows
 // (`width` columns from column `col0` of the hidden state) where its columns fall.
-static void add_shared(float* out, const float* ds, const MlpRows& rs, int n, int width, int col0) {
+static void add_shared(double* acc, const float* ds, const MlpRows& rs, int n, int width, int col0) {
   for (int t = 0; t < n; ++t) {
-    float* o = out + size_t(t) * size_t(width) + size_t(rs.out0 - col0);
+    double* a = acc + size_t(t) * size_t(width) + size_t(rs.out0 - col0);
     const float* d = ds + size_t(t) * size_t(rs.out);
-    for (int h = 0; h < rs.out; ++h) o[h] += d[h];
+    for (int h = 0; h < rs.out; ++h) a[h] += double(d[h]);
   }
 }
 
@@ -171,7 +179,7 @@ static void run_jobs(const kernels::LinearJob* jobs, int nj) {
 // allows, so each expert's weights stream once per step. Under tensor parallelism each round
 // computes this member's rows, the intermediate parts are gathered between the rounds and
 // the output's columns after them.
-static void experts_decode(const Step& st, const MoeWeights& w, const float* xn, float* out, int n, int n_active) {
+static void experts_decode(const Step& st, const MoeWeights& w, const float* xn, double* acc, int n, int n_active) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int k = c.num_experts_per_tok, H = c.hidden_size;
@@ -216,17 +224,15 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
   if (shared) jobs[nj++] = {&w.shared_experts.down_proj, act_s, ds, n, rs.out0, rs.out};
   run_jobs(jobs, nj);
   // Weighted combine per token, then the shared expert.
-  float* o = re.split ? ws.proj_part.data() : out;
-  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, o, t, k, re.out);
-  if (shared) add_shared(o, ds, rs, n, re.out, re.out0);
-  if (re.split) st.m.shard.gather_columns(o, n, H, out);
+  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, acc, t, k, re.out);
+  if (shared) add_shared(acc, ds, rs, n, re.out, re.out0);
 }
 
 // A prefill chunk: experts in parallel, one per thread at a time (dynamic: their token
 // counts differ), each running its three GEMMs on its own thread: one parallel region per
 // layer instead of three per expert, and every expert's rows stay disjoint in xg, g, u, d.
 // Tensor-parallel experts take two regions, their intermediate parts gathered between them.
-static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn, float* out, int n, int n_active) {
+static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn, double* acc, int n, int n_active) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int k = c.num_experts_per_tok, H = c.hidden_size;
@@ -261,42 +267,48 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
   }
 
   // Weighted combine per token (each output row written by one thread).
-  float* o = re.split ? ws.proj_part.data() : out;
 #pragma omp parallel for schedule(static)
-  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, o, t, k, re.out);
+  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, acc, t, k, re.out);
   if (runs_shared_expert(st, w)) {
     const MlpRows rs = mlp_rows(st.m.shard, w.shared_experts, st.m.shard.splits_mlps());
     mlp_part(st, w.shared_experts, rs, n, false, xn, ws.d.data());
-    add_shared(o, ws.d.data(), rs, n, re.out, re.out0);
+    add_shared(acc, ws.d.data(), rs, n, re.out, re.out0);
   }
-  if (re.split) st.m.shard.gather_columns(o, n, H, out);
+}
+
+// The combined rows [n, re.out] rounded into out [n, hidden]; a tensor-parallel member's
+// columns are gathered from every member.
+static void round_rows(const Step& st, const MlpRows& re, const double* acc, int n, float* out) {
+  float* o = re.split ? st.ws.proj_part.data() : out;
+  for (size_t i = 0; i < size_t(n) * size_t(re.out); ++i) o[i] = float(acc[i]);
+  if (re.split) st.m.shard.gather_columns(o, n, st.m.config.hidden_size, out);
 }
 
 // Data-parallel attention, dispatch by all-gather: every rank's tokens of the role are
 // gathered, each rank routes them all and runs its experts over them, and each token's
-// partial outputs are summed onto its own rank (reduce-scatter).
-static void moe_dp_allgather(const Step& st, const MoeWeights& w, int layer, int t0, int total, bool decode, float* out) {
+// partial outputs are summed onto its own rank (reduce-scatter) into mine [n, hidden].
+static void moe_dp_allgather(const Step& st, const MoeWeights& w, int layer, int t0, int total, bool decode, double* mine) {
   Workspace& ws = st.ws;
   const RankShard& sh = st.m.shard;
   const int H = st.m.config.hidden_size;
   const int* rows = ws.dp_rows.data();
   sh.gather_rows(ws.xn.data() + size_t(t0) * size_t(H), rows, H, ws.moe_x.data());
   const int n_active = route_and_group(st, w, ws.moe_x.data(), layer, -1, total, decode);
-  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
-  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_part.data(), total, n_active);
-  sh.sum_scatter_rows(ws.moe_part.data(), rows, H, out);
+  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_acc.data(), total, n_active);
+  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_acc.data(), total, n_active);
+  sh.sum_scatter_rows(ws.moe_acc.data(), rows, H, mine);
 }
 
 // Data-parallel attention, dispatch by all-to-all: each rank routes its own n tokens and
 // sends each, with its routes, only to the ranks that own one of its experts; they run their
 // experts over what they receive and send each token's partial output back, and its rank
-// sums the partials in rank order.
-static void moe_dp_alltoall(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode, float* out) {
+// sums the partials in rank order into mine [n, hidden].
+static void moe_dp_alltoall(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode, double* mine) {
   Workspace& ws = st.ws;
   const RankShard& sh = st.m.shard;
   const ModelConfig& c = st.m.config;
   const int H = c.hidden_size, k = c.num_experts_per_tok, E = c.n_routed_experts, G = sh.group(), R = 2 * k;
-  DSA_CHECK(sh.exchange_counts && sh.exchange_rows, "moe: data-parallel attention without its all-to-all");
+  DSA_CHECK(sh.exchange_counts && sh.exchange_rows && sh.exchange_rows_f64, "moe: data-parallel attention without its all-to-all");
   const float* xn = ws.xn.data() + size_t(t0) * size_t(H);
   route_tokens(st, w, xn, layer, t0, n, decode);
   std::copy_n(ws.expert_ids.begin(), size_t(n) * size_t(k), ws.dp_ids.begin());
@@ -334,16 +346,16 @@ static void moe_dp_alltoall(const Step& st, const MoeWeights& w, int layer, int 
       ws.expert_w[size_t(q * k + j)] = ws.dp_routes_in[size_t(q * R + k + j)];
     }
   const int n_active = group_by_expert(st, m);
-  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_part.data(), m, n_active);
-  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_part.data(), m, n_active);
+  if (decode) experts_decode(st, w, ws.moe_x.data(), ws.moe_acc.data(), m, n_active);
+  else experts_prefill(st, w, ws.moe_x.data(), ws.moe_acc.data(), m, n_active);
   // The partials back to their tokens' ranks (the exchange reversed), summed in rank order.
-  sh.exchange_rows(ws.moe_part.data(), ws.dp_recv_rows.data(), ws.dp_send_rows.data(), H, ws.xg.data());
-  std::fill(out, out + size_t(n) * size_t(H), 0.0f);
-  const float* back = ws.xg.data();
+  sh.exchange_rows_f64(ws.moe_acc.data(), ws.dp_recv_rows.data(), ws.dp_send_rows.data(), H, ws.moe_back.data());
+  std::fill(mine, mine + size_t(n) * size_t(H), 0.0);
+  const double* back = ws.moe_back.data();
   for (int r = 0; r < G; ++r)
     for (int i = 0; i < n; ++i) {
       if (!goes_to(i, r)) continue;
-      float* o = out + size_t(i) * size_t(H);
+      double* o = mine + size_t(i) * size_t(H);
       for (int h = 0; h < H; ++h) o[h] += back[h];
       back += H;
     }
@@ -381,13 +393,17 @@ static void moe_block_dp(const Step& st, const MoeWeights& w, int layer, int t0,
   if (total == 0) return;
   if (total > ws.opt.max_tokens)  // every rank sees the same counts, so every rank stops here
     throw Error("moe: " + std::to_string(total) + " tokens over the data-parallel ranks, the workspace holds " + std::to_string(ws.opt.max_tokens));
+  double* mine = ws.moe_part.data();
+  if (dispatch_alltoall(sh, st.m.config, total)) moe_dp_alltoall(st, w, layer, t0, n, decode, mine);
+  else moe_dp_allgather(st, w, layer, t0, total, decode, mine);
+  if (n == 0) return;
+  const size_t nH = size_t(n) * size_t(H);
+  if (w.has_shared) {
+    mlp_block(st, w.shared_experts, n, decode, ws.xn.data() + size_t(t0) * size_t(H), ws.d.data());
+    for (size_t i = 0; i < nH; ++i) mine[i] += double(ws.d[i]);
+  }
   float* out = ws.moe_out.data() + size_t(t0) * size_t(H);
-  if (dispatch_alltoall(sh, st.m.config, total)) moe_dp_alltoall(st, w, layer, t0, n, decode, out);
-  else moe_dp_allgather(st, w, layer, t0, total, decode, out);
-  if (!w.has_shared || n == 0) return;
-  const float* xn = ws.xn.data() + size_t(t0) * size_t(H);
-  mlp_block(st, w.shared_experts, n, decode, xn, ws.d.data());
-  for (size_t i = 0; i < size_t(n) * size_t(H); ++i) out[i] += ws.d[i];
+  for (size_t i = 0; i < nH; ++i) out[i] = float(mine[i]);
 }
 
 void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode) {
@@ -398,19 +414,20 @@ void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bo
   Workspace& ws = st.ws;
   const size_t H = size_t(st.m.config.hidden_size);
   const float* xn = ws.xn.data() + size_t(t0) * H;
-  float* out = ws.moe_out.data() + size_t(t0) * H;
+  double* acc = ws.moe_acc.data();
   const int n_active = route_and_group(st, w, xn, layer, t0, n, decode);
-  if (decode) experts_decode(st, w, xn, out, n, n_active);
-  else experts_prefill(st, w, xn, out, n, n_active);
-  // Expert parallelism: one all-reduce of the partial outputs, n x hidden floats. The
+  if (decode) experts_decode(st, w, xn, acc, n, n_active);
+  else experts_prefill(st, w, xn, acc, n, n_active);
+  // Expert parallelism: one all-reduce of the partial outputs, n x hidden doubles. The
   // alternative, dispatching each token to the ranks of its experts and combining back
   // (all-to-all), moves k x hidden per token and pays off only when attention is split
   // by sequence across ranks; with attention on every rank every token is already
   // everywhere, and the reduce is the one collective.
   if (st.m.shard.ep > 1) {
-    DSA_CHECK(st.m.shard.sum, "moe: an expert-parallel model without its all-reduce");
-    st.m.shard.sum(out, size_t(n) * H);
+    DSA_CHECK(st.m.shard.sum_f64, "moe: an expert-parallel model without its all-reduce");
+    st.m.shard.sum_f64(acc, size_t(n) * H);
   }
+  round_rows(st, expert_rows(st, w), acc, n, ws.moe_out.data() + size_t(t0) * H);
 }
 
 }  // namespace dsa

@@ -115,6 +115,7 @@ struct RankShard {
   // this rank's stage: the sum of the members' data in place (on every member), and each
   // member's [rows, cols / group()] block into its columns of out [rows, cols].
   void (*sum)(float* data, size_t n) = nullptr;
+  void (*sum_f64)(double* data, size_t n) = nullptr;  // the MoE's unrounded partial outputs (moe.cpp)
   void (*gather_columns)(const float* part, int rows, int cols, float* out) = nullptr;
   // Over the job (world ranks): point to point between stages, and a broadcast from `root`.
   void (*send)(const void* data, size_t bytes, int to) = nullptr;
@@ -125,11 +126,12 @@ struct RankShard {
   // members of all [sum of counts, cols], each member keeping its own block in mine.
   void (*gather_counts)(int mine, int* all) = nullptr;
   void (*gather_rows)(const float* mine, const int* counts, int cols, float* all) = nullptr;
-  void (*sum_scatter_rows)(const float* all, const int* counts, int cols, float* mine) = nullptr;
+  void (*sum_scatter_rows)(const double* all, const int* counts, int cols, double* mine) = nullptr;
   // All-to-all over the stage: one int to and from each member, and row blocks of `cols`
-  // floats (send_rows[r] rows to member r, recv_rows[r] from it, blocks in member order).
+  // floats or doubles (send_rows[r] rows to member r, recv_rows[r] from it, blocks in member order).
   void (*exchange_counts)(const int* send, int* recv) = nullptr;
   void (*exchange_rows)(const float* send, const int* send_rows, const int* recv_rows, int cols, float* recv) = nullptr;
+  void (*exchange_rows_f64)(const double* send, const int* send_rows, const int* recv_rows, int cols, double* recv) = nullptr;
   MoeDispatch moe_dispatch = MoeDispatch::Auto;
 
   int group() const { return ranks / pp; }

@@ -62,7 +62,7 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   const size_t qk = size_t(cfg.qk_head_dim()), nope = size_t(cfg.qk_nope_head_dim), v = size_t(cfg.v_head_dim);
   const size_t ih = size_t(cfg.index_n_heads), K = size_t(cfg.index_topk);
   pos.resize(T); tok_seq.resize(T); ids.resize(T); seq_first.resize(size_t(opt.max_seqs) + 1); logit_first.resize(size_t(opt.max_seqs));
-  x.resize(T * H); xn.resize(T * H); h_final.resize(T * H); proj.resize(T * H); moe_out.resize(T * H);
+  x.resize(T * H); xn.resize(T * H); h_final.resize(T * H); proj.resize(T * H); moe_out.resize(T * H); moe_acc.resize(T * H);
   qa.resize(T * size_t(cfg.q_lora_rank)); qr.resize(T * size_t(cfg.q_lora_rank));
   q.resize(T * nh * qk);
   kva.resize(T * (L + R));
@@ -104,6 +104,7 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   if (opt.dp_ranks > 1) {
     moe_x.resize(T * H);
     moe_part.resize(T * H);
+    moe_back.resize(T * std::min(size_t(opt.dp_ranks), k) * H);
     dp_send_rows.resize(size_t(opt.dp_ranks));
     dp_recv_rows.resize(size_t(opt.dp_ranks));
     dp_ids.resize(T * k);

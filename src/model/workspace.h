@@ -65,7 +65,11 @@ struct Workspace {
   std::vector<int32_t> expert_active;        // [n_routed] experts with tokens in this call
   std::vector<float> xg, g, u, d;            // [T * experts_per_tok, hidden|inter]
   std::vector<float> moe_out;                // [T, hidden]
-  std::vector<float> moe_x, moe_part;        // data-parallel attention: [T, hidden] every rank's tokens, their partial outputs
+  std::vector<double> moe_acc;               // [T, hidden] expert outputs summed before rounding (moe.cpp)
+  // Data-parallel attention: every rank's tokens [T, hidden], this rank's tokens' sums over
+  // the ranks [T, hidden], and the partial sums an all-to-all returns [T * min(ranks, k), hidden].
+  std::vector<float> moe_x;
+  std::vector<double> moe_part, moe_back;
   std::vector<int32_t> dp_rows;              // [dp_ranks] each rank's tokens (or rows) in an exchange
   // Data-parallel MoE by all-to-all (moe.cpp): rows sent to and received from each rank, this
   // rank's tokens' routes, and each sent row's routes out and each received row's in.

@@ -158,16 +158,27 @@ void set_stage_size(int group) {
 #endif
 }
 
-void sum(float* data, size_t n) {
+#ifdef DSA_HAVE_MPI
+namespace {
+template <class T> MPI_Datatype mpi_type();
+template <> MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <> MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+}  // namespace
+#endif
+
+template <class T>
+static void sum_over_stage(T* data, size_t n) {
   if (!g_active || g_stage_size == 1) return;
 #ifdef DSA_HAVE_MPI
   Waiting w("the all-reduce");
-  in_pieces(n, [&](size_t off, int k) { MPI_Allreduce(MPI_IN_PLACE, data + off, k, MPI_FLOAT, MPI_SUM, g_stage); });
+  in_pieces(n, [&](size_t off, int k) { MPI_Allreduce(MPI_IN_PLACE, data + off, k, mpi_type<T>(), MPI_SUM, g_stage); });
 #else
   (void)data;
   (void)n;
 #endif
 }
+void sum(float* data, size_t n) { sum_over_stage(data, n); }
+void sum_f64(double* data, size_t n) { sum_over_stage(data, n); }
 
 void gather_columns(const float* part, int rows, int cols, float* out) {
   if (!g_active || g_stage_size == 1) {
@@ -231,7 +242,7 @@ void gather_rows(const float* mine, const int* counts, int cols, float* all) {
 #endif
 }
 
-void sum_scatter_rows(const float* all, const int* counts, int cols, float* mine) {
+void sum_scatter_rows(const double* all, const int* counts, int cols, double* mine) {
   if (!g_active || g_stage_size == 1) {
     std::copy_n(all, size_t(counts[0]) * size_t(cols), mine);
     return;
@@ -239,7 +250,7 @@ void sum_scatter_rows(const float* all, const int* counts, int cols, float* mine
 #ifdef DSA_HAVE_MPI
   Waiting w("the reduce-scatter");
   row_layout(counts, cols);
-  MPI_Reduce_scatter(all, mine, g_counts.data(), MPI_FLOAT, MPI_SUM, g_stage);
+  MPI_Reduce_scatter(all, mine, g_counts.data(), MPI_DOUBLE, MPI_SUM, g_stage);
 #endif
 }
 
@@ -254,7 +265,8 @@ void exchange_counts(const int* send, int* recv) {
 #endif
 }
 
-void exchange_rows(const float* send, const int* send_rows, const int* recv_rows, int cols, float* recv) {
+template <class T>
+static void exchange_rows_of(const T* send, const int* send_rows, const int* recv_rows, int cols, T* recv) {
   if (!g_active || g_stage_size == 1) {
     std::copy_n(send, size_t(send_rows[0]) * size_t(cols), recv);
     return;
@@ -263,10 +275,17 @@ void exchange_rows(const float* send, const int* send_rows, const int* recv_rows
   Waiting w("the all-to-all of rows");
   row_layout(send_rows, cols);
   row_layout(recv_rows, cols, g_recv_counts, g_recv_displs);
-  MPI_Alltoallv(send, g_counts.data(), g_displs.data(), MPI_FLOAT, recv, g_recv_counts.data(), g_recv_displs.data(), MPI_FLOAT, g_stage);
+  MPI_Alltoallv(send, g_counts.data(), g_displs.data(), mpi_type<T>(), recv, g_recv_counts.data(), g_recv_displs.data(), mpi_type<T>(),
+                g_stage);
 #else
   (void)recv_rows;
 #endif
+}
+void exchange_rows(const float* send, const int* send_rows, const int* recv_rows, int cols, float* recv) {
+  exchange_rows_of(send, send_rows, recv_rows, cols, recv);
+}
+void exchange_rows_f64(const double* send, const int* send_rows, const int* recv_rows, int cols, double* recv) {
+  exchange_rows_of(send, send_rows, recv_rows, cols, recv);
 }
 
 void send(const void* data, size_t bytes, int to) {

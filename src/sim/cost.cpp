@@ -357,7 +357,7 @@ struct Builder {
   // of the total tokens: every member's count, then all-to-all when moe_alltoall_pays
   // (each token, with its routes as 2k floats, to the members that own one of its experts
   // and its partial output back), else every token to every member by all-gather and the
-  // partial outputs summed back by reduce-scatter.
+  // partial outputs summed back by reduce-scatter. Partial outputs travel as doubles (moe.cpp).
   void engine_dispatch(double T) {
     const auto& c = m.cfg;
     const double G = l.dp, k = c.num_experts_per_tok, h = c.hidden_size, total = T * G;
@@ -366,10 +366,10 @@ struct Builder {
     if (moe_alltoall_pays(l.dp, c.num_experts_per_tok, int64_t(total))) {
       const double sent = T * (G - 1) * (1.0 - std::pow(1.0 - 1.0 / G, k));  // token copies to other members
       comm_among("moe.dispatch", OpClass::CommEP, sent * (h + 2 * k) * 4.0, G, 3 * (G - 1), shape);  // counts, rows, routes
-      comm_among("moe.combine", OpClass::CommEP, sent * h * 4.0, G, G - 1, shape);
+      comm_among("moe.combine", OpClass::CommEP, sent * h * 8.0, G, G - 1, shape);
     } else {
       allgather("moe.dispatch", OpClass::CommEP, total * h * 4.0, G, shape);
-      allgather("moe.combine", OpClass::CommEP, total * h * 4.0, G, shape);  // a reduce-scatter moves as much
+      allgather("moe.combine", OpClass::CommEP, total * h * 8.0, G, shape);  // a reduce-scatter moves as much
     }
   }
 
@@ -430,10 +430,11 @@ struct Builder {
     if (l.rep > 1 || (o.engine_collectives && l.dp == 1 && l.ep > 1)) {
       // Every device of the stage already holds every token (replicated attention, or this
       // engine's tensor-parallel attention), so each computes its own experts' share of every
-      // token and one ring all-reduce of the fp32 hidden state sums the shares, as the
-      // engine's MoE does without --dp.
-      const double n = double(l.tp) * l.rep;
-      comm_among("moe.allreduce", OpClass::CommEP, 2.0 * (n - 1) / n * T * h * 4.0, n, 2.0 * (n - 1),
+      // token and one ring all-reduce of the hidden state sums the shares, as the engine's
+      // MoE does without --dp. The engine sums them as doubles (unrounded, so that any
+      // layout gives one process's bits: moe.cpp); fp32 elsewhere.
+      const double n = double(l.tp) * l.rep, elem = o.engine_collectives ? 8.0 : 4.0;
+      comm_among("moe.allreduce", OpClass::CommEP, 2.0 * (n - 1) / n * T * h * elem, n, 2.0 * (n - 1),
                  "T=" + std::to_string(int64_t(T)) + ";ranks=" + std::to_string(int64_t(n)));
     } else if (l.ep > 1 && o.engine_collectives) {
       engine_dispatch(T);

@@ -202,7 +202,8 @@ TEST(SimCost, TensorAndExpertParallelSplitsAndCommunication) {
   EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (2 * 2 * 0.5 * 256 * 2));
 }
 
-// The CPU engine's own collectives (model/mla.cpp, mlp.cpp, moe.cpp, forward.cpp), all f32.
+// The CPU engine's own collectives (model/mla.cpp, mlp.cpp, moe.cpp, forward.cpp): f32, but
+// the MoE's partial outputs, which travel as doubles.
 TEST(SimCost, EngineCollectivesGatherWholeOutputs) {
   const SimModel t = tiny();
   Options eng;
@@ -229,7 +230,7 @@ TEST(SimCost, EngineCollectivesGatherWholeOutputs) {
   l.ep = 2;
   ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, l, eng));
   EXPECT_EQ(ops.count("moe.dispatch"), 0u);
-  EXPECT_REL(ops.at("moe.allreduce").comm_intra, 2 * (2 * 0.5 * T * H * 4));
+  EXPECT_REL(ops.at("moe.allreduce").comm_intra, 2 * (2 * 0.5 * T * H * 8));
   EXPECT_REL(ops.at("tp.allgather").comm_intra, attn + dense + 2 * half * T * 64);
 
   // Data-parallel attention: a few tokens go to every member by all-gather and come back by
@@ -240,7 +241,7 @@ TEST(SimCost, EngineCollectivesGatherWholeOutputs) {
   ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, dp, eng));
   EXPECT_EQ(ops.count("tp.allgather") + ops.count("moe.allreduce"), 0u);
   EXPECT_REL(ops.at("moe.dispatch").comm_intra, 2 * (0.5 * 2 * T * H * 4));
-  EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (0.5 * 2 * T * H * 4));
+  EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * (0.5 * 2 * T * H * 8));
   EXPECT_EQ(ops.at("moe.counts").comm_hops, 2 * 1);
   // Enough tokens over enough members: all-to-all, each token to the other members that own
   // one of its two experts (1 - (7/8)^2 of each), its hidden state and routes out, a row back.
@@ -248,7 +249,7 @@ TEST(SimCost, EngineCollectivesGatherWholeOutputs) {
   ops = by_name(op_plan(t, Step{Phase::Decode, 16, 1, 10}, dp, eng));
   const double sent = 16 * 7 * (1 - std::pow(7.0 / 8, 2));
   EXPECT_REL(ops.at("moe.dispatch").comm_intra, 2 * sent * (H + 4) * 4);
-  EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * sent * H * 4);
+  EXPECT_REL(ops.at("moe.combine").comm_intra, 2 * sent * H * 8);
   EXPECT_EQ(ops.at("moe.dispatch").comm_hops, 2 * 3 * 7);
   // Fewer tokens than the engine's threshold: all-gather again.
   ops = by_name(op_plan(t, Step{Phase::Decode, 4, 1, 10}, dp, eng));
