@@ -168,7 +168,7 @@ struct CacheFlags {
 // heads (--tp) or both among themselves. Rank 0 writes the command's output; the other
 // ranks compute beside it and stay silent on stdout.
 struct ParallelFlags {
-  int ep = 1, pp = 1, tp = 1;
+  int ep = 1, pp = 1, tp = 1, micro_batches = 0;
   bool dp = false;
   void add(CLI::App* cmd) {
     cmd->add_option("--ep", ep, "Expert-parallel ranks per pipeline stage: each holds 1/EP of the routed experts")
@@ -181,6 +181,10 @@ struct ParallelFlags {
     cmd->add_flag("--dp", dp,
                   "Data-parallel attention with --ep: each rank attends for its own sequences (holding their caches, the dense "
                   "layers and the whole head) and the experts stay split");
+    cmd->add_option("--micro-batches", micro_batches,
+                    "With --pp: split a step's sequences into at most this many groups that follow each other through the "
+                    "stages (default: up to the stage count, from 2 tokens per group)")
+        ->check(int_in(1, 4096));
   }
   // Joins the MPI job and checks the layout against it, before any weight is read (the
   // model's own limits are checked by Model::load, also before).
@@ -198,6 +202,7 @@ struct ParallelFlags {
     s.pp = pp;
     s.tp = tp;
     s.dp = dp;
+    s.micro_batches = micro_batches;
     const int64_t want = int64_t(pp) * std::max(ep, tp);
     if (n == 1 && want > 1)
       throw Error(s.describe() + ": expected " + std::to_string(want) + " processes, this is 1 outside mpirun (start it as mpirun -np " +

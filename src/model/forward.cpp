@@ -196,23 +196,71 @@ void embed_tokens(const Step& st, const Linear& table, float* y) {
   sh.sum(y, size_t(st.n) * size_t(H));
 }
 
+// Pipeline micro-batches: a step's sequences in up to pp groups that follow each other
+// through the stages, so that stage s runs group i while stage s + 1 runs group i - 1 (a
+// stage's blocking send of group i returns once the next stage asks for it, after its
+// group i - 1). Each group rereads the stage's weights, which a group of one decode token
+// does not earn back: under --pp 2 on one 2-core machine, 2 sequences in two groups tied
+// with one group, 4 gained 6%, 16 gained 5%, 64 gained 14% (docs/ENGINE.md). So groups of
+// at least kMicroBatchTokens tokens. Whole sequences only: a token's result does not depend
+// on the others in its step (decode tokens bitwise, a prefill chunk kept whole), so the
+// logits are the same bits as one group's. Not under data-parallel attention, where a
+// stage's members hold different sequences and could not agree on the groups.
+constexpr int kMicroBatchTokens = 2;
+
+int micro_batch_count(const RankShard& sh, const Batch& b, int n_tokens) {
+  if (sh.pp <= 1 || sh.dp || b.n_seqs < 2) return 1;
+  const int want = sh.micro_batches > 0 ? sh.micro_batches : std::max(1, std::min(sh.pp, n_tokens / kMicroBatchTokens));
+  return std::min(want, b.n_seqs);
+}
+
+// The stage's layers for the tokens of st: in from the embedding or the previous stage, out
+// to the next stage or, on the last, final-normed into h [st.n, hidden].
+void stage_layers(const Step& st, float* h) {
+  const ModelConfig& c = st.m.config;
+  const RankShard& sh = st.m.shard;
+  const int L = c.num_hidden_layers, l0 = sh.first_layer(L), l1 = sh.end_layer(L);
+  if (sh.first_stage()) embed_tokens(st, st.m.weights.embed_tokens, st.ws.x.data());
+  else pipeline_transfer(st, l0, false);
+  for (int l = l0; l < l1; ++l) decoder_layer(st, st.m.weights.layers[size_t(l)], l, l);
+  if (sh.last_stage()) kernels::rmsnorm(st.ws.x.data(), st.m.weights.norm, st.n, c.hidden_size, float(c.rms_norm_eps), h);
+  else pipeline_transfer(st, l1, true);
+}
+
+// The step's sequences in `groups` runs of stage_layers, each group's final hidden states
+// at its tokens' rows of ws.h_final; the workspace's layout is then the whole step's again.
+void stage_layers_grouped(const Model& m, KvCache& kv, Workspace& ws, const Batch& b, int n, int groups) {
+  int s0 = 0, t0 = 0;
+  for (int g = 0; g < groups; ++g) {
+    // Sequences up to the g+1-th share of the tokens, at least one per group.
+    int s1 = s0 + 1, t1 = t0 + b.seqs[s0].n;
+    while (s1 < b.n_seqs - (groups - g - 1) && int64_t(t1) * groups < int64_t(n) * (g + 1)) t1 += b.seqs[s1++].n;
+    if (g == groups - 1)
+      while (s1 < b.n_seqs) t1 += b.seqs[s1++].n;
+    const Batch part{b.ids + t0, b.seqs + s0, s1 - s0, b.tap};
+    int pn = 0, pnd = 0;
+    prepare_step(m, kv, ws, part, part.ids, &pn, &pnd);
+    stage_layers(Step{m, kv, ws, part, pn, pnd}, ws.h_final.data() + size_t(t0) * size_t(m.config.hidden_size));
+    s0 = s1;
+    t0 = t1;
+  }
+  int all = 0, nd = 0;
+  prepare_step(m, kv, ws, b, b.ids, &all, &nd);
+}
+
 }  // namespace
 
 const float* forward(const Model& m, KvCache& kv, Workspace& ws, const Batch& b) {
   const ModelConfig& c = m.config;
-  const ModelWeights& w = m.weights;
   const RankShard& sh = m.shard;
   int n = 0, nd = 0;
   prepare_step(m, kv, ws, b, b.ids, &n, &nd);
   const Step st{m, kv, ws, b, n, nd};
-  const int L = c.num_hidden_layers, l0 = sh.first_layer(L), l1 = sh.end_layer(L);
-  if (sh.first_stage()) embed_tokens(st, w.embed_tokens, ws.x.data());
-  else pipeline_transfer(st, l0, false);
-  for (int l = l0; l < l1; ++l) decoder_layer(st, w.layers[size_t(l)], l, l);
+  const int groups = micro_batch_count(sh, b, n);
+  if (groups > 1) stage_layers_grouped(m, kv, ws, b, n, groups);
+  else stage_layers(st, ws.h_final.data());
   const bool last = sh.last_stage();
-  if (last) kernels::rmsnorm(ws.x.data(), w.norm, n, c.hidden_size, float(c.rms_norm_eps), ws.h_final.data());
-  else pipeline_transfer(st, l1, true);
-  const float* logits = head_logits(st, w.lm_head, last ? ws.h_final.data() : nullptr);
+  const float* logits = head_logits(st, m.weights.lm_head, last ? ws.h_final.data() : nullptr);
   // The MTP layer's inputs on every rank too: callers hand them back to forward_mtp from
   // whichever rank drives the steps.
   if (sh.pp > 1 && ws.opt.mtp) from_last_stage(st, ws.h_final.data(), size_t(n) * size_t(c.hidden_size));

@@ -133,6 +133,8 @@ struct RankShard {
   void (*exchange_rows)(const float* send, const int* send_rows, const int* recv_rows, int cols, float* recv) = nullptr;
   void (*exchange_rows_f64)(const double* send, const int* send_rows, const int* recv_rows, int cols, double* recv) = nullptr;
   MoeDispatch moe_dispatch = MoeDispatch::Auto;
+  // Pipeline micro-batches a step may be split into (forward.cpp); 0: chosen per step.
+  int micro_batches = 0;
 
   int group() const { return ranks / pp; }
   int stage() const { return rank / group(); }

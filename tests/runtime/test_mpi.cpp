@@ -176,6 +176,32 @@ TEST(Mpi, CombinedLayoutsOnFourRanksMatchOneProcess) {
   }
 }
 
+// Pipeline micro-batches: the teacher-forced sequence steps beside eight others, so the
+// stages split each step into groups of sequences (by default, and into three when asked),
+// alone and with the stage's ranks splitting the experts or the heads; its logits are one
+// process's. Groups that took the wrong rows of the final hidden states fail here.
+TEST(Mpi, PipelineMicroBatchesGiveTheOneProcessLogits) {
+  DSA_NEED_MPI();
+  for_every_case([](const std::string& name, const Case& c) {
+    const std::string one = test::scratch(name + "_mb_one.safetensors");
+    const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    const SafeTensors a = SafeTensors::open(one);
+    for (const auto& [np, layout] : {std::pair{2, "--pp 2"}, std::pair{2, "--pp 2 --micro-batches 3"}, std::pair{4, "--pp 2 --ep 2"},
+                                     std::pair{4, "--pp 2 --tp 2"}}) {
+      SCOPED_TRACE(layout);
+      const std::string out = test::scratch(name + "_mb.safetensors");
+      const auto r2 = test::shell(mpirun(np) + test::dsa_binary() + " logits" + c.args + " " + layout + " --batch-with 8 --out " + out + " 2>&1");
+      ASSERT_EQ(r2.code, 0) << r2.out;
+      const SafeTensors b = SafeTensors::open(out);
+      for (const std::string t : {"logits", "mtp.logits"}) {
+        if (t == "mtp.logits" && !c.mtp) continue;
+        EXPECT_LE(rel_err(floats(b, t), floats(a, t)), kOneProcessBound) << t;
+      }
+    }
+  });
+}
+
 TEST(Mpi, GreedyRunGivesTheOneProcessIds) {
   DSA_NEED_MPI();
   for_every_case([](const std::string&, const Case& c) {
