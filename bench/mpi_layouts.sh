@@ -3,9 +3,9 @@
 # layout (--ep 2, --pp 2, --tp 2, --ep 2 --tp 2), interleaved round by round, with the bytes
 # each rank reads (`dsa inspect`) and `dsa plan`'s prediction for the same layout, its links
 # fitted to this job's own `dsa bench comm` (--comm). One line per layout: medians over the
-# rounds. Then batched decode (BATCH sequences, default 16) for one process, --ep 2 and --ep 2
-# --dp (data-parallel attention); the planner's --replicated-attention is the engine's --ep
-# without --dp.
+# rounds. Then batched decode (BATCH sequences, default 16) for one process, --ep 2, --ep 2 --dp
+# (data-parallel attention) and --pp 2 (two micro-batches); the planner's
+# --replicated-attention is the engine's --ep without --dp.
 #
 #   bench/mpi_layouts.sh MODEL_DIR [ROUNDS] [DSA]
 #
@@ -38,6 +38,7 @@ while [ "$r" -le "$rounds" ]; do
   "$dsa" $batched 2>/dev/null | tr -d '\n' > "$work/bone.$r"
   $MPIRUN "$dsa" $batched --ep 2 2>/dev/null | tr -d '\n' > "$work/bep.$r"
   $MPIRUN "$dsa" $batched --ep 2 --dp 2>/dev/null | tr -d '\n' > "$work/bdp.$r"
+  $MPIRUN "$dsa" $batched --pp 2 2>/dev/null | tr -d '\n' > "$work/bpp.$r"
   r=$((r + 1))
 done
 
@@ -65,7 +66,7 @@ done
 
 echo
 printf '%-8s %20s %22s %22s\n' layout "decode x$batch tok/s" 'read per rank' 'plan decode tok/s'
-for l in bone bep bdp; do
+for l in bone bep bdp bpp; do
   d=$(for f in "$work"/$l.*; do field decode_aggregate_tokens_per_s < "$f"; done | median)
   case $l in
     bone) name=one; bytes=$("$dsa" inspect --model "$model" | sed -n 's/^parameters:.*(\([0-9.]* [KMGT]*i*B\) in.*/\1/p'); opts="--devices 1" ;;
@@ -73,6 +74,8 @@ for l in bone bep bdp; do
          opts="--comm $work/comm.json --devices 2 --ep 2 --replicated-attention" ;;
     bdp) name=ep+dp; bytes=$("$dsa" inspect --model "$model" --ep 2 --dp | awk '/^  rank/ { print $3, $4; exit }')
          opts="--comm $work/comm.json --devices 2 --ep 2" ;;
+    bpp) name=pp; bytes=$("$dsa" inspect --model "$model" --pp 2 | awk '/^  rank/ { printf "%s%s %s", sep, $3, $4; sep = ", " }')
+         opts="--comm $work/comm.json --devices 2 --pp 2 --ep 1" ;;
   esac
   plan=""
   [ -n "$opts" ] && plan=$("$dsa" plan --model "$model" --hardware local $opts --batch "$batch" --input-len 128 --output-len 8 \
