@@ -142,6 +142,11 @@ void set_isa(Isa t) {
 namespace cpu {
 void force_isa(Isa t) { current() = t; }
 void force_bf16_dot(bool on) { bf16_state() = on; }
+namespace {
+int g_bf16_tile_chunk = 0;
+}  // namespace
+void set_bf16_tile_chunk(int cols) { g_bf16_tile_chunk = cols; }
+int bf16_tile_chunk_set() { return g_bf16_tile_chunk; }
 }  // namespace cpu
 
 std::string cpu_features() {

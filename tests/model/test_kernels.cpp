@@ -203,11 +203,14 @@ TEST_P(KernelTwins, LinearMultiRowRanges) {
 // Batch invariance of the decode-role product: n tokens in one call give every token
 // bitwise what it gets alone, whatever n (token groups, row blocks, the thread split), with
 // rows that are not a multiple of four, ragged columns (800: column chunks of unequal
-// size) and a call through linear_multi; and they agree with the naive product.
+// size) and a call through linear_multi; and they agree with the naive product. The bf16
+// tile runs its columns in the machine's chunks (whole rows on some) and in 256-column ones.
 TEST_P(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
+  for (const int chunk : {0, 256})
   for (DType dt : {DType::F8_E4M3, DType::BF16}) {
+    kernels::cpu::set_bf16_tile_chunk(chunk);
     for (const auto& [rows, cols] : {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}, std::pair{45, 800}}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " chunk " + std::to_string(chunk));
       const auto w = make_linear(dt, rows, cols, 23);
       const int n_max = 30;
       const auto x = randv(size_t(n_max) * size_t(cols), 29);
@@ -227,6 +230,7 @@ TEST_P(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
       }
     }
   }
+  kernels::cpu::set_bf16_tile_chunk(0);
 }
 
 TEST_P(KernelTwins, PerHeadSlices) {

@@ -90,5 +90,9 @@ const Avx512Kernels& avx512_kernels();
 void emulate_avx512(const Avx512Kernels* k);
 void force_isa(Isa t);  // set_isa without the CPU check (emulate_avx512 only)
 void force_bf16_dot(bool on);  // set_bf16_dot without the CPU check (the emulated tier's tests)
+// Columns per chunk of the avx512 tier's multi-token bf16 tile (avx512.cpp): 0 leaves it to
+// the machine; tests set a short one so that every machine runs the parked accumulators.
+void set_bf16_tile_chunk(int cols);
+int bf16_tile_chunk_set();
 
 }  // namespace dsa::kernels::cpu
