@@ -120,13 +120,19 @@ std::string layout_tag(const std::string& layout) {
   return t;
 }
 
+// One process's logits for a case, in a scratch file named after `tag` (a failed run fails
+// the test, and opening the missing file then throws).
+std::string one_process_logits(const std::string& tag, const Case& c) {
+  const std::string out = test::scratch(tag + ".safetensors");
+  const auto r = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + out + " 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  return out;
+}
+
 TEST(Mpi, ParallelLogitsMatchOneProcessOnEveryGoldenCase) {
   DSA_NEED_MPI();
   for_every_case([](const std::string& name, const Case& c) {
-    const std::string one = test::scratch(name + "_one.safetensors");
-    const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
-    ASSERT_EQ(r1.code, 0) << r1.out;
-    const SafeTensors a = SafeTensors::open(one), want = SafeTensors::open(c.dir + "/expected.safetensors");
+    const SafeTensors a = SafeTensors::open(one_process_logits(name + "_one", c)), want = SafeTensors::open(c.dir + "/expected.safetensors");
     // Each layout, and data-parallel attention once more with its tokens sent all-to-all
     // (two ranks otherwise gather them).
     std::vector<std::pair<std::string, std::string>> runs;
@@ -160,9 +166,7 @@ TEST(Mpi, CombinedLayoutsOnFourRanksMatchOneProcess) {
   const auto cases = test::golden_cases();
   ASSERT_FALSE(cases.empty());
   const Case c = read_case(cases.front());
-  const std::string one = test::scratch("combined_one.safetensors");
-  const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
-  ASSERT_EQ(r1.code, 0) << r1.out;
+  const std::string one = one_process_logits("combined_one", c);
   for (const std::string layout : {"--pp 2 --ep 2", "--pp 2 --tp 2", "--pp 2 --ep 2 --tp 2", "--pp 2 --ep 2 --dp", "--pp 4"}) {
     SCOPED_TRACE(layout);
     const std::string out = test::scratch("combined.safetensors");
@@ -183,10 +187,7 @@ TEST(Mpi, CombinedLayoutsOnFourRanksMatchOneProcess) {
 TEST(Mpi, PipelineMicroBatchesGiveTheOneProcessLogits) {
   DSA_NEED_MPI();
   for_every_case([](const std::string& name, const Case& c) {
-    const std::string one = test::scratch(name + "_mb_one.safetensors");
-    const auto r1 = test::shell(test::dsa_binary() + " logits" + c.args + " --out " + one + " 2>&1");
-    ASSERT_EQ(r1.code, 0) << r1.out;
-    const SafeTensors a = SafeTensors::open(one);
+    const SafeTensors a = SafeTensors::open(one_process_logits(name + "_mb_one", c));
     for (const auto& [np, layout] : {std::pair{2, "--pp 2"}, std::pair{2, "--pp 2 --micro-batches 3"}, std::pair{4, "--pp 2 --ep 2"},
                                      std::pair{4, "--pp 2 --tp 2"}}) {
       SCOPED_TRACE(layout);
