@@ -402,8 +402,7 @@ static void moe_block_dp(const Step& st, const MoeWeights& w, int layer, int t0,
     mlp_block(st, w.shared_experts, n, decode, ws.xn.data() + size_t(t0) * size_t(H), ws.d.data());
     for (size_t i = 0; i < nH; ++i) mine[i] += double(ws.d[i]);
   }
-  float* out = ws.moe_out.data() + size_t(t0) * size_t(H);
-  for (size_t i = 0; i < nH; ++i) out[i] = float(mine[i]);
+  round_rows(st, expert_rows(st, w), mine, n, ws.moe_out.data() + size_t(t0) * size_t(H));
 }
 
 void moe_block(const Step& st, const MoeWeights& w, int layer, int t0, int n, bool decode) {
