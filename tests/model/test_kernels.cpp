@@ -233,6 +233,20 @@ TEST_P(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
   kernels::cpu::set_bf16_tile_chunk(0);
 }
 
+// On the avx512 tiers (native and emulated): what `run` writes into a vector the size of
+// `got` on the avx2 tier must be got's bits.
+template <class F>
+void expect_avx2_bits(const std::vector<float>& got, F run, const char* what) {
+  if (kernels::isa() != kernels::Isa::Avx512) return;
+  const bool emulated = &kernels::cpu::avx512_kernels() != &kernels::cpu::avx512_native();
+  ASSERT_TRUE(test::enter_tier(Tier{"avx2", kernels::Isa::Avx2, false}));
+  std::vector<float> ref(got.size());
+  run(ref);
+  if (emulated) ASSERT_TRUE(test::enter_tier(Tier{"avx512_emulated", kernels::Isa::Avx512, true}));
+  else ASSERT_TRUE(test::enter_tier(Tier{"avx512", kernels::Isa::Avx512, false}));
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << what << ": the avx512 tier differs from the avx2 one";
+}
+
 TEST_P(KernelTwins, PerHeadSlices) {
   // kv_b-like: 5 heads of [nope | v 20] rows over 256 columns, fp8 with ragged blocks; nope
   // 24 is whole groups of eight rows, 27 and 45 leave single rows, 45 reaches the prefetch.
@@ -275,6 +289,26 @@ TEST_P(KernelTwins, PerHeadSlices) {
       if (n != 17) {
         EXPECT_LE(max_rel(yt, rt), 2e-6);
       }
+      expect_avx2_bits(yt, [&](std::vector<float>& out) { kernels::cpu::linear_t_heads(w.l, xs.data(), 48, heads, nope + vd, 0, nope, out.data(), n); },
+                       "linear_t_heads");
+    }
+  }
+  // fp8 scale blocks 80 columns wide (the avx512 kernel's single-vector tiles) and 40 rows per
+  // head (a step and a half of its rows), 1 to 16 tokens: bitwise the avx2 kernels.
+  {
+    auto w = make_linear(DType::F8_E4M3, 3 * 50, 240, 15);
+    w.l.block_cols = 80;
+    w.scale.assign(size_t(2) * 3, 0.0f);
+    for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(1.0f, int(i % 5) - 8);
+    w.l.scale = w.scale.data();
+    for (int n : {1, 2, 3, 4, 5, 16}) {
+      const auto xs = randv(size_t(n) * 3 * 40, 16);
+      std::vector<float> yt(size_t(n) * 3 * 240), rt(yt.size());
+      kernels::cpu::linear_t_heads(w.l, xs.data(), 40, 3, 50, 0, 40, yt.data(), n);
+      kernels::ref::linear_t_heads(w.l, xs.data(), 40, 3, 50, 0, 40, rt.data(), n);
+      EXPECT_LE(max_rel(yt, rt), 2e-6) << n << " tokens";
+      expect_avx2_bits(yt, [&](std::vector<float>& out) { kernels::cpu::linear_t_heads(w.l, xs.data(), 40, 3, 50, 0, 40, out.data(), n); },
+                       "linear_t_heads, 80-column blocks");
     }
   }
   // fp8 scale blocks 72 columns wide (strips of 32, 32 and 8) and 80 rows per head (past a

@@ -494,6 +494,99 @@ void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int
   }
 }
 
+// ---- the transposed direction: absorbed queries through kv_b's k rows -----------------
+// y[t][0:K) = Σ_r m[t][r] w[r][0:K) with m = x * block scale * 2^64 (the avx2 kernels'
+// multiplier, cpu_linear.cpp), each column summing its rows in row order from zero and scaled
+// by 2^56 at the end: every lane does the avx2 kernels' FMAs in their order, so the results are
+// theirs bit for bit. Rows go kTRows at a time (8 KB at 512 columns, in L1), each step's
+// columns in tiles of up to four tokens (y carried through memory between steps); a tile
+// widens its weights itself, 16 codes per 3 instructions against 8 per 3 in the avx2 kernels,
+// and later token groups re-read them from L1.
+constexpr int kTRows = 16, kTTokens = 16;
+
+inline __m512 fp8x16_bits(const uint8_t* p) {  // fp8x8_bits at twice the width, the codes in order
+#ifdef DSA_AVX512_EMULATED  // SIMDe has no 16-byte sign extension to 32-bit lanes: two halves
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+                                       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))), 1);
+#else
+  const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#endif
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(int32_t(0x87F00000u))));
+}
+
+// NT tokens x V vectors of columns from p (rows ld apart) down `rows` rows; m[t][r] at m + t * kTRows + r.
+// The first npf rows also prefetch the same columns of the rows from pf on (two steps down):
+// spread over the rows, where a burst of a step's 128 lines at once left the stream at two
+// thirds of the avx2 kernel's.
+template <int NT, int V>
+void t_tile(const uint8_t* p, size_t ld, int rows, const float* m, float* y, size_t ldy, const uint8_t* pf, int npf) {
+  __m512 a[NT][V];
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < V; ++v) a[t][v] = _mm512_loadu_ps(y + size_t(t) * ldy + 16 * v);
+  for (int r = 0; r < rows; ++r) {
+    if (r < npf)
+      for (int v = 0; v < V; v += 4) prefetch_stream(pf + size_t(r) * ld + 16 * v);
+    __m512 wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = fp8x16_bits(p + size_t(r) * ld + 16 * v);
+    for (int t = 0; t < NT; ++t) {
+      const __m512 mv = _mm512_set1_ps(m[t * kTRows + r]);
+      for (int v = 0; v < V; ++v) a[t][v] = _mm512_fmadd_ps(wv[v], mv, a[t][v]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(y + size_t(t) * ldy + 16 * v, a[t][v]);
+}
+
+// NT tokens over columns [c0, c1) (whole vectors): tiles of V vectors, then single ones.
+template <int NT, int V>
+void t_tokens(const uint8_t* p, size_t ld, int rows, const float* m, float* y, size_t ldy, int c0, int c1, const uint8_t* pf, int npf) {
+  int c = c0;
+  for (; c + 16 * V <= c1; c += 16 * V) t_tile<NT, V>(p + c, ld, rows, m, y + c, ldy, pf + c, npf);
+  for (; c < c1; c += 16) t_tile<NT, 1>(p + c, ld, rows, m, y + c, ldy, pf + c, c % 64 == 0 ? npf : 0);
+}
+
+// n tokens (at most kTTokens; x and y rows ldx and ldy apart) through rows [r0, r0 + nrows)
+// of an fp8 weight whose scale blocks are a multiple of 16 columns wide; the caller checked
+// that every multiplier is below 2^60 (fp8_t_takes). The prefetch runs on into the nrows rows
+// from next_r0 (the next head's; none when negative).
+void linear_t_fp8(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows, int next_r0, float* y, size_t ldy) {
+  const int sc = w.scale_cols(), bc = w.block_cols, K = w.cols;
+  const size_t ld = size_t(K);
+  for (int t = 0; t < n; ++t) std::fill(y + size_t(t) * ldy, y + size_t(t) * ldy + ld, 0.0f);
+  alignas(64) float m[kTTokens * kTRows];
+  for (int q0 = 0; q0 < nrows; q0 += kTRows) {
+    const int rows = std::min(kTRows, nrows - q0);
+    const uint8_t* p = w.data + size_t(r0 + q0) * ld;
+    // The rows two steps ahead, by the first token group (a head's block is too short for the
+    // hardware prefetchers to get going): this block's, then the next one's.
+    const int a = q0 + 2 * kTRows, b = a - nrows;
+    const uint8_t* pf = a < nrows ? p + 2 * kTRows * ld : next_r0 >= 0 ? w.data + size_t(next_r0 + b) * ld : p;
+    const int ahead = a < nrows ? std::min(kTRows, nrows - a) : next_r0 >= 0 ? std::min(kTRows, nrows - b) : 0;
+    const float* srow[kTRows];  // each row's block scales (a division per row, once per step)
+    for (int r = 0; r < rows; ++r) srow[r] = w.scale + size_t((r0 + q0 + r) / w.block_rows) * size_t(sc);
+    for (int c0 = 0, b = 0; c0 < K; c0 += bc, ++b) {
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < rows; ++r) m[t * kTRows + r] = x[size_t(t) * ldx + size_t(q0 + r)] * srow[r][b] * kFp8XScale;
+      int t = 0;
+      for (; t + 4 <= n; t += 4) t_tokens<4, 4>(p, ld, rows, m + t * kTRows, y + size_t(t) * ldy, ldy, c0, c0 + bc, pf, t == 0 ? ahead : 0);
+      float* yt = y + size_t(t) * ldy;
+      const int npf = t == 0 ? ahead : 0;
+      switch (n - t) {
+        case 3: t_tokens<3, 4>(p, ld, rows, m + t * kTRows, yt, ldy, c0, c0 + bc, pf, npf); break;
+        case 2: t_tokens<2, 8>(p, ld, rows, m + t * kTRows, yt, ldy, c0, c0 + bc, pf, npf); break;
+        case 1: t_tokens<1, 8>(p, ld, rows, m + t * kTRows, yt, ldy, c0, c0 + bc, pf, npf); break;
+        default: break;
+      }
+    }
+  }
+  const __m512 undo = _mm512_set1_ps(kFp8BitsUndo);
+  for (int t = 0; t < n; ++t)
+    for (size_t c = 0; c < ld; c += 16) {
+      float* yc = y + size_t(t) * ldy + c;
+      _mm512_storeu_ps(yc, _mm512_mul_ps(_mm512_loadu_ps(yc), undo));
+    }
+}
+
 // ---- prefill GEMM micro-kernel ----------------------------------------------------------
 // MR tokens x 32 outputs (two 16-row panels): per k two panel loads, MR broadcasts and
 // 2 x MR FMAs into 2 x MR accumulators, each output summing k in order from zero as the
@@ -996,14 +1089,14 @@ const Avx512Kernels& avx512_emulated_kernels() {
   static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::indexer_lanes_bf16, avx512_emulated::scores16, avx512_emulated::accumulate16,
                                  avx512_emulated::softmax16, avx512_emulated::rmsnorm_row, avx512_emulated::silu_mul,
                                  avx512_emulated::topk_bins, avx512_emulated::topk_gather, avx512_emulated::topk_emit,
-                                 avx512_emulated::hadamard128_one};
+                                 avx512_emulated::hadamard128_one, avx512_emulated::linear_t_fp8};
   return k;
 }
 #else
 const Avx512Kernels& avx512_native() {
   static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::indexer_lanes_bf16, avx512::scores16, avx512::accumulate16,
                                  avx512::softmax16, avx512::rmsnorm_row, avx512::silu_mul, avx512::topk_bins, avx512::topk_gather,
-                                 avx512::topk_emit, avx512::hadamard128_one};
+                                 avx512::topk_emit, avx512::hadamard128_one, avx512::linear_t_fp8};
   return k;
 }
 #endif

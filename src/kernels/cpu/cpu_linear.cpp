@@ -999,13 +999,17 @@ __attribute__((target("avx2,fma"))) void linear_t_tokens_fp8_avx2(const Linear& 
 // n tokens through rows [r0, r0 + nrows) in the transposed direction (x and y rows ldx and
 // ldy apart): each token's y bitwise linear_t_one's for it alone, the fp8 weights widened
 // once per chunk of tokens when the fp8 kernel takes every token of the chunk.
-void linear_t_tokens(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows, float* y, size_t ldy, bool avx) {
+// On the avx512 tier its own kernel takes the chunk, one token or more: the same bits (next_r0:
+// where its prefetch goes on, see Avx512Kernels).
+void linear_t_tokens(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows, int next_r0, float* y, size_t ldy, bool avx) {
+  const bool wide = isa() == Isa::Avx512 && w.block_cols % 16 == 0;
   for (int t0 = 0; t0 < n; t0 += kTokChunkT) {
     const int cnt = std::min(kTokChunkT, n - t0);
     const float* xt = x + size_t(t0) * ldx;
     float* yt = y + size_t(t0) * ldy;
-    if (cnt > 1 && avx && fp8_t_shape(w) && fp8_t_takes(w, xt, ldx, cnt, r0, nrows)) {
-      if (cnt == 2) linear_t_two_fp8_avx2(w, xt, ldx, r0, nrows, yt, ldy);
+    if ((cnt > 1 || wide) && avx && fp8_t_shape(w) && fp8_t_takes(w, xt, ldx, cnt, r0, nrows)) {
+      if (wide) avx512_kernels().linear_t_fp8(w, xt, ldx, cnt, r0, nrows, next_r0, yt, ldy);
+      else if (cnt == 2) linear_t_two_fp8_avx2(w, xt, ldx, r0, nrows, yt, ldy);
       else linear_t_tokens_fp8_avx2(w, xt, ldx, cnt, r0, nrows, yt, ldy);
       continue;
     }
@@ -1057,7 +1061,9 @@ void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, 
   // One parallel region for all heads instead of one per head; inside a caller's parallel
   // loop (one query per thread) the heads run on its thread.
   auto head = [&](int h) {
-    linear_t_tokens(w, x + size_t(h) * size_t(x_stride), ldx, n_tok, h * head_stride + row0, nrows, y + size_t(h) * size_t(w.cols), ldy, avx);
+    const int next = h + 1 < n_heads ? (h + 1) * head_stride + row0 : -1;
+    linear_t_tokens(w, x + size_t(h) * size_t(x_stride), ldx, n_tok, h * head_stride + row0, nrows, next, y + size_t(h) * size_t(w.cols), ldy,
+                    avx);
   };
   if (omp_get_level() > 0) {
     for (int h = 0; h < n_heads; ++h) head(h);
