@@ -404,6 +404,17 @@ TEST_P(KernelTwins, TopkWithTiesGoesToLowerIndex) {
     kernels::ref::topk(s.data(), n, k, b.data());
     EXPECT_EQ(a, b) << "packed=" << packed;
   }
+  // A boundary bin of exactly as many keys as the gather buffer holds (4096), after ten keys
+  // outside it: the gather's last whole-register store runs past the buffer's 4096 slots.
+  {
+    const int n = 4106, k = 2048;
+    std::vector<float> s(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) s[size_t(i)] = i < 10 ? 0.5f : 1.0f + float(rng() % 1000) * 1e-4f;
+    std::vector<int32_t> a(static_cast<size_t>(k)), b(static_cast<size_t>(k));
+    kernels::cpu::topk(s.data(), n, k, a.data());
+    kernels::ref::topk(s.data(), n, k, b.data());
+    EXPECT_EQ(a, b) << "a full gather buffer";
+  }
   // Hand-computed cases: ties at the boundary keep the lower positions; the result lists
   // positions in ascending order.
   const std::vector<float> s = {1, 3, 2, 3, 2, 0};

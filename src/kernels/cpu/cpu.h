@@ -72,7 +72,8 @@ struct Avx512Kernels {
   void (*silu_mul)(const float* gate, const float* up, size_t b, size_t e, float* out);
   // topk's first level: the top 11 bits of each score's order key counted, even positions
   // into h0 and odd ones into h1 (2048 bins each); and the gather of the keys whose bits
-  // under hi_mask equal prefix, in position order, into cand (returns how many).
+  // under hi_mask equal prefix, in position order, into cand (returns how many; cand has room
+  // for 16 past the last).
   void (*topk_bins)(const float* scores, int n, uint32_t* h0, uint32_t* h1);
   int (*topk_gather)(const float* scores, int n, uint32_t hi_mask, uint32_t prefix, uint32_t* cand);
   // topk's last pass: positions (ascending) of the scores whose order key exceeds tau, and

@@ -224,7 +224,7 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   // Levels 2 and 3 look only at the keys in that bin: gathered once into a stack buffer
   // when they fit (then two passes over all n keys are one), else re-read from the scores.
   constexpr int kCand = 4096;
-  uint32_t cand[kCand];
+  uint32_t cand[kCand + 16];  // the avx512 gather's whole-register stores run up to 16 past
   const int in_bin = int(h0[bin] + h1[bin]);
   const bool gathered = in_bin <= kCand;
   int m = 0;
