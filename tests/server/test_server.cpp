@@ -83,7 +83,7 @@ public:
   }
   json post(const std::string& path, const json& body, int want_status = 200) const {
     auto r = client().Post(path, body.dump(), "application/json");
-    EXPECT_TRUE(r) << path;
+    EXPECT_TRUE(r) << path << ": " << httplib::to_string(r.error());
     if (!r) return {};
     EXPECT_EQ(r->status, want_status) << r->body;
     return json::parse(r->body);
@@ -93,7 +93,7 @@ public:
     body["stream"] = true;
     std::string all;
     auto r = client().Post(path, httplib::Headers{}, body.dump(), "application/json");
-    EXPECT_TRUE(r);
+    EXPECT_TRUE(r) << path << ": " << httplib::to_string(r.error());
     if (!r) return {};
     EXPECT_EQ(r->status, 200) << r->body;
     all = r->body;
