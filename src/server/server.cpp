@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include <sys/socket.h>
+
 #include "core/error.h"
 #include "server/chat_page.h"
 #include "server/exchange.h"
@@ -40,6 +42,10 @@ Server::Server(Scheduler& sched, Metrics& metrics, ModelInfo model, ServerOption
     : sched_(sched), metrics_(metrics), model_(std::move(model)), opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()) {
   const int threads = opt_.http_threads > 0 ? opt_.http_threads : 64;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  http_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = int(sock);  // the last socket tried is the one that binds
+  });
   http_->set_payload_max_length(opt_.max_body);
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
@@ -51,6 +57,10 @@ Server::~Server() { stop(); }
 int Server::bind() {
   const int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host) : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
   if (port <= 0) throw Error("serve: cannot listen on " + opt_.host + ":" + std::to_string(opt_.port) + " (in use, or not an address of this machine)");
+  // cpp-httplib listens with a backlog of 5: sixteen clients connecting at once while the
+  // accept loop waits for a core overflowed it, and the kernel reset some of them. Listening
+  // again on the bound socket sets the system's maximum instead.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
   return port;
 }
 

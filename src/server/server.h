@@ -51,6 +51,7 @@ private:
   ModelInfo model_;
   ServerOptions opt_;
   std::unique_ptr<httplib::Server> http_;
+  int listen_fd_ = -1;  // the listening socket, once bound
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
   void routes();
