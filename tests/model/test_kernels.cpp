@@ -61,6 +61,17 @@ OwnedLinear make_linear(DType dt, int rows, int cols, uint32_t seed) {
   return o;
 }
 
+// An fp8 weight on another block grid (br x bc), its block scales 2^(lowest + i % period).
+OwnedLinear fp8_blocked(int rows, int cols, int br, int bc, int period, int lowest, uint32_t seed) {
+  auto w = make_linear(DType::F8_E4M3, rows, cols, seed);
+  w.l.block_rows = br;
+  w.l.block_cols = bc;
+  w.scale.assign(size_t((rows + br - 1) / br) * size_t((cols + bc - 1) / bc), 0.0f);
+  for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(1.0f, lowest + int(i % size_t(period)));
+  w.l.scale = w.scale.data();
+  return w;
+}
+
 std::vector<float> randv(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -135,12 +146,7 @@ TEST_P(KernelTwins, Fp8WithOtherBlockSizes) {
   // Checkpoints may use blocks other than 128x128: scales must follow the block grid in
   // every path (GEMV, GEMM panels, the transposed direction).
   for (auto [br, bc] : {std::pair{64, 64}, std::pair{32, 96}, std::pair{128, 48}}) {
-    auto w = make_linear(DType::F8_E4M3, 150, 300, 17);
-    w.l.block_rows = br;
-    w.l.block_cols = bc;
-    w.scale.assign(size_t((150 + br - 1) / br) * size_t((300 + bc - 1) / bc), 0.0f);
-    for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(1.0f, int(i % 7) - 10);
-    w.l.scale = w.scale.data();
+    const auto w = fp8_blocked(150, 300, br, bc, 7, -10, 17);
     for (int n : {1, 9}) {
       const auto x = randv(size_t(n) * 300, 5);
       std::vector<float> a(size_t(n) * 150), b(a.size());
@@ -296,11 +302,7 @@ TEST_P(KernelTwins, PerHeadSlices) {
   // fp8 scale blocks 80 columns wide (the avx512 kernel's single-vector tiles) and 40 rows per
   // head (a step and a half of its rows), 1 to 16 tokens: bitwise the avx2 kernels.
   {
-    auto w = make_linear(DType::F8_E4M3, 3 * 50, 240, 15);
-    w.l.block_cols = 80;
-    w.scale.assign(size_t(2) * 3, 0.0f);
-    for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(1.0f, int(i % 5) - 8);
-    w.l.scale = w.scale.data();
+    const auto w = fp8_blocked(3 * 50, 240, 128, 80, 5, -8, 15);
     for (int n : {1, 2, 3, 4, 5, 16}) {
       const auto xs = randv(size_t(n) * 3 * 40, 16);
       std::vector<float> yt(size_t(n) * 3 * 240), rt(yt.size());
@@ -313,11 +315,7 @@ TEST_P(KernelTwins, PerHeadSlices) {
   }
   // fp8 scale blocks 72 columns wide (strips of 32, 32 and 8) and 80 rows per head (past a
   // 64-row chunk): seven tokens in one call, each bitwise its own.
-  auto w = make_linear(DType::F8_E4M3, 2 * 100, 216, 13);
-  w.l.block_cols = 72;
-  w.scale.assign(size_t(2) * 3, 0.0f);
-  for (size_t i = 0; i < w.scale.size(); ++i) w.scale[i] = std::ldexp(1.0f, int(i % 4) - 9);
-  w.l.scale = w.scale.data();
+  const auto w = fp8_blocked(2 * 100, 216, 128, 72, 4, -9, 13);
   const int n = 7, heads = 2, nope = 80;
   const auto xs = randv(size_t(n) * heads * nope, 14);
   std::vector<float> yt(size_t(n) * heads * 216), at(size_t(heads) * 216), rt(yt.size());
