@@ -502,7 +502,7 @@ void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int
 // columns in tiles of up to four tokens (y carried through memory between steps); a tile
 // widens its weights itself, 16 codes per 3 instructions against 8 per 3 in the avx2 kernels,
 // and later token groups re-read them from L1.
-constexpr int kTRows = 16, kTTokens = 16;
+constexpr int kTRows = 16;
 
 inline __m512 fp8x16_bits(const uint8_t* p) {  // fp8x8_bits at twice the width, the codes in order
 #ifdef DSA_AVX512_EMULATED  // SIMDe has no 16-byte sign extension to 32-bit lanes: two halves
@@ -545,7 +545,7 @@ void t_tokens(const uint8_t* p, size_t ld, int rows, const float* m, float* y, s
   for (; c < c1; c += 16) t_tile<NT, 1>(p + c, ld, rows, m, y + c, ldy, pf + c, c % 64 == 0 ? npf : 0);
 }
 
-// n tokens (at most kTTokens; x and y rows ldx and ldy apart) through rows [r0, r0 + nrows)
+// n tokens (at most kTokChunkT; x and y rows ldx and ldy apart) through rows [r0, r0 + nrows)
 // of an fp8 weight whose scale blocks are a multiple of 16 columns wide; the caller checked
 // that every multiplier is below 2^60 (fp8_t_takes). The prefetch runs on into the nrows rows
 // from next_r0 (the next head's; none when negative).
@@ -553,15 +553,22 @@ void linear_t_fp8(const Linear& w, const float* x, size_t ldx, int n, int r0, in
   const int sc = w.scale_cols(), bc = w.block_cols, K = w.cols;
   const size_t ld = size_t(K);
   for (int t = 0; t < n; ++t) std::fill(y + size_t(t) * ldy, y + size_t(t) * ldy + ld, 0.0f);
-  alignas(64) float m[kTTokens * kTRows];
+  alignas(64) float m[kTokChunkT * kTRows];
   for (int q0 = 0; q0 < nrows; q0 += kTRows) {
     const int rows = std::min(kTRows, nrows - q0);
     const uint8_t* p = w.data + size_t(r0 + q0) * ld;
     // The rows two steps ahead, by the first token group (a head's block is too short for the
     // hardware prefetchers to get going): this block's, then the next one's.
-    const int a = q0 + 2 * kTRows, b = a - nrows;
-    const uint8_t* pf = a < nrows ? p + 2 * kTRows * ld : next_r0 >= 0 ? w.data + size_t(next_r0 + b) * ld : p;
-    const int ahead = a < nrows ? std::min(kTRows, nrows - a) : next_r0 >= 0 ? std::min(kTRows, nrows - b) : 0;
+    const int here = q0 + 2 * kTRows, next = here - nrows;  // that row of this block, of the next
+    const uint8_t* pf = p;
+    int ahead = 0;
+    if (here < nrows) {
+      pf = p + 2 * kTRows * ld;
+      ahead = std::min(kTRows, nrows - here);
+    } else if (next_r0 >= 0 && next < nrows) {
+      pf = w.data + size_t(next_r0 + next) * ld;
+      ahead = std::min(kTRows, nrows - next);
+    }
     const float* srow[kTRows];  // each row's block scales (a division per row, once per step)
     for (int r = 0; r < rows; ++r) srow[r] = w.scale + size_t((r0 + q0 + r) / w.block_rows) * size_t(sc);
     for (int c0 = 0, b = 0; c0 < K; c0 += bc, ++b) {

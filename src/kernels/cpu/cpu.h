@@ -81,13 +81,14 @@ struct Avx512Kernels {
   int (*topk_emit)(const float* scores, int n, uint32_t tau, int ties, int k, int32_t* out);
   // One 128-point Hadamard transform in place, scaled by 128^-0.5: bitwise the other tiers.
   void (*hadamard128)(float* x);
-  // The transposed fp8 product (linear_t_heads' inner kernel) for n <= 16 tokens, x and y rows
+  // The transposed fp8 product (linear_t_heads' inner kernel) for n <= kTokChunkT tokens, x and y rows
   // ldx and ldy apart, over rows [r0, r0 + nrows) of a weight whose scale blocks are a
   // multiple of 16 columns wide, every x * block scale below 2^60: bitwise the avx2 kernels.
   // Its prefetch runs on into the nrows rows from next_r0 (the next head's), if not negative.
   void (*linear_t_fp8)(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows, int next_r0, float* y, size_t ldy);
 };
 constexpr int kTokBuf = 24;  // tokens whose inputs a GEMV call prepares at once
+constexpr int kTokChunkT = 16;  // tokens per call of a transposed fp8 kernel (linear_t_fp8 and the avx2 ones)
 const Avx512Kernels& avx512_native();
 // The table the avx512 tier uses: the native one, or the one a test installs with
 // emulate_avx512, which also puts the tier in use without asking the CPU (nullptr: back to

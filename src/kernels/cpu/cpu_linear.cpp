@@ -931,7 +931,7 @@ bool fp8_t_takes(const Linear& w, const float* x, size_t ldx, int n, int r0, int
 // 2^64), carried through y between row chunks: every token's y is bitwise what the
 // one-token kernel gives it. Per row NT broadcasts and NV loads feed NT x NV FMAs, where
 // the one-token kernel widens each weight for one FMA.
-constexpr int kTokChunkT = 16, kRowChunkT = 64, kStripT = 32;
+constexpr int kRowChunkT = 64, kStripT = 32;
 
 template <int NV, int NT>
 __attribute__((target("avx2,fma"))) inline void t_tile(const float* wb, int rows, const float* s, float* const* yt) {
