@@ -101,11 +101,20 @@ constexpr float kFp8XScale = 0x1p64f;
 constexpr float kFp8BitsUndo = 0x1p120f * 0x1p-64f;
 
 // x * 2^64, each full group of 64 columns in the order of Fp8x64: [4i+3 | 4i+2 | 4i+1 | 4i].
+// Per group, columns k, k + 4, ... are picked from each half by a two-source permute and the
+// halves' first eights joined (a batch-16 step prepares its x this way some forty times a layer).
 void prescale_x(const float* x, int n, float* b) {
+  const __m512 s = _mm512_set1_ps(kFp8XScale);
   int c = 0;
-  for (; c + 64 <= n; c += 64)
-    for (int k = 0; k < 4; ++k)
-      for (int i = 0; i < 16; ++i) b[c + 16 * (3 - k) + i] = x[c + 4 * i + k] * kFp8XScale;
+  for (; c + 64 <= n; c += 64) {
+    const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
+    const __m512 x2 = _mm512_loadu_ps(x + c + 32), x3 = _mm512_loadu_ps(x + c + 48);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_set1_epi32(k));
+      const __m512 lo = _mm512_permutex2var_ps(x0, idx, x1), hi = _mm512_permutex2var_ps(x2, idx, x3);
+      _mm512_storeu_ps(b + c + 16 * (3 - k), _mm512_mul_ps(_mm512_shuffle_f32x4(lo, hi, 0x44), s));
+    }
+  }
   for (; c < n; ++c) b[c] = x[c] * kFp8XScale;
 }
 
@@ -263,12 +272,14 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
 // (24 sums), where two per pair held 2 x 6, and the x loads per FMA halve. The one-token
 // kernel's four rows give it eight FMA chains, ample for a stream from memory.
 void deinterleave_x(const float* x, int n, float* b) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   int c = 0;
-  for (; c + 32 <= n; c += 32)
-    for (int i = 0; i < 16; ++i) {
-      b[c + i] = x[c + 2 * i];
-      b[c + 16 + i] = x[c + 2 * i + 1];
-    }
+  for (; c + 32 <= n; c += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16);
+    _mm512_storeu_ps(b + c, _mm512_permutex2var_ps(x0, even, x1));
+    _mm512_storeu_ps(b + c + 16, _mm512_permutex2var_ps(x0, odd, x1));
+  }
   for (; c < n; ++c) b[c] = x[c];
 }
 
