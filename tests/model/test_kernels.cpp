@@ -89,6 +89,18 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   return err / std::max(mx, 1e-30);
 }
 
+// On an avx512 tier (native or emulated): what `run` writes into a vector the size of `got`
+// on the avx2 tier must be got's bits; then `tier` is in use again.
+template <class F>
+void expect_avx2_bits(const Tier& tier, const std::vector<float>& got, F run, const char* what) {
+  if (tier.isa != kernels::Isa::Avx512) return;
+  ASSERT_TRUE(test::enter_tier(Tier{"avx2", kernels::Isa::Avx2, false}));
+  std::vector<float> ref(got.size());
+  run(ref);
+  ASSERT_TRUE(test::enter_tier(tier));
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << what << " differs from the avx2 one";
+}
+
 class LinearTwin : public ::testing::TestWithParam<std::tuple<Tier, int, int, int>> {
  protected:
   void SetUp() override { DSA_ENTER_TIER(std::get<0>(GetParam())); }
@@ -111,13 +123,7 @@ TEST_P(LinearTwin, CpuMatchesRef) {
   kernels::ref::linear(w.l, x.data(), n, b.data(), 0, rows);
   EXPECT_LE(max_rel(a, b), 2e-6);
   // The avx512 GEMM sums in the avx2 GEMM's order: the same bits.
-  if (tier.isa == kernels::Isa::Avx512) {
-    ASSERT_TRUE(test::enter_tier(Tier{"avx2", kernels::Isa::Avx2, false}));
-    std::vector<float> a2(a.size());
-    kernels::cpu::linear(w.l, x.data(), n, a2.data(), 0, rows);
-    ASSERT_TRUE(test::enter_tier(tier));
-    EXPECT_TRUE(std::equal(a.begin(), a.end(), a2.begin())) << "avx512 GEMM differs from the avx2 one";
-  }
+  expect_avx2_bits(tier, a, [&](std::vector<float>& out) { kernels::cpu::linear(w.l, x.data(), n, out.data(), 0, rows); }, "avx512 GEMM");
   // A row range (the MLA per-head slices of kv_b).
   const int r0 = rows / 3, nr = rows / 2;
   std::vector<float> c(size_t(n) * size_t(nr)), d(c.size());
@@ -132,13 +138,8 @@ TEST_P(LinearTwin, CpuMatchesRef) {
   EXPECT_LE(max_rel(e, f), 2e-6);
   // Its avx512 panel pairs (176 columns: eleven panels, the last one alone) sum in the avx2
   // order too.
-  if (tier.isa == kernels::Isa::Avx512) {
-    ASSERT_TRUE(test::enter_tier(Tier{"avx2", kernels::Isa::Avx2, false}));
-    std::vector<float> e2(e.size());
-    kernels::cpu::linear_t(w.l, xt.data(), n, e2.data(), r0, nr);
-    ASSERT_TRUE(test::enter_tier(tier));
-    EXPECT_TRUE(std::equal(e.begin(), e.end(), e2.begin())) << "avx512 transposed GEMM differs from the avx2 one";
-  }
+  expect_avx2_bits(tier, e, [&](std::vector<float>& out) { kernels::cpu::linear_t(w.l, xt.data(), n, out.data(), r0, nr); },
+                   "avx512 transposed GEMM");
   }
 }
 
@@ -239,20 +240,6 @@ TEST_P(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
   kernels::cpu::set_bf16_tile_chunk(0);
 }
 
-// On the avx512 tiers (native and emulated): what `run` writes into a vector the size of
-// `got` on the avx2 tier must be got's bits.
-template <class F>
-void expect_avx2_bits(const std::vector<float>& got, F run, const char* what) {
-  if (kernels::isa() != kernels::Isa::Avx512) return;
-  const bool emulated = &kernels::cpu::avx512_kernels() != &kernels::cpu::avx512_native();
-  ASSERT_TRUE(test::enter_tier(Tier{"avx2", kernels::Isa::Avx2, false}));
-  std::vector<float> ref(got.size());
-  run(ref);
-  if (emulated) ASSERT_TRUE(test::enter_tier(Tier{"avx512_emulated", kernels::Isa::Avx512, true}));
-  else ASSERT_TRUE(test::enter_tier(Tier{"avx512", kernels::Isa::Avx512, false}));
-  EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << what << ": the avx512 tier differs from the avx2 one";
-}
-
 TEST_P(KernelTwins, PerHeadSlices) {
   // kv_b-like: 5 heads of [nope | v 20] rows over 256 columns, fp8 with ragged blocks; nope
   // 24 is whole groups of eight rows, 27 and 45 leave single rows, 45 reaches the prefetch.
@@ -295,8 +282,9 @@ TEST_P(KernelTwins, PerHeadSlices) {
       if (n != 17) {
         EXPECT_LE(max_rel(yt, rt), 2e-6);
       }
-      expect_avx2_bits(yt, [&](std::vector<float>& out) { kernels::cpu::linear_t_heads(w.l, xs.data(), 48, heads, nope + vd, 0, nope, out.data(), n); },
-                       "linear_t_heads");
+      expect_avx2_bits(GetParam(), yt,
+                       [&](std::vector<float>& out) { kernels::cpu::linear_t_heads(w.l, xs.data(), 48, heads, nope + vd, 0, nope, out.data(), n); },
+                       "avx512 linear_t_heads");
     }
   }
   // fp8 scale blocks 80 columns wide (the avx512 kernel's single-vector tiles) and 40 rows per
@@ -309,8 +297,8 @@ TEST_P(KernelTwins, PerHeadSlices) {
       kernels::cpu::linear_t_heads(w.l, xs.data(), 40, 3, 50, 0, 40, yt.data(), n);
       kernels::ref::linear_t_heads(w.l, xs.data(), 40, 3, 50, 0, 40, rt.data(), n);
       EXPECT_LE(max_rel(yt, rt), 2e-6) << n << " tokens";
-      expect_avx2_bits(yt, [&](std::vector<float>& out) { kernels::cpu::linear_t_heads(w.l, xs.data(), 40, 3, 50, 0, 40, out.data(), n); },
-                       "linear_t_heads, 80-column blocks");
+      expect_avx2_bits(GetParam(), yt, [&](std::vector<float>& out) { kernels::cpu::linear_t_heads(w.l, xs.data(), 40, 3, 50, 0, 40, out.data(), n); },
+                       "avx512 linear_t_heads, 80-column blocks,");
     }
   }
   // fp8 scale blocks 72 columns wide (strips of 32, 32 and 8) and 80 rows per head (past a

@@ -585,15 +585,17 @@ void linear_t_fp8(const Linear& w, const float* x, size_t ldx, int n, int r0, in
     for (int c0 = 0, b = 0; c0 < K; c0 += bc, ++b) {
       for (int t = 0; t < n; ++t)
         for (int r = 0; r < rows; ++r) m[t * kTRows + r] = x[size_t(t) * ldx + size_t(q0 + r)] * srow[r][b] * kFp8XScale;
-      int t = 0;
-      for (; t + 4 <= n; t += 4) t_tokens<4, 4>(p, ld, rows, m + t * kTRows, y + size_t(t) * ldy, ldy, c0, c0 + bc, pf, t == 0 ? ahead : 0);
-      float* yt = y + size_t(t) * ldy;
-      const int npf = t == 0 ? ahead : 0;
-      switch (n - t) {
-        case 3: t_tokens<3, 4>(p, ld, rows, m + t * kTRows, yt, ldy, c0, c0 + bc, pf, npf); break;
-        case 2: t_tokens<2, 8>(p, ld, rows, m + t * kTRows, yt, ldy, c0, c0 + bc, pf, npf); break;
-        case 1: t_tokens<1, 8>(p, ld, rows, m + t * kTRows, yt, ldy, c0, c0 + bc, pf, npf); break;
-        default: break;
+      for (int t = 0, g; t < n; t += g) {  // token groups of up to four; the first one prefetches
+        g = std::min(4, n - t);
+        const float* mt = m + t * kTRows;
+        float* yt = y + size_t(t) * ldy;
+        const int npf = t == 0 ? ahead : 0;
+        switch (g) {
+          case 4: t_tokens<4, 4>(p, ld, rows, mt, yt, ldy, c0, c0 + bc, pf, npf); break;
+          case 3: t_tokens<3, 4>(p, ld, rows, mt, yt, ldy, c0, c0 + bc, pf, npf); break;
+          case 2: t_tokens<2, 8>(p, ld, rows, mt, yt, ldy, c0, c0 + bc, pf, npf); break;
+          default: t_tokens<1, 8>(p, ld, rows, mt, yt, ldy, c0, c0 + bc, pf, npf); break;
+        }
       }
     }
   }
