@@ -122,6 +122,28 @@ void prescale_x(const float* x, int n, float* b) {
 inline int fp8_vector_cols(const Linear& w) { return w.block_cols % 64 == 0 ? (w.cols / w.block_cols) * w.block_cols : 0; }
 inline size_t prefetch_ahead(size_t row_bytes) { return 4 * row_bytes * ((8192 + 4 * row_bytes - 1) / (4 * row_bytes)); }
 
+// The next row block of a multi-group product, prefetched into L2 by the token groups after
+// the first: the first group of a block then finds its weights in L2 instead of streaming
+// them from memory at one core's read rate while the later groups, which re-read the block
+// from L2, leave the memory idle. A tile step consumes 64 bytes of each of its NR rows, and
+// the later groups together take at least that many lines of the next block per step (share
+// groups, NR / share lines each, rounded up), so the next block is in L2 before they finish.
+struct NextBlock {
+  const char* p = nullptr;
+  const char* end = nullptr;
+  int lines[5] = {};  // lines per step of a tile of 1, 2 or 4 rows
+  NextBlock() = default;
+  NextBlock(const char* begin, const char* stop, int share) : p(begin), end(stop) {
+    for (int nr : {1, 2, 4}) lines[nr] = (nr + share - 1) / share;
+  }
+  template <int NR>
+  void step() {
+    if (p >= end) return;
+    for (int i = 0; i < lines[NR]; ++i) prefetch_stream(p + 64 * i);
+    p += 64 * lines[NR];
+  }
+};
+
 // A prescaled x (prescale_x) times the block scales of one 128-row block (srow), over the
 // vector columns: what every fp8 kernel below multiplies that block's rows with.
 void scale_x_blocks(const Linear& w, const float* xp, const float* srow, float* xs) {
@@ -181,7 +203,7 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y,
 // per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the second. Rows left
 // over go to the next smaller tile.
 template <int NR, int NT>
-void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1) {
+void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
   const size_t ahead = prefetch_ahead(size_t(K));
   int r = r0;
@@ -193,6 +215,7 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
       for (int t = 0; t < NT; ++t) a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
     }
     for (int c = 0; c < kfull; c += 64) {
+      nb.step<NR>();
       // Registers decide the loop order (the sums are the same either way): two rows keep
       // their widened weights and load each token's x in turn; four rows keep both
       // tokens' x and widen each row in turn.
@@ -232,7 +255,7 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
     }
   }
   if (r == r1) return;
-  if constexpr (NR > 2) gemv_fp8_tile<NR / 2, NT>(w, x, xs, y, ldy, base, r, r1);
+  if constexpr (NR > 2) gemv_fp8_tile<NR / 2, NT>(w, x, xs, y, ldy, base, r, r1, nb);
   else gemv_fp8_tokens<NT>(w, x, xs, y, ldy, base, r, r1);
 }
 
@@ -341,7 +364,7 @@ int bf16_chunk() {
 }
 
 template <int NR, int NT>
-void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&acc)[NR][NT]) {
+void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, int c0, int c1, __m512 (&acc)[NR][NT], NextBlock& nb) {
   const size_t ahead = prefetch_ahead(2 * size_t(K));
   const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
   // Local accumulators: through the reference, a compiler that does not inline this
@@ -349,6 +372,7 @@ void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, in
   __m512 a[NR][NT];
   std::memcpy(a, acc, sizeof a);
   for (int c = c0; c < c1; c += 32) {
+    nb.step<NR>();
     __m512 we[NR], wo[NR];
     for (int j = 0; j < NR; ++j) {
       prefetch_stream(reinterpret_cast<const char*>(wr[j] + c) + ahead);
@@ -371,7 +395,7 @@ void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, in
 }
 
 template <int NR, int NT>
-void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const int chunk = bf16_chunk();
   static_assert(kBf16SubRows % NR == 0);
   const int K = w.cols, k32 = K / 32 * 32, rfull = r0 + (r1 - r0) / NR * NR;
@@ -389,7 +413,7 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
           wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
           for (int t = 0; t < NT; ++t) a[j][t] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(pk[j][t]);
         }
-        bf16_tile_chunk<NR, NT>(wr, xp, K, c0, c1, a);
+        bf16_tile_chunk<NR, NT>(wr, xp, K, c0, c1, a, nb);
         for (int j = 0; j < NR; ++j)
           for (int t = 0; t < NT; ++t) {
             if (last) y[size_t(t) * ldy + size_t(r + j - base)] = bf16_finish(a[j][t], wr[j], x + size_t(t) * size_t(K), K);
@@ -399,7 +423,7 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
     }
   }
   if (rfull == r1) return;
-  if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, rfull, r1);
+  if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, rfull, r1, nb);
   else gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, rfull, r1);
 }
 
@@ -440,39 +464,44 @@ constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 // fp8: two tokens run against four rows (two rows keep too few loads in flight), more
 // against two. bf16: four rows for any number of tokens.
 template <int NT>
-void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1) {
-  if (fp8) gemv_fp8_tile<NT == 2 ? 4 : 2, NT>(w, x, xb, y, ldy, base, r0, r1);
-  else gemv_bf16_tile<4, NT>(w, x, xb, y, ldy, base, r0, r1);
+void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
+  if (fp8) gemv_fp8_tile<NT == 2 ? 4 : 2, NT>(w, x, xb, y, ldy, base, r0, r1, nb);
+  else gemv_bf16_tile<4, NT>(w, x, xb, y, ldy, base, r0, r1, nb);
 }
 
-void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1) {
+void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   switch (n) {
     case 1:
       if (fp8) gemv_fp8_one(w, x, xb, y, base, r0, r1);
       else gemv_bf16_one(w, x, xb, y, base, r0, r1);
       break;
-    case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
-    case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
-    case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1); break;
-    case 5: gemv_bf16_tile<4, 5>(w, x, xb, y, ldy, base, r0, r1); break;  // bf16 only: fp8 groups stop at four
-    default: gemv_bf16_tile<4, 6>(w, x, xb, y, ldy, base, r0, r1); break;
+    case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
+    case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
+    case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
+    case 5: gemv_bf16_tile<4, 5>(w, x, xb, y, ldy, base, r0, r1, nb); break;  // bf16 only: fp8 groups stop at four
+    default: gemv_bf16_tile<4, 6>(w, x, xb, y, ldy, base, r0, r1, nb); break;
   }
 }
 
-// The token groups of one prepared set of tokens over rows [r0, r1).
-void gemv_groups(const Linear& w, const float* x, const float* xb, int cnt, float* y, size_t ldy, int base, int r0, int r1) {
+// The token groups of one prepared set of tokens over rows [r0, r1); the later groups
+// prefetch the next row block up to row r_end (NextBlock).
+void gemv_groups(const Linear& w, const float* x, const float* xb, int cnt, float* y, size_t ldy, int base, int r0, int r1, int r_end) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   const size_t cols = size_t(w.cols);
   const int group = fp8 ? kTokGroupFp8 : kTokGroupBf16;
   const int rb_step = cnt <= group ? r1 - r0 : kRowBlock;
+  const size_t row_bytes = cols * dtype_size(w.dtype);
+  const char* data = reinterpret_cast<const char*>(w.data);
+  // Groups as even as possible (bf16, 8 tokens: 4 + 4, not 6 + 2).
+  const int groups = (cnt + group - 1) / group;
   for (int rb = r0; rb < r1; rb += rb_step) {
     const int re = std::min(r1, rb + rb_step);
-    // Groups as even as possible (bf16, 8 tokens: 4 + 4, not 6 + 2).
-    const int groups = (cnt + group - 1) / group;
+    NextBlock next;  // none for the first group of a block
     for (int gi = 0, g = 0; gi < groups; ++gi) {
+      if (gi == 1) next = NextBlock(data + size_t(re) * row_bytes, data + size_t(std::min(r_end, re + rb_step)) * row_bytes, groups - 1);
       const int k = (cnt - g) / (groups - gi);
-      gemv_prepared(w, x + size_t(g) * cols, xb + size_t(g) * cols, k, y + size_t(g) * ldy, ldy, base, rb, re);
+      gemv_prepared(w, x + size_t(g) * cols, xb + size_t(g) * cols, k, y + size_t(g) * ldy, ldy, base, rb, re, next);
       g += k;
     }
   }
@@ -490,7 +519,7 @@ void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int
       else deinterleave_x(xt + size_t(i) * cols, w.cols, xbuf + size_t(i) * cols);
     }
     if (!fp8) {
-      gemv_groups(w, xt, xbuf, cnt, yt, ldy, base, r0, r1);
+      gemv_groups(w, xt, xbuf, cnt, yt, ldy, base, r0, r1, r1);
       continue;
     }
     // fp8: each 128-row block of the range with x scaled by that block's scales.
@@ -499,7 +528,7 @@ void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int
       const int s1 = std::min(r1, (s0 / w.block_rows + 1) * w.block_rows);
       const float* srow = w.scale + size_t(s0 / w.block_rows) * size_t(w.scale_cols());
       for (int i = 0; i < cnt; ++i) scale_x_blocks(w, xbuf + size_t(i) * cols, srow, xs + size_t(i) * cols);
-      gemv_groups(w, xt, xs, cnt, yt, ldy, base, s0, s1);
+      gemv_groups(w, xt, xs, cnt, yt, ldy, base, s0, s1, r1);
       s0 = s1;
     }
   }
