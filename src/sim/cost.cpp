@@ -375,14 +375,25 @@ struct Builder {
 
   void moe(double T, const Step&) {
     const auto& c = m.cfg;
+    gemm("moe.router", T, c.n_routed_experts, c.hidden_size, o.weight, /*bf16_weight=*/true);
+    const double assigned = routed_experts(T);
+    if (c.n_shared_experts > 0) {
+      const double sI = double(c.n_shared_experts) * c.moe_intermediate_size / l.tp;
+      gemm("moe.shared_gate_up", T, 2 * sI, c.hidden_size, o.weight);
+      gemm("moe.shared_down", T, c.hidden_size, sI, o.weight);
+    }
+    moe_exchange(T, assigned);
+  }
+
+  // Routed experts: the stage's T*dp tokens pick k experts each, spread evenly over ep ranks
+  // (balanced routing, as EPLB aims for). The E experts and their redundant replicas fill S =
+  // E + redundant slots, each taking an equal share of the assignments. A slot's weights are
+  // read once if any token landed on it: with uniform routing that happens with probability
+  // 1-(1-k/S)^tokens. Returns this device's token-expert assignments.
+  double routed_experts(double T) {
+    const auto& c = m.cfg;
     const double h = c.hidden_size, mI = c.moe_intermediate_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
     const double mtp_ways = l.moe_tp();
-    gemm("moe.router", T, E, h, o.weight, /*bf16_weight=*/true);
-    // Routed experts: the stage's T*dp tokens pick k experts each, spread evenly over ep
-    // ranks (balanced routing, as EPLB aims for). The E experts and their redundant replicas
-    // fill S = E + redundant slots, each taking an equal share of the assignments. A slot's
-    // weights are read once if any token landed on it: with uniform routing that happens
-    // with probability 1-(1-k/S)^tokens.
     const double S = E + l.redundant_experts;
     const double tokens = T * l.dp;
     const double assigned = tokens * k / l.ep;
@@ -413,19 +424,20 @@ struct Builder {
     const double act_elems = assigned * n_d + (c.n_shared_experts > 0 ? T * double(c.n_shared_experts) * mI / l.tp : 0.0);
     memory("moe.act", act_elems * 3.0 * 2.0, act_elems * 4.0, "T=" + std::to_string(int64_t(T)));
     add(dn);
-    if (c.n_shared_experts > 0) {
-      const double sI = double(c.n_shared_experts) * mI / l.tp;
-      gemm("moe.shared_gate_up", T, 2 * sI, h, o.weight);
-      gemm("moe.shared_down", T, h, sI, o.weight);
-    }
+    return assigned;
+  }
+
+  // What the experts' inputs and outputs cost to move between devices.
+  void moe_exchange(double T, double assigned) {
+    const auto& c = m.cfg;
     if (o.engine_collectives && l.tp > 1) {
       // The engine gathers the split intermediates (the shared expert's; the routed ones' when
       // tensor parallelism splits every expert), then the output's rows unless the experts
       // are whole and the all-reduce below sums them (moe.cpp).
-      const double shared_inter = T * double(c.n_shared_experts) * mI;
+      const double shared_inter = T * double(c.n_shared_experts) * c.moe_intermediate_size;
       const std::string shape = "T=" + std::to_string(int64_t(T)) + ";tp=" + std::to_string(l.tp);
       if (shared_inter > 0) allgather("tp.allgather", OpClass::CommTP, shared_inter * 4.0, l.tp, shape);
-      if (mtp_ways > 1) tp_gathers(T, assigned * mI);
+      if (l.moe_tp() > 1) tp_gathers(T, assigned * c.moe_intermediate_size);
     }
     if (l.rep > 1 || (o.engine_collectives && l.dp == 1 && l.ep > 1)) {
       // Every device of the stage already holds every token (replicated attention, or this
@@ -434,32 +446,37 @@ struct Builder {
       // MoE does without --dp. The engine sums them as doubles (unrounded, so that any
       // layout gives one process's bits: moe.cpp); fp32 elsewhere.
       const double n = double(l.tp) * l.rep, elem = o.engine_collectives ? 8.0 : 4.0;
-      comm_among("moe.allreduce", OpClass::CommEP, 2.0 * (n - 1) / n * T * h * elem, n, 2.0 * (n - 1),
+      comm_among("moe.allreduce", OpClass::CommEP, 2.0 * (n - 1) / n * T * c.hidden_size * elem, n, 2.0 * (n - 1),
                  "T=" + std::to_string(int64_t(T)) + ";ranks=" + std::to_string(int64_t(n)));
     } else if (l.ep > 1 && o.engine_collectives) {
       engine_dispatch(T);
     } else if (l.ep > 1) {
-      // Each device dispatches its share (T/tp) of the tokens to k experts: fp8 hidden plus
-      // one fp32 scale per 128 going out, bf16 coming back (DeepSeek's dispatch/combine
-      // formats). Copies to experts on this device stay local. Within one node everything
-      // moves over NVLink. Across nodes, prefill (DeepEP normal kernels) sends a token once
-      // per destination node and forwards it over NVLink there; decode (DeepEP low-latency
-      // kernels) sends every remote copy over RDMA directly.
-      const double send = T / l.tp;
-      const int local = std::min(l.ep, l.devices_per_node);
-      const double nodes = std::ceil(double(l.ep) / l.devices_per_node);
-      double intra_copies = k * double(local - 1) / l.ep, inter_copies = 0;
-      if (nodes > 1 && phase == Phase::Decode) {
-        intra_copies = 0;
-        inter_copies = k * double(l.ep - 1) / l.ep;
-      } else if (nodes > 1) {
-        inter_copies = (nodes - 1) * (1.0 - std::pow(1.0 - 1.0 / nodes, k));
-      }
-      const double d_bytes = h * (1.0 + 4.0 / 128.0), c_bytes = h * 2.0;
-      const std::string shape = "T=" + std::to_string(int64_t(send)) + ";ep=" + std::to_string(l.ep);
-      comm("moe.dispatch", OpClass::CommEP, send * intra_copies * d_bytes, send * inter_copies * d_bytes, 1.0, shape);
-      comm("moe.combine", OpClass::CommEP, send * intra_copies * c_bytes, send * inter_copies * c_bytes, 1.0, shape);
+      deepep_dispatch(T);
     }
+  }
+
+  // Each device dispatches its share (T/tp) of the tokens to k experts: fp8 hidden plus one
+  // fp32 scale per 128 going out, bf16 coming back (DeepSeek's dispatch/combine formats).
+  // Copies to experts on this device stay local. Within one node everything moves over
+  // NVLink. Across nodes, prefill (DeepEP normal kernels) sends a token once per destination
+  // node and forwards it over NVLink there; decode (DeepEP low-latency kernels) sends every
+  // remote copy over RDMA directly.
+  void deepep_dispatch(double T) {
+    const double h = m.cfg.hidden_size, k = m.cfg.num_experts_per_tok;
+    const double send = T / l.tp;
+    const int local = std::min(l.ep, l.devices_per_node);
+    const double nodes = std::ceil(double(l.ep) / l.devices_per_node);
+    double intra_copies = k * double(local - 1) / l.ep, inter_copies = 0;
+    if (nodes > 1 && phase == Phase::Decode) {
+      intra_copies = 0;
+      inter_copies = k * double(l.ep - 1) / l.ep;
+    } else if (nodes > 1) {
+      inter_copies = (nodes - 1) * (1.0 - std::pow(1.0 - 1.0 / nodes, k));
+    }
+    const double d_bytes = h * (1.0 + 4.0 / 128.0), c_bytes = h * 2.0;
+    const std::string shape = "T=" + std::to_string(int64_t(send)) + ";ep=" + std::to_string(l.ep);
+    comm("moe.dispatch", OpClass::CommEP, send * intra_copies * d_bytes, send * inter_copies * d_bytes, 1.0, shape);
+    comm("moe.combine", OpClass::CommEP, send * intra_copies * c_bytes, send * inter_copies * c_bytes, 1.0, shape);
   }
 
   // The embedding rows of T tokens. This engine's tensor parallelism splits the table by
