@@ -164,7 +164,8 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
                       {"repeat", a.repeat}, {"kv_cache", a.kv_cache},
                       {"decode_aggregate_tokens_per_s", median(bt.tg) * B}, {"decode_per_seq_tokens_per_s", median(bt.tg)},
                       {"decode_step_ms", step_s * 1e3}, {"decode_step_bytes", dc.bytes}, {"decode_step_flops", dc.flops},
-                      {"read_bandwidth_gbps", bw}, {"peak_gflops", peak}, {"decode_step_roofline_ms", roof_s * 1e3},
+                      {"read_bandwidth_gbps", bw}, {"peak_gflops", peak}, {"bf16_dot_peak_gflops", sim::measure_bf16_dot_peak_gflops(threads)},
+                      {"decode_step_roofline_ms", roof_s * 1e3},
                       {"decode_roofline_fraction", roof_s / step_s},
                       {"decode_bound", dc.bytes / (bw * 1e9) >= dc.flops / (peak * 1e9) ? "bandwidth" : "compute"}};
   if (a.prompt > 0) {
@@ -178,11 +179,19 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
   return j;
 }
 
+// The tier's note on the bf16 dot product, with the peak its probe measured.
+std::string bf16_note(const nlohmann::json& j) {
+  if (!dsa::kernels::bf16_dot()) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (bf16 dot products, %.0f GFLOP/s peak)", j["bf16_dot_peak_gflops"].get<double>());
+  return buf;
+}
+
 void print_batch(const Args& a, const nlohmann::json& j, WeightTable weights) {
   using namespace dsa;
   const auto num = [&](const char* k) { return j[k].get<double>(); };
   std::printf("model %s, %d threads, %s kernels%s, batch %d, depth %d, kv cache %s\n", a.model.c_str(), j["threads"].get<int>(),
-              kernels::isa_name(kernels::isa()), kernels::bf16_dot() ? " (bf16 dot products)" : "", a.batch, a.depth, a.kv_cache.c_str());
+              kernels::isa_name(kernels::isa()), bf16_note(j).c_str(), a.batch, a.depth, a.kv_cache.c_str());
   std::printf("decode  %d x %d tokens: %8.1f tok/s aggregate, %.1f tok/s per sequence, %.1f ms/step\n", a.batch, a.gen,
               num("decode_aggregate_tokens_per_s"), num("decode_per_seq_tokens_per_s"), num("decode_step_ms"));
   std::printf("        step: %.1f MB, %.1f GFLOP; roofline %.1f ms (%s-bound: %.1f GB/s read, %.0f GFLOP/s FMA peak) = %.2f of it\n",
@@ -353,6 +362,7 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
                       {"decode_roofline_fraction", tgs * bytes / (bw * 1e9)},
                       {"prefill_flops_per_token", flops},
                       {"peak_gflops", peak},
+                      {"bf16_dot_peak_gflops", sim::measure_bf16_dot_peak_gflops(threads)},
                       {"prefill_peak_fraction", pps * flops / (peak * 1e9)},
                       {"prefill_gemm_gflops", gemm_gflops},
                       {"prefill_gemm_peak_fraction", gemm_gflops / peak},
@@ -381,7 +391,7 @@ void print_single(const Args& a, const nlohmann::json& j) {
   const double bw = num("read_bandwidth_gbps"), pps = num("prefill_tokens_per_s"), tgs = num("decode_tokens_per_s");
   const int nodes = j["numa_nodes"].get<int>();
   std::printf("model %s, %d threads, %s kernels%s, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), j["threads"].get<int>(),
-              kernels::isa_name(kernels::isa()), kernels::bf16_dot() ? " (bf16 dot products)" : "", a.depth, a.kv_cache.c_str(), nodes, nodes > 1 ? "s" : "",
+              kernels::isa_name(kernels::isa()), bf16_note(j).c_str(), a.depth, a.kv_cache.c_str(), nodes, nodes > 1 ? "s" : "",
               j["numa_interleaved"].get<bool>() ? " (pages interleaved)" : "");
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);

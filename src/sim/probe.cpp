@@ -124,8 +124,36 @@ __attribute__((target("avx512f"))) double fma_kernel_avx512(int64_t iters) {
   _mm512_storeu_ps(out, s);
   return double(out[0]) + out[15];
 }
-#pragma GCC diagnostic pop
 constexpr double kAvx512FlopsPerIter = 12 * 16 * 2;
+
+// AVX512-BF16's dot product (vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes,
+// 64 FLOPs) in 12 chains from distinct values, as above: the peak of the kernels that run on
+// it (the indexer scan, bf16_dot()).
+__attribute__((target("avx512f,avx512bf16"))) double bf16_dot_kernel(int64_t iters) {
+  __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.1f), a2 = _mm512_set1_ps(1.2f), a3 = _mm512_set1_ps(1.3f),
+         a4 = _mm512_set1_ps(1.4f), a5 = _mm512_set1_ps(1.5f), a6 = _mm512_set1_ps(1.6f), a7 = _mm512_set1_ps(1.7f),
+         a8 = _mm512_set1_ps(1.8f), a9 = _mm512_set1_ps(1.9f), a10 = _mm512_set1_ps(2.0f), a11 = _mm512_set1_ps(2.1f);
+  const __m512i xi = _mm512_set1_epi32(0x3F803F80), yi = _mm512_set1_epi32(0x33D633D6);  // bf16 pairs of 1.0 and 1e-7
+  __m512bh x, y;
+  std::memcpy(&x, &xi, sizeof x);
+  std::memcpy(&y, &yi, sizeof y);
+  for (int64_t i = 0; i < iters; ++i) {
+    a0 = _mm512_dpbf16_ps(a0, x, y); a1 = _mm512_dpbf16_ps(a1, x, y);
+    a2 = _mm512_dpbf16_ps(a2, x, y); a3 = _mm512_dpbf16_ps(a3, x, y);
+    a4 = _mm512_dpbf16_ps(a4, x, y); a5 = _mm512_dpbf16_ps(a5, x, y);
+    a6 = _mm512_dpbf16_ps(a6, x, y); a7 = _mm512_dpbf16_ps(a7, x, y);
+    a8 = _mm512_dpbf16_ps(a8, x, y); a9 = _mm512_dpbf16_ps(a9, x, y);
+    a10 = _mm512_dpbf16_ps(a10, x, y); a11 = _mm512_dpbf16_ps(a11, x, y);
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                               _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+                                 _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return double(out[0]) + out[15];
+}
+#pragma GCC diagnostic pop
+constexpr double kBf16DotFlopsPerIter = 12 * 32 * 2;
 #endif
 
 double fma_kernel_scalar(int64_t iters) {
@@ -163,34 +191,41 @@ double measure_read_bandwidth_gbps(int threads) {
   return double(bytes / size_t(threads) / 128 * 128 * size_t(threads)) / best / 1e9;
 }
 
-double measure_peak_gflops(int threads) {
-  threads = resolve_threads(threads);
-  // The FMA width of the kernels' tier: what the GEMM part of prefill is measured against.
-  const kernels::Isa tier = kernels::isa();
-  const int64_t iters = tier == kernels::Isa::Generic ? 5'000'000 : 20'000'000;
+namespace {
+// GFLOP/s of `kernel(iters)` (per_iter FLOPs an iteration) on every thread at once, best of three.
+template <class K>
+double peak_of(int threads, int64_t iters, double per_iter, K kernel) {
   double best = 1e30;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
     double acc = 0.0;
 #pragma omp parallel num_threads(threads) reduction(+ : acc)
-    {
-#ifdef DSA_SIM_X86
-      if (tier == kernels::Isa::Avx512) acc += fma_kernel_avx512(iters);
-      else if (tier == kernels::Isa::Avx2) acc += fma_kernel_avx2(iters);
-      else acc += fma_kernel_scalar(iters);
-#else
-      acc += fma_kernel_scalar(iters);
-#endif
-    }
+    acc += kernel(iters);
     g_sink = g_sink + uint64_t(acc > 0);
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
-#ifdef DSA_SIM_X86
-  const double per_iter = tier == kernels::Isa::Avx512 ? kAvx512FlopsPerIter : tier == kernels::Isa::Avx2 ? kAvx2FlopsPerIter : kScalarFlopsPerIter;
-#else
-  const double per_iter = kScalarFlopsPerIter;
-#endif
   return double(threads) * double(iters) * per_iter / best / 1e9;
+}
+}  // namespace
+
+double measure_peak_gflops(int threads) {
+  threads = resolve_threads(threads);
+  // The FMA width of the kernels' tier: what the GEMM part of prefill is measured against.
+  const kernels::Isa tier = kernels::isa();
+#ifdef DSA_SIM_X86
+  if (tier == kernels::Isa::Avx512) return peak_of(threads, 20'000'000, kAvx512FlopsPerIter, fma_kernel_avx512);
+  if (tier == kernels::Isa::Avx2) return peak_of(threads, 20'000'000, kAvx2FlopsPerIter, fma_kernel_avx2);
+#endif
+  return peak_of(threads, 5'000'000, kScalarFlopsPerIter, fma_kernel_scalar);
+}
+
+double measure_bf16_dot_peak_gflops(int threads) {
+#ifdef DSA_SIM_X86
+  if (kernels::bf16_dot_supported()) return peak_of(resolve_threads(threads), 20'000'000, kBf16DotFlopsPerIter, bf16_dot_kernel);
+#else
+  (void)threads;
+#endif
+  return 0.0;
 }
 
 namespace {

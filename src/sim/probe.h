@@ -14,6 +14,11 @@ double measure_read_bandwidth_gbps(int threads = 0);
 // avx512, 256-bit for avx2, a scalar loop for generic.
 double measure_peak_gflops(int threads = 0);
 
+// Peak throughput of AVX512-BF16's dot product (vdpbf16ps: 32 bf16 products and their sums
+// into 16 f32 lanes, 64 FLOPs), the instruction the indexer scan runs on (kernels::bf16_dot());
+// 0 where the CPU lacks it.
+double measure_bf16_dot_peak_gflops(int threads = 0);
+
 // Total physical memory in bytes (0 if it cannot be read): core/threads.h.
 using dsa::physical_memory_bytes;
 

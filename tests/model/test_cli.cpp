@@ -72,6 +72,7 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_GE(j.at("threads").get<int>(), 1);
   EXPECT_EQ(j.at("isa").get<std::string>(), kernels::isa_name(kernels::isa()));
   EXPECT_FALSE(j.at("cpu_features").get<std::string>().empty());
+  EXPECT_EQ(j.at("bf16_dot_peak_gflops").get<double>() > 0, kernels::bf16_dot_supported());
   const double tg = j["decode_tokens_per_s"], bytes = j["decode_bytes_per_token"], bw = j["read_bandwidth_gbps"];
   EXPECT_NEAR(j.at("decode_roofline_fraction").get<double>(), tg * bytes / (bw * 1e9), 1e-9 * tg * bytes / (bw * 1e9) + 1e-12);
   // --verify: the two-token step's time against the one-token step's.
@@ -107,6 +108,20 @@ TEST(Cli, BenchJsonContract) {
                            (k.contains("linear_t") ? k["linear_t"]["ms_per_token"].get<double>() : 0.0);
   EXPECT_LE(by_weight_ms, linear_ms * 1.0001 + 1e-6);
   EXPECT_GE(by_weight_ms, linear_ms * 0.8) << "products missing from the by-weight list";
+  // --batch: the batched report, its derived figures consistent with the measured ones.
+  std::string batched = test::dsa_binary() + " bench --model " + model + " --batch 2 -p 2 -n 2 --repeat 1 --json 2>/dev/null";
+  batched.insert(batched.begin(), '(');
+  batched.push_back(')');
+  const auto rb = sh(batched);
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  const auto b = nlohmann::json::parse(rb.out);
+  EXPECT_EQ(b.at("batch").get<int>(), 2);
+  const double per_seq = b.at("decode_per_seq_tokens_per_s"), step_ms = b.at("decode_step_ms");
+  EXPECT_NEAR(b.at("decode_aggregate_tokens_per_s").get<double>(), 2 * per_seq, 1e-9 * per_seq);
+  EXPECT_NEAR(step_ms, 1e3 / per_seq, 1e-9 * step_ms);
+  EXPECT_NEAR(b.at("decode_roofline_fraction").get<double>(), b.at("decode_step_roofline_ms").get<double>() / step_ms, 1e-9);
+  EXPECT_GT(b.at("mixed_step_ms").get<double>(), 0.0);
+  EXPECT_EQ(b.at("bf16_dot_peak_gflops").get<double>() > 0, kernels::bf16_dot_supported());
   fs::remove_all(model);
 }
 

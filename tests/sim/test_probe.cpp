@@ -3,6 +3,7 @@
 // minutes under the sanitizers, which the kernel twin tests already cover).
 #include <gtest/gtest.h>
 
+#include "kernels/kernels.h"
 #include "sim/probe.h"
 
 using namespace dsa::sim;
@@ -11,6 +12,9 @@ TEST(SimProbe, MeasuresSomething) {
   // Values depend on the machine; only check that the probes run and report a rate.
   EXPECT_GT(measure_read_bandwidth_gbps(1), 0.0);
   EXPECT_GT(measure_peak_gflops(1), 0.0);
+  // The bf16 dot product's peak where the CPU has the instruction, and only there.
+  if (dsa::kernels::bf16_dot_supported()) EXPECT_GT(measure_bf16_dot_peak_gflops(1), 0.0);
+  else EXPECT_EQ(measure_bf16_dot_peak_gflops(1), 0.0);
   EXPECT_GT(physical_memory_bytes(), 0.0);
   const KernelRates k = measure_kernel_rates(1, 7168);  // DeepSeek-V3.2's hidden size: 4,681 rows of 7,168
   EXPECT_EQ(k.gemv_bf16_cols, 7168);
