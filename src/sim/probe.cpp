@@ -103,55 +103,44 @@ constexpr double kAvx2FlopsPerIter = 10 * 8 * 2;
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+// The body of a 512-bit peak probe: twelve chains from distinct values (see the avx2 probe),
+// each advanced by STEP(a) per iteration, then summed into the returned value. A macro, not a
+// template: the intrinsics inside need the target of the function they expand in.
+#define DSA_PROBE_TWELVE_CHAINS(STEP)                                                                                      \
+  __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.1f), a2 = _mm512_set1_ps(1.2f), a3 = _mm512_set1_ps(1.3f),        \
+         a4 = _mm512_set1_ps(1.4f), a5 = _mm512_set1_ps(1.5f), a6 = _mm512_set1_ps(1.6f), a7 = _mm512_set1_ps(1.7f),        \
+         a8 = _mm512_set1_ps(1.8f), a9 = _mm512_set1_ps(1.9f), a10 = _mm512_set1_ps(2.0f), a11 = _mm512_set1_ps(2.1f);     \
+  for (int64_t i = 0; i < iters; ++i) {                                                                                     \
+    a0 = STEP(a0); a1 = STEP(a1); a2 = STEP(a2); a3 = STEP(a3); a4 = STEP(a4); a5 = STEP(a5);                               \
+    a6 = STEP(a6); a7 = STEP(a7); a8 = STEP(a8); a9 = STEP(a9); a10 = STEP(a10); a11 = STEP(a11);                           \
+  }                                                                                                                         \
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),                \
+                                               _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),               \
+                                 _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));                            \
+  float out[16];                                                                                                            \
+  _mm512_storeu_ps(out, s);                                                                                                 \
+  return double(out[0]) + out[15]
+
 __attribute__((target("avx512f"))) double fma_kernel_avx512(int64_t iters) {
-  // Distinct starting values, as in the avx2 probe.
-  __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.1f), a2 = _mm512_set1_ps(1.2f), a3 = _mm512_set1_ps(1.3f),
-         a4 = _mm512_set1_ps(1.4f), a5 = _mm512_set1_ps(1.5f), a6 = _mm512_set1_ps(1.6f), a7 = _mm512_set1_ps(1.7f),
-         a8 = _mm512_set1_ps(1.8f), a9 = _mm512_set1_ps(1.9f), a10 = _mm512_set1_ps(2.0f), a11 = _mm512_set1_ps(2.1f);
   const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-    a0 = _mm512_fmadd_ps(a0, m, c); a1 = _mm512_fmadd_ps(a1, m, c);
-    a2 = _mm512_fmadd_ps(a2, m, c); a3 = _mm512_fmadd_ps(a3, m, c);
-    a4 = _mm512_fmadd_ps(a4, m, c); a5 = _mm512_fmadd_ps(a5, m, c);
-    a6 = _mm512_fmadd_ps(a6, m, c); a7 = _mm512_fmadd_ps(a7, m, c);
-    a8 = _mm512_fmadd_ps(a8, m, c); a9 = _mm512_fmadd_ps(a9, m, c);
-    a10 = _mm512_fmadd_ps(a10, m, c); a11 = _mm512_fmadd_ps(a11, m, c);
-  }
-  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                                               _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
-                                 _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  return double(out[0]) + out[15];
+#define DSA_FMA_STEP(a) _mm512_fmadd_ps(a, m, c)
+  DSA_PROBE_TWELVE_CHAINS(DSA_FMA_STEP);
+#undef DSA_FMA_STEP
 }
 constexpr double kAvx512FlopsPerIter = 12 * 16 * 2;
 
 // AVX512-BF16's dot product (vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes,
-// 64 FLOPs) in 12 chains from distinct values, as above: the peak of the kernels that run on
-// it (the indexer scan, bf16_dot()).
+// 64 FLOPs): the peak of the kernels that run on it (the indexer scan, bf16_dot()).
 __attribute__((target("avx512f,avx512bf16"))) double bf16_dot_kernel(int64_t iters) {
-  __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.1f), a2 = _mm512_set1_ps(1.2f), a3 = _mm512_set1_ps(1.3f),
-         a4 = _mm512_set1_ps(1.4f), a5 = _mm512_set1_ps(1.5f), a6 = _mm512_set1_ps(1.6f), a7 = _mm512_set1_ps(1.7f),
-         a8 = _mm512_set1_ps(1.8f), a9 = _mm512_set1_ps(1.9f), a10 = _mm512_set1_ps(2.0f), a11 = _mm512_set1_ps(2.1f);
   const __m512i xi = _mm512_set1_epi32(0x3F803F80), yi = _mm512_set1_epi32(0x33D633D6);  // bf16 pairs of 1.0 and 1e-7
   __m512bh x, y;
   std::memcpy(&x, &xi, sizeof x);
   std::memcpy(&y, &yi, sizeof y);
-  for (int64_t i = 0; i < iters; ++i) {
-    a0 = _mm512_dpbf16_ps(a0, x, y); a1 = _mm512_dpbf16_ps(a1, x, y);
-    a2 = _mm512_dpbf16_ps(a2, x, y); a3 = _mm512_dpbf16_ps(a3, x, y);
-    a4 = _mm512_dpbf16_ps(a4, x, y); a5 = _mm512_dpbf16_ps(a5, x, y);
-    a6 = _mm512_dpbf16_ps(a6, x, y); a7 = _mm512_dpbf16_ps(a7, x, y);
-    a8 = _mm512_dpbf16_ps(a8, x, y); a9 = _mm512_dpbf16_ps(a9, x, y);
-    a10 = _mm512_dpbf16_ps(a10, x, y); a11 = _mm512_dpbf16_ps(a11, x, y);
-  }
-  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                                               _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
-                                 _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-  float out[16];
-  _mm512_storeu_ps(out, s);
-  return double(out[0]) + out[15];
+#define DSA_DOT_STEP(a) _mm512_dpbf16_ps(a, x, y)
+  DSA_PROBE_TWELVE_CHAINS(DSA_DOT_STEP);
+#undef DSA_DOT_STEP
 }
+#undef DSA_PROBE_TWELVE_CHAINS
 #pragma GCC diagnostic pop
 constexpr double kBf16DotFlopsPerIter = 12 * 32 * 2;
 #endif

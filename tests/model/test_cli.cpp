@@ -21,6 +21,15 @@ Result sh(const std::string& cmd) { return test::shell(cmd + " 2>&1"); }
 
 std::string tmp(const std::string& name) { return test::scratch(name); }
 
+// `dsa bench ARGS --json` with stdout only: a subshell keeps the progress lines on stderr out of
+// the JSON. (The parentheses go in by insert: GCC 12 misreads "(" + string as an overlapping copy.)
+Result bench_json(const std::string& args) {
+  std::string cmd = test::dsa_binary() + " bench " + args + " --json 2>/dev/null";
+  cmd.insert(cmd.begin(), '(');
+  cmd.push_back(')');
+  return sh(cmd);
+}
+
 TEST(Cli, LogitsOnGoldenCaseMatches) {
   const std::string dir = test::golden_dir() + "/glm-fp8-shared";
   DSA_REQUIRE_FIXTURE(dir + "/case.json");
@@ -58,11 +67,7 @@ TEST(Cli, LogitsOnGoldenCaseMatches) {
 TEST(Cli, BenchJsonContract) {
   const std::string model = tmp("bench_tiny");
   ASSERT_EQ(sh(test::dsa_binary() + " make-model --preset tiny --force --out " + model).code, 0);
-  // stdout only: the subshell keeps the progress lines on stderr out of the JSON.
-  std::string cmd = test::dsa_binary() + " bench --model " + model + " -p 8 -n 4 --depth 3 --repeat 2 --verify --json 2>/dev/null";
-  cmd.insert(cmd.begin(), '(');
-  cmd.push_back(')');
-  const auto r = sh(cmd);
+  const auto r = bench_json("--model " + model + " -p 8 -n 4 --depth 3 --repeat 2 --verify");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   for (const char* f : {"prefill_tokens_per_s", "decode_tokens_per_s", "decode_bytes_per_token", "read_bandwidth_gbps",
@@ -109,10 +114,7 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_LE(by_weight_ms, linear_ms * 1.0001 + 1e-6);
   EXPECT_GE(by_weight_ms, linear_ms * 0.8) << "products missing from the by-weight list";
   // --batch: the batched report, its derived figures consistent with the measured ones.
-  std::string batched = test::dsa_binary() + " bench --model " + model + " --batch 2 -p 2 -n 2 --repeat 1 --json 2>/dev/null";
-  batched.insert(batched.begin(), '(');
-  batched.push_back(')');
-  const auto rb = sh(batched);
+  const auto rb = bench_json("--model " + model + " --batch 2 -p 2 -n 2 --repeat 1");
   ASSERT_EQ(rb.code, 0) << rb.out;
   const auto b = nlohmann::json::parse(rb.out);
   EXPECT_EQ(b.at("batch").get<int>(), 2);
