@@ -165,6 +165,7 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
                       {"decode_aggregate_tokens_per_s", median(bt.tg) * B}, {"decode_per_seq_tokens_per_s", median(bt.tg)},
                       {"decode_step_ms", step_s * 1e3}, {"decode_step_bytes", dc.bytes}, {"decode_step_flops", dc.flops},
                       {"read_bandwidth_gbps", bw}, {"peak_gflops", peak}, {"bf16_dot_peak_gflops", sim::measure_bf16_dot_peak_gflops(threads)},
+                      {"amx_peak_gflops", sim::measure_amx_peak_gflops(threads)},
                       {"decode_step_roofline_ms", roof_s * 1e3},
                       {"decode_roofline_fraction", roof_s / step_s},
                       {"decode_bound", dc.bytes / (bw * 1e9) >= dc.flops / (peak * 1e9) ? "bandwidth" : "compute"}};
@@ -179,12 +180,19 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
   return j;
 }
 
-// The tier's note on the bf16 dot product, with the peak its probe measured.
+// The tier's note on its bf16 dot products and AMX tiles, with the peaks their probes measured.
 std::string bf16_note(const nlohmann::json& j) {
-  if (!dsa::kernels::bf16_dot()) return "";
+  std::string note;
   char buf[96];
-  std::snprintf(buf, sizeof buf, " (bf16 dot products, %.0f GFLOP/s peak)", j["bf16_dot_peak_gflops"].get<double>());
-  return buf;
+  if (dsa::kernels::bf16_dot()) {
+    std::snprintf(buf, sizeof buf, "bf16 dot products, %.0f GFLOP/s peak", j["bf16_dot_peak_gflops"].get<double>());
+    note = buf;
+  }
+  if (dsa::kernels::isa() == dsa::kernels::Isa::Amx) {
+    std::snprintf(buf, sizeof buf, "%sAMX tiles, %.0f GFLOP/s peak", note.empty() ? "" : "; ", j["amx_peak_gflops"].get<double>());
+    note += buf;
+  }
+  return note.empty() ? note : " (" + note + ")";
 }
 
 void print_batch(const Args& a, const nlohmann::json& j, WeightTable weights) {
@@ -341,6 +349,7 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
   const auto& gt = st.prefill[kernels::KernelId::LinearT];
   const double gemm_s = wall_seconds(gl, threads) + wall_seconds(gt, threads);
   const double gemm_gflops = gemm_s > 0 ? (gl.flops + gt.flops) / gemm_s / 1e9 : 0;
+  const double amx_peak = sim::measure_amx_peak_gflops(threads);
   const double dtok = double(a.gen) * a.repeat;
   nlohmann::json j = {{"model", a.model},
                       {"threads", threads},
@@ -363,9 +372,11 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
                       {"prefill_flops_per_token", flops},
                       {"peak_gflops", peak},
                       {"bf16_dot_peak_gflops", sim::measure_bf16_dot_peak_gflops(threads)},
+                      {"amx_peak_gflops", amx_peak},
                       {"prefill_peak_fraction", pps * flops / (peak * 1e9)},
                       {"prefill_gemm_gflops", gemm_gflops},
                       {"prefill_gemm_peak_fraction", gemm_gflops / peak},
+                      {"prefill_gemm_amx_peak_fraction", amx_peak > 0 ? gemm_gflops / amx_peak : 0.0},
                       {"prefill_kernels", kernel_breakdown(st.prefill, double(a.prompt) * a.repeat, threads)},
                       {"decode_kernels", kernel_breakdown(st.decode, dtok, threads)},
                       {"decode_weights", weight_rows(st.weights, dtok)},
@@ -395,7 +406,11 @@ void print_single(const Args& a, const nlohmann::json& j) {
               j["numa_interleaved"].get<bool>() ? " (pages interleaved)" : "");
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);
-  std::printf("        GEMM part:   %8.0f GFLOP/s = %.2f of the FMA peak\n", num("prefill_gemm_gflops"), num("prefill_gemm_peak_fraction"));
+  std::printf("        GEMM part:   %8.0f GFLOP/s = %.2f of the FMA peak", num("prefill_gemm_gflops"), num("prefill_gemm_peak_fraction"));
+  // Each activation goes through the tiles as three bf16 parts: a third of the peak is the
+  // GEMM's own ceiling there.
+  if (num("amx_peak_gflops") > 0) std::printf(", %.3f of the AMX tile peak", num("prefill_gemm_amx_peak_fraction"));
+  std::printf("\n");
   std::printf("decode  %4d tokens: %8.1f tok/s  (%.1f MB/token, %.1f GB/s = %.2f of the %.1f GB/s read bandwidth)\n", a.gen, tgs,
               bytes / 1e6, tgs * bytes / 1e9, tgs * bytes / (bw * 1e9), bw);
   for (const char* phase : {"prefill_kernels", "decode_kernels"})

@@ -64,20 +64,45 @@ const Features& features() {
   return f;
 }
 
+bool avx512(const Features& f) {
+  return f.os_ymm && f.avx2 && f.fma && f.f16c && f.os_zmm && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+}
+
+// The tile unit: CPUID and XCR0 say it is there, Linux grants the tile data state, and one
+// small product on it agrees with f64 (a hypervisor can pass the CPUID bits through and
+// still not run the tiles right: the tier is then reported unavailable, with the reason).
+struct AmxState {
+  bool usable = false;
+  const char* why = "";
+};
+const AmxState& amx_state() {
+  static const AmxState s = [] {
+    const Features& f = features();
+    if (!f.amx_tile || !f.amx_bf16) return AmxState{false, ""};
+    if (!f.os_amx) return AmxState{false, " (tile state off in the OS)"};
+    if (!avx512(f)) return AmxState{false, ""};
+    if (!cpu::request_amx_permission()) return AmxState{false, " (Linux refused the tile data permission)"};
+    if (!cpu::amx_self_check()) return AmxState{false, " (the tile unit failed its self-check)"};
+    return AmxState{true, ""};
+  }();
+  return s;
+}
+
 bool supported(Isa t) {
   const Features& f = features();
   const bool avx2 = f.os_ymm && f.avx2 && f.fma && f.f16c;
   switch (t) {
     case Isa::Generic: return true;
     case Isa::Avx2: return avx2;
-    case Isa::Avx512: return avx2 && f.os_zmm && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+    case Isa::Avx512: return avx512(f);
+    case Isa::Amx: return avx512(f) && amx_state().usable;
   }
   return false;
 }
 
 Isa best() {
   Isa t = Isa::Generic;
-  for (Isa c : {Isa::Avx2, Isa::Avx512})
+  for (Isa c : {Isa::Avx2, Isa::Avx512, Isa::Amx})
     if (supported(c)) t = c;
   return t;
 }
@@ -87,13 +112,13 @@ Isa best() {
 Isa initial_isa() {
   const char* e = std::getenv("DSA_ISA");
   if (!e || !*e) return best();
-  for (Isa t : {Isa::Generic, Isa::Avx2, Isa::Avx512}) {
+  for (Isa t : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Amx}) {
     if (std::strcmp(e, isa_name(t)) != 0) continue;
     if (supported(t)) return t;
     std::fprintf(stderr, "error: DSA_ISA=%s: this CPU cannot run the %s tier (it has: %s)\n", e, e, cpu_features().c_str());
     std::exit(1);
   }
-  std::fprintf(stderr, "error: DSA_ISA=%s: expected generic, avx2 or avx512\n", e);
+  std::fprintf(stderr, "error: DSA_ISA=%s: expected generic, avx2, avx512 or amx\n", e);
   std::exit(1);
 }
 
@@ -110,6 +135,7 @@ const char* isa_name(Isa t) {
     case Isa::Generic: return "generic";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Amx: return "amx";
   }
   return "?";
 }
@@ -126,7 +152,7 @@ bool& bf16_state() {
 }
 }  // namespace
 
-bool bf16_dot() { return isa() == Isa::Avx512 && bf16_state(); }
+bool bf16_dot() { return isa() >= Isa::Avx512 && bf16_state(); }
 void set_bf16_dot(bool on) {
   DSA_CHECK(!on || bf16_dot_supported(), "this CPU has no AVX512-BF16 dot products");
   bf16_state() = on;
@@ -172,7 +198,7 @@ std::string cpu_features() {
   add(f.amx_bf16, "amx-bf16");
   add(f.amx_int8, "amx-int8");
   if (f.avx512f && !f.os_zmm) s += " (zmm state off in the OS)";
-  if (f.amx_tile && !f.os_amx) s += " (tile state off in the OS)";
+  s += amx_state().why;
   return s.empty() ? "none of avx2, avx512, amx" : s;
 }
 

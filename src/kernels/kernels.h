@@ -65,24 +65,30 @@ Backend backend();
 
 // Instruction-set tiers of the cpu backend, chosen at run time (one binary runs on every
 // x86-64 machine): generic (portable loops), avx2 (AVX2 + FMA + F16C), avx512 (F, BW, VL,
-// DQ: the decode GEMV, the prefill GEMM, the indexer scan and the sparse attention tile in 512-bit registers, the other
-// kernels the avx2 ones). The best tier the CPU and the OS allow runs unless DSA_ISA names a lower
-// one. Each tier keeps the batch invariance of the products below; tiers differ from each
-// other only in summation order.
-enum class Isa { Generic, Avx2, Avx512 };
+// DQ: the decode GEMV, the prefill GEMM, the indexer scan and the sparse attention tile in
+// 512-bit registers, the other kernels the avx2 ones), amx (the avx512 tier with the prefill
+// GEMM on AMX BF16 tiles; the CPU, Linux's tile permission and a self-check must allow it).
+// The best tier the CPU and the OS allow runs unless DSA_ISA names a lower one. Each tier
+// keeps the batch invariance of the products below; tiers differ from each other only in
+// summation order, and amx's GEMM in its rounding (activations as three bf16 parts).
+enum class Isa { Generic, Avx2, Avx512, Amx };
 const char* isa_name(Isa t);
 bool isa_supported(Isa t);
 Isa isa();
 void set_isa(Isa t);  // throws when the CPU cannot run it
 // The vector extensions CPUID reports, e.g. "avx2 fma f16c avx512f ... amx-tile".
 std::string cpu_features();
-// AVX512-BF16 dot products inside the avx512 tier, for the one product whose operands are
-// exact in bf16: the indexer scan's fp8 q and keys (twice the products per instruction of
-// an f32 FMA). On where the CPU has AVX512-BF16, unless DSA_BF16=0; off in other tiers. Its
-// scores differ from the f32 scan's in the last bits (pairs of products summed per step).
+// AVX512-BF16 dot products inside the avx512 and amx tiers, for the one product whose
+// operands are exact in bf16: the indexer scan's fp8 q and keys (twice the products per
+// instruction of an f32 FMA). On where the CPU has AVX512-BF16, unless DSA_BF16=0; off in
+// other tiers. Its scores differ from the f32 scan's in the last bits (pairs of products
+// summed per step).
 bool bf16_dot_supported();
 bool bf16_dot();
 void set_bf16_dot(bool on);  // throws when on and unsupported
+// The amx tier's peak probe on the calling thread: iters rounds of four independent
+// 16 x 16 x 32-pair tile products (TDPBF16PS). Only in the amx tier.
+void amx_probe_loop(int64_t iters);
 
 // Sizes every worker thread's kernel scratch (GEMV input buffers up to max_cols columns, the
 // sparse decode's tile for n_heads heads of latent_dim = kv_lora + rope values and its

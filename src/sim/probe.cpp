@@ -217,6 +217,15 @@ double measure_bf16_dot_peak_gflops(int threads) {
   return 0.0;
 }
 
+double measure_amx_peak_gflops(int threads) {
+  if (kernels::isa() != kernels::Isa::Amx) return 0.0;
+  constexpr double kFlopsPerIter = 4 * 16 * 16 * 32 * 2;  // four tile products
+  return peak_of(resolve_threads(threads), 2'000'000, kFlopsPerIter, [](int64_t iters) {
+    kernels::amx_probe_loop(iters);
+    return 1.0;
+  });
+}
+
 namespace {
 
 void fill_floats(float* p, size_t n, uint64_t seed) {

@@ -19,6 +19,10 @@ double measure_peak_gflops(int threads = 0);
 // 0 where the CPU lacks it.
 double measure_bf16_dot_peak_gflops(int threads = 0);
 
+// Peak throughput of the AMX BF16 tile product (TDPBF16PS: 16 x 16 outputs of 32-product
+// sums, 16384 FLOPs), the amx tier's prefill GEMM instruction; 0 in other tiers.
+double measure_amx_peak_gflops(int threads = 0);
+
 // Total physical memory in bytes (0 if it cannot be read): core/threads.h.
 using dsa::physical_memory_bytes;
 

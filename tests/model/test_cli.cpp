@@ -78,6 +78,9 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_EQ(j.at("isa").get<std::string>(), kernels::isa_name(kernels::isa()));
   EXPECT_FALSE(j.at("cpu_features").get<std::string>().empty());
   EXPECT_EQ(j.at("bf16_dot_peak_gflops").get<double>() > 0, kernels::bf16_dot_supported());
+  const bool amx = kernels::isa() == kernels::Isa::Amx;
+  EXPECT_EQ(j.at("amx_peak_gflops").get<double>() > 0, amx);
+  EXPECT_EQ(j.at("prefill_gemm_amx_peak_fraction").get<double>() > 0, amx);
   const double tg = j["decode_tokens_per_s"], bytes = j["decode_bytes_per_token"], bw = j["read_bandwidth_gbps"];
   EXPECT_NEAR(j.at("decode_roofline_fraction").get<double>(), tg * bytes / (bw * 1e9), 1e-9 * tg * bytes / (bw * 1e9) + 1e-12);
   // --verify: the two-token step's time against the one-token step's.
@@ -124,6 +127,7 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_NEAR(b.at("decode_roofline_fraction").get<double>(), b.at("decode_step_roofline_ms").get<double>() / step_ms, 1e-9);
   EXPECT_GT(b.at("mixed_step_ms").get<double>(), 0.0);
   EXPECT_EQ(b.at("bf16_dot_peak_gflops").get<double>() > 0, kernels::bf16_dot_supported());
+  EXPECT_EQ(b.at("amx_peak_gflops").get<double>() > 0, kernels::isa() == kernels::Isa::Amx);
   fs::remove_all(model);
 }
 
@@ -140,9 +144,9 @@ TEST(Cli, IsaFromTheEnvironment) {
   EXPECT_NE(generic.out.find("kernels:      generic tier"), std::string::npos) << generic.out;
   const auto bad = sh("DSA_ISA=sse9 " + test::dsa_binary() + " inspect --model " + model);
   EXPECT_EQ(bad.code, 1);
-  EXPECT_NE(bad.out.find("DSA_ISA=sse9: expected generic, avx2 or avx512"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("DSA_ISA=sse9: expected generic, avx2, avx512 or amx"), std::string::npos) << bad.out;
   EXPECT_EQ(bad.out.find("family:"), std::string::npos) << "work done despite the bad tier";
-  for (kernels::Isa t : {kernels::Isa::Avx2, kernels::Isa::Avx512}) {
+  for (kernels::Isa t : {kernels::Isa::Avx2, kernels::Isa::Avx512, kernels::Isa::Amx}) {
     if (kernels::isa_supported(t)) continue;
     const auto r = sh(std::string("DSA_ISA=") + kernels::isa_name(t) + " " + test::dsa_binary() + " inspect --model " + model);
     EXPECT_EQ(r.code, 1);

@@ -15,6 +15,9 @@ TEST(SimProbe, MeasuresSomething) {
   // The bf16 dot product's peak where the CPU has the instruction, and only there.
   if (dsa::kernels::bf16_dot_supported()) EXPECT_GT(measure_bf16_dot_peak_gflops(1), 0.0);
   else EXPECT_EQ(measure_bf16_dot_peak_gflops(1), 0.0);
+  // The AMX tile product's peak in the amx tier, and only there.
+  if (dsa::kernels::isa() == dsa::kernels::Isa::Amx) EXPECT_GT(measure_amx_peak_gflops(1), 0.0);
+  else EXPECT_EQ(measure_amx_peak_gflops(1), 0.0);
   EXPECT_GT(physical_memory_bytes(), 0.0);
   const KernelRates k = measure_kernel_rates(1, 7168);  // DeepSeek-V3.2's hidden size: 4,681 rows of 7,168
   EXPECT_EQ(k.gemv_bf16_cols, 7168);

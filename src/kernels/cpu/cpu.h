@@ -27,6 +27,7 @@ void reserve_decode_scratch(int n_heads, int latent_dim, int kv_lora, int max_se
 
 int num_threads();
 bool use_avx2();  // the tier in use has the AVX2 kernels (every tier but generic)
+bool use_avx512();  // the tier in use has the AVX-512 kernels (avx512 and amx)
 
 // The kernels the avx512 tier runs in place of the avx2 ones; everything else in the tier
 // is the avx2 code. One table per build of avx512.cpp: the native one, and in the
@@ -97,6 +98,34 @@ const Avx512Kernels& avx512_kernels();
 void emulate_avx512(const Avx512Kernels* k);
 void force_isa(Isa t);  // set_isa without the CPU check (emulate_avx512 only)
 void force_bf16_dot(bool on);  // set_bf16_dot without the CPU check (the emulated tier's tests)
+// The amx tier's prefill GEMM (amx.cpp), for bf16 weights and fp8 ones whose scale blocks are
+// a multiple of 32 columns wide, with the column count a multiple of 32: K in chunks of
+// kAmxKc columns (whole scale blocks), weight rows in units of kAmxUnitRows.
+constexpr int kAmxKc = 512, kAmxUnitRows = 128;
+struct AmxKernels {
+  // Tokens [i0, i1) of x[:, k0 : k0 + kc] (rows ldx apart) as three bf16 parts, hi, mid
+  // and lo, summing to x within 2^-27 |x|: xs [3][n_pad][kc]; tokens from n on are zeros.
+  void (*split_x)(const float* x, size_t ldx, int n, int i0, int i1, int k0, int kc, int n_pad, uint16_t* xs);
+  // Output rows [r0, r0 + nr) (nr <= kAmxUnitRows) of y [n, ldy] over the chunk's columns
+  // [k0, k0 + kc) (k0 a multiple of the fp8 scale block), from xs (n_pad a multiple of 32):
+  // the rows packed exactly into wp (kAmxUnitRows x kAmxKc bf16), then every pair of token
+  // tiles times every pair of row panels; added to y when accumulate.
+  void (*unit)(const Linear& w, int r0, int nr, int k0, int kc, const uint16_t* xs, int n, int n_pad, float* y, size_t ldy,
+               bool accumulate, uint16_t* wp);
+  // The peak probe: iters rounds of four independent 16 x 16 x 32-pair tile products.
+  void (*dot_loop)(long iters);
+};
+const AmxKernels& amx_native();
+// The table the amx tier uses: the native one, or the one emulate_amx installed.
+const AmxKernels& amx_kernels();
+// Puts the amx tier in use on a's tile kernels (the tests' emulated tile unit) without
+// asking the CPU; nullptr: back to the native table. emulate_avx512(nullptr) also resets it.
+void emulate_amx(const AmxKernels* a);
+// Asks Linux for the tile data state (once per process); false when refused.
+bool request_amx_permission();
+// One small bf16 product on the native tile kernels against f64 sums (needs the permission).
+bool amx_self_check();
+
 // Columns per chunk of the avx512 tier's multi-token bf16 tile (avx512.cpp): 0 leaves it to
 // the machine; tests set a short one so that every machine runs the parked accumulators.
 void set_bf16_tile_chunk(int cols);

@@ -137,7 +137,7 @@ void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexK
     return;
   }
   const int hp = (n_heads + 7) / 8 * 8;
-  const bool wide = isa() == Isa::Avx512 && hp % 16 == 0;  // the avx512 scan: whole registers of 16 heads
+  const bool wide = use_avx512() && hp % 16 == 0;  // the avx512 scan: whole registers of 16 heads
   const bool bf16 = wide && bf16_dot();
   alignas(64) float qT[128 * 64];
   alignas(64) uint32_t qP[64 * 64];  // the bf16 scan's q: row pairs of bf16 (kernels/cpu/cpu.h)
@@ -205,7 +205,7 @@ void topk(const float* scores, int n, int k, int32_t* out) {
   if (k == 0) return;
   // Level 1 over every key, into two histograms taken alternately: neighbouring scores tend
   // to share a bin, and one histogram makes each increment wait for the previous one.
-  const bool wide = isa() == Isa::Avx512;
+  const bool wide = use_avx512();
   uint32_t h0[2048] = {}, h1[2048] = {};
   if (wide) {
     avx512_kernels().topk_bins(scores, n, h0, h1);
@@ -423,7 +423,7 @@ thread_local DecodeScratch t_decode_scratch;  // namespace scope: reserve_decode
 __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheView& c, const float* qt, int hp, const int32_t* idx,
                                                                  int nj, float* oT, float* m, float* l) {
   const int L = c.kv_lora, D = L + c.rope;
-  const bool wide = isa() == Isa::Avx512 && hp % 16 == 0;  // 16 heads per register
+  const bool wide = use_avx512() && hp % 16 == 0;  // 16 heads per register
   float* sc = t_decode_scratch.sc(hp);  // [token][hp] for one tile
   float* tile = t_decode_scratch.tl(D);
   std::fill(oT, oT + size_t(L) * size_t(hp), 0.0f);

@@ -77,7 +77,7 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const 
 
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) {
   const bool avx = use_avx2() && (w.dtype == DType::F32 || w.dtype == DType::BF16);
-  const bool wide = avx && isa() == Isa::Avx512;
+  const bool wide = avx && use_avx512();
   auto row = [&](int i) {
     const float* xi = x + size_t(i) * size_t(dim);
     float* yi = y + size_t(i) * size_t(dim);
@@ -92,7 +92,7 @@ void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) 
 void silu_mul(const float* gate, const float* up, size_t n, float* out) {
   if (!use_avx2()) return ref::silu_mul(gate, up, n, out);
   // Both tiers give every element the same bits; the avx512 one 16 at a time.
-  const auto part = isa() == Isa::Avx512 ? avx512_kernels().silu_mul : &silu_mul_avx2;
+  const auto part = use_avx512() ? avx512_kernels().silu_mul : &silu_mul_avx2;
   if (!parallel_worth(int64_t(n))) return part(gate, up, 0, n, out);
 #pragma omp parallel
   {
@@ -115,7 +115,7 @@ void hadamard128(float* x, int n_vec) {
     const float s = 0.08838834764831845f;  // 128^-0.5
     for (int i = 0; i < 128; ++i) t[i] *= s;
   };
-  const auto vec = isa() == Isa::Avx512 ? avx512_kernels().hadamard128 : nullptr;
+  const auto vec = use_avx512() ? avx512_kernels().hadamard128 : nullptr;
 #pragma omp parallel for schedule(static) if (parallel_worth(int64_t(n_vec) * 128))
   for (int v = 0; v < n_vec; ++v) vec ? vec(x + size_t(v) * 128) : one(x + size_t(v) * 128);
 }

@@ -20,14 +20,27 @@
 namespace dsa::kernels::cpu {
 
 bool use_avx2() { return isa() != Isa::Generic; }
+bool use_avx512() { return isa() >= Isa::Avx512; }
 
 namespace {
 const Avx512Kernels* g_avx512 = nullptr;  // nullptr: the native table
+const AmxKernels* g_amx = nullptr;        // nullptr: the native table
+Isa best_isa() {
+  for (Isa t : {Isa::Amx, Isa::Avx512, Isa::Avx2})
+    if (isa_supported(t)) return t;
+  return Isa::Generic;
+}
 }  // namespace
 const Avx512Kernels& avx512_kernels() { return g_avx512 ? *g_avx512 : avx512_native(); }
+const AmxKernels& amx_kernels() { return g_amx ? *g_amx : amx_native(); }
 void emulate_avx512(const Avx512Kernels* k) {
   g_avx512 = k;
-  force_isa(k ? Isa::Avx512 : (isa_supported(Isa::Avx512) ? Isa::Avx512 : isa_supported(Isa::Avx2) ? Isa::Avx2 : Isa::Generic));
+  g_amx = nullptr;
+  force_isa(k ? Isa::Avx512 : best_isa());
+}
+void emulate_amx(const AmxKernels* a) {
+  g_amx = a;
+  force_isa(a ? Isa::Amx : best_isa());
 }
 
 int num_threads() { return omp_get_max_threads(); }
@@ -415,7 +428,7 @@ __attribute__((target("avx2,fma"))) void gemv_tokens_avx2(const Linear& w, const
 
 // The decode-role product of rows [r0, r1) in the tier's kernels.
 void gemv_rows(const Linear& w, const float* x, int n, float* y, size_t ldy, int base, int r0, int r1) {
-  if (isa() == Isa::Avx512) {
+  if (use_avx512()) {
     const bool fp8 = w.dtype == DType::F8_E4M3;
     float* xb = x_buffer(fp8 ? t_xscaled : t_xdeint, size_t(fp8 ? 2 : 1) * size_t(std::min(n, kTokBuf)) * size_t(w.cols));
     avx512_kernels().gemv_rows(w, x, n, y, ldy, base, r0, r1, xb);
@@ -483,7 +496,7 @@ void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool
       }
       if (ok) {
         const uint8_t* w0 = w.data + size_t(r0) * size_t(w.cols) + size_t(c0);
-        if (isa() == Isa::Avx512 && len % 16 == 0) avx512_kernels().pack_fp8_chunk(w0, size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
+        if (use_avx512() && len % 16 == 0) avx512_kernels().pack_fp8_chunk(w0, size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
         else pack_fp8_chunk_avx2(w0, size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
         c0 += len;
         continue;
@@ -647,6 +660,53 @@ void gemm_unit(const Linear& w, int row0, int nrows, int u, bool pairs, int k0, 
   multiply_panels(pk, pk1, kc, xp, n, y + r0, nrows, nr, nr1, k0 > 0, avx);
 }
 
+// The amx tier's GEMM takes bf16 weights, and fp8 ones with scale blocks a multiple of 32
+// columns wide, when the columns come in whole tile steps of 32.
+bool amx_takes(const Linear& w) {
+  if (w.cols % 32 != 0) return false;
+  if (w.dtype == DType::BF16) return true;
+  return w.dtype == DType::F8_E4M3 && w.block_cols % 32 == 0 && w.block_cols <= kAmxKc;
+}
+
+// Each thread's packed weight unit (128 KB, in L2).
+uint16_t* amx_scratch() {
+  alignas(64) static thread_local uint16_t wp[kAmxUnitRows * kAmxKc];
+  return wp;
+}
+
+// K in chunks of whole scale blocks; per chunk the tokens are split into bf16 parts once
+// (shared by the threads), then units of weight rows are packed and multiplied across
+// threads. Every token is padded to tile pairs alone: its outputs do not depend on n.
+void linear_amx(const Linear& w, const float* x, int n, float* y, int row0, int nrows, bool nested) {
+  const AmxKernels& k = amx_kernels();
+  const int n_pad = (n + 31) / 32 * 32;
+  const int chunk = w.dtype == DType::F8_E4M3 ? kAmxKc / w.block_cols * w.block_cols : kAmxKc;
+  static thread_local std::vector<uint16_t> xs_buf;  // grows to the largest prefill chunk, then stays
+  const size_t need = size_t(3) * size_t(n_pad) * size_t(std::min(chunk, w.cols));
+  if (xs_buf.size() < need) xs_buf.resize(need);
+  uint16_t* xs = xs_buf.data();  // a plain pointer: inside the region the name would be each thread's own
+  const int units = (nrows + kAmxUnitRows - 1) / kAmxUnitRows;
+  for (int k0 = 0; k0 < w.cols; k0 += chunk) {
+    const int kc = std::min(chunk, w.cols - k0);
+    auto run_unit = [&](int u) {
+      const int r = u * kAmxUnitRows;
+      k.unit(w, row0 + r, std::min(kAmxUnitRows, nrows - r), k0, kc, xs, n, n_pad, y + r, size_t(nrows), k0 > 0, amx_scratch());
+    };
+    if (nested) {
+      k.split_x(x, size_t(w.cols), n, 0, n_pad, k0, kc, n_pad, xs);
+      for (int u = 0; u < units; ++u) run_unit(u);
+      continue;
+    }
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+      for (int i0 = 0; i0 < n_pad; i0 += 32) k.split_x(x, size_t(w.cols), n, i0, i0 + 32, k0, kc, n_pad, xs);
+#pragma omp for schedule(dynamic, 1)
+      for (int u = 0; u < units; ++u) run_unit(u);
+    }
+  }
+}
+
 }  // namespace
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
@@ -656,12 +716,16 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   // Inside a caller's parallel loop (one MoE expert per thread in prefill) the call runs on
   // its own thread: no nested region, per-thread scratch only.
   const bool nested = omp_get_level() > 0;  // any enclosing region, active or not
+  if (isa() == Isa::Amx && amx_takes(w)) {
+    linear_amx(w, x, n, y, row0, nrows, nested);
+    return;
+  }
   // GEMM: K in chunks of kKc; per chunk the tokens are packed once (shared by the threads),
   // then 16-row weight panels are dequantized and multiplied across threads.
   static thread_local std::vector<float> xpack;  // grows to the largest prefill chunk, then stays
   if (xpack.size() < size_t(n) * size_t(std::min(kKc, w.cols))) xpack.resize(size_t(n) * size_t(std::min(kKc, w.cols)));
   float* xp = xpack.data();  // a plain pointer: inside the region the name would be each thread's own
-  const bool pairs = isa() == Isa::Avx512;
+  const bool pairs = use_avx512();
   const int units = gemm_units((nrows + kNr - 1) / kNr, pairs);
   for (int k0 = 0; k0 < w.cols; k0 += kKc) {
     const int kc = std::min(kKc, w.cols - k0);
@@ -731,7 +795,7 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
     // Output columns in units of one 16-column panel, or two on the avx512 tier (its 6x32
     // micro-kernel, as linear's GEMM): the same sums either way.
     const int n_panels = w.cols / kNr;
-    const bool pairs = isa() == Isa::Avx512;
+    const bool pairs = use_avx512();
     const int units = gemm_units(n_panels, pairs);
     for (int k0 = 0; k0 < nrows; k0 += kKc) {
       const int kc = std::min(kKc, nrows - k0);
@@ -1002,7 +1066,7 @@ __attribute__((target("avx2,fma"))) void linear_t_tokens_fp8_avx2(const Linear& 
 // On the avx512 tier its own kernel takes the chunk, one token or more: the same bits (next_r0:
 // where its prefetch goes on, see Avx512Kernels).
 void linear_t_tokens(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows, int next_r0, float* y, size_t ldy, bool avx) {
-  const bool wide = isa() == Isa::Avx512 && w.block_cols % 16 == 0;
+  const bool wide = use_avx512() && w.block_cols % 16 == 0;
   for (int t0 = 0; t0 < n; t0 += kTokChunkT) {
     const int cnt = std::min(kTokChunkT, n - t0);
     const float* xt = x + size_t(t0) * ldx;
