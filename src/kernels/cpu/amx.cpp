@@ -44,6 +44,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#include "kernels/cpu/transpose16.h"
+
 #ifdef DSA_AMX_EMULATED
 #define DSA_AMX_NS amx_emulated
 #else
@@ -176,31 +178,6 @@ inline __m512i fp8x32_bf16(const uint8_t* p) {
   return _mm512_or_si512(_mm512_mask_blend_epi16(is_sub, normal, sub), sign);
 }
 
-// 16 rows of 16 32-bit pairs transposed: row k of dst holds pair k of every row.
-inline void transpose16_store(__m512i in[16], uint16_t* dst) {
-  __m512 r[16], t[16], u[16];
-  for (int j = 0; j < 16; ++j) r[j] = _mm512_castsi512_ps(in[j]);
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  float* d = reinterpret_cast<float*>(dst);
-  for (int o = 0; o < 4; ++o) {
-    const __m512 v0 = _mm512_shuffle_f32x4(u[o], u[4 + o], 0x44), v1 = _mm512_shuffle_f32x4(u[o], u[4 + o], 0xEE);
-    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + o], u[12 + o], 0x44), v3 = _mm512_shuffle_f32x4(u[8 + o], u[12 + o], 0xEE);
-    _mm512_storeu_ps(d + (o) * 16, _mm512_shuffle_f32x4(v0, v2, 0x88));
-    _mm512_storeu_ps(d + (4 + o) * 16, _mm512_shuffle_f32x4(v0, v2, 0xDD));
-    _mm512_storeu_ps(d + (8 + o) * 16, _mm512_shuffle_f32x4(v1, v3, 0x88));
-    _mm512_storeu_ps(d + (12 + o) * 16, _mm512_shuffle_f32x4(v1, v3, 0xDD));
-  }
-}
-
 // Rows [r0, r0 + nr) of W, columns [k0, k0 + kc), as B tiles: panel p (rows 16 p ..) and
 // k step s (32 columns) at wp + (p * kc / 2 + 16 s) * 32; rows past nr, up to `panels`
 // panels, are zeros.
@@ -208,15 +185,16 @@ void pack_rows(const Linear& w, int r0, int nr, int k0, int kc, int panels, uint
   const size_t ld = size_t(w.cols);
   for (int p = 0; p < panels; ++p)
     for (int s = 0; s < kc / 32; ++s) {
-      __m512i rows[16];
+      __m512 rows[16];  // 16 pairs of bf16 per row, as 32-bit lanes
       for (int j = 0; j < 16; ++j) {
         const int r = 16 * p + j;
         const size_t off = size_t(r0 + r) * ld + size_t(k0 + 32 * s);
-        if (r >= nr) rows[j] = _mm512_setzero_si512();
-        else if (w.dtype == DType::F8_E4M3) rows[j] = fp8x32_bf16(w.data + off);
-        else rows[j] = _mm512_loadu_si512(w.data + 2 * off);
+        if (r >= nr) rows[j] = _mm512_setzero_ps();
+        else if (w.dtype == DType::F8_E4M3) rows[j] = _mm512_castsi512_ps(fp8x32_bf16(w.data + off));
+        else rows[j] = _mm512_loadu_ps(w.data + 2 * off);
       }
-      transpose16_store(rows, wp + (size_t(p) * size_t(kc / 2) + size_t(16 * s)) * 32);
+      // Row k2 of the B tile: pair k2 of each of the 16 rows.
+      transpose16_store(rows, reinterpret_cast<float*>(wp + (size_t(p) * size_t(kc / 2) + size_t(16 * s)) * 32));
     }
 }
 

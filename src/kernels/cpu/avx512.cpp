@@ -46,6 +46,8 @@
 #define DSA_AVX512_NS avx512
 #endif
 
+#include "kernels/cpu/transpose16.h"
+
 namespace dsa::kernels::cpu::DSA_AVX512_NS {
 namespace {
 
@@ -699,28 +701,7 @@ void pack_fp8_chunk(const uint8_t* w0, size_t ldw, int len, const float* s, floa
       const __m512i v = widen_i8x16(w0 + size_t(j) * ldw + size_t(k));
       r[j] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(v, 20), mask)), sv[j]);
     }
-    // 16 x 16 transpose. Rows interleaved in pairs, then in fours: u[4g + o] holds, in its
-    // 128-bit lane L, rows 4g .. 4g + 3 of column 4L + o. Column c = 4L + o then gathers lane L
-    // of u[o], u[4 + o], u[8 + o], u[12 + o]: a 4 x 4 transpose of 128-bit lanes.
-    __m512 t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-      u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-      u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-      u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-      u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-    for (int o = 0; o < 4; ++o) {
-      const __m512 v0 = _mm512_shuffle_f32x4(u[o], u[4 + o], 0x44), v1 = _mm512_shuffle_f32x4(u[o], u[4 + o], 0xEE);
-      const __m512 v2 = _mm512_shuffle_f32x4(u[8 + o], u[12 + o], 0x44), v3 = _mm512_shuffle_f32x4(u[8 + o], u[12 + o], 0xEE);
-      _mm512_storeu_ps(dst + size_t(k + o) * 16, _mm512_shuffle_f32x4(v0, v2, 0x88));
-      _mm512_storeu_ps(dst + size_t(k + 4 + o) * 16, _mm512_shuffle_f32x4(v0, v2, 0xDD));
-      _mm512_storeu_ps(dst + size_t(k + 8 + o) * 16, _mm512_shuffle_f32x4(v1, v3, 0x88));
-      _mm512_storeu_ps(dst + size_t(k + 12 + o) * 16, _mm512_shuffle_f32x4(v1, v3, 0xDD));
-    }
+    transpose16_store(r, dst + size_t(k) * 16);
   }
 }
 
