@@ -2,11 +2,14 @@
 // and the tier the cpu backend runs (the best one, or a lower one named by DSA_ISA).
 #include <cpuid.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/kernels.h"
@@ -82,7 +85,7 @@ const AmxState& amx_state() {
     if (!f.os_amx) return AmxState{false, " (tile state off in the OS)"};
     if (!avx512(f)) return AmxState{false, ""};
     if (!cpu::request_amx_permission()) return AmxState{false, " (Linux refused the tile data permission)"};
-    if (!cpu::amx_self_check()) return AmxState{false, " (the tile unit failed its self-check)"};
+    if (!cpu::amx_self_check(cpu::amx_native())) return AmxState{false, " (the tile unit failed its self-check)"};
     return AmxState{true, ""};
   }();
   return s;
@@ -166,6 +169,61 @@ void set_isa(Isa t) {
 }
 
 namespace cpu {
+namespace {
+// w's product with x [40 tokens, w.cols] on k's tiles against f64 sums of the
+// weights' values (value(r, k)).
+template <class Value>
+bool self_check_case(const AmxKernels& k, const Linear& w, const std::vector<float>& x, Value value) {
+  constexpr int n = 40, n_pad = 64;
+  std::vector<uint16_t> xs(size_t(3) * n_pad * size_t(w.cols)), wp(size_t(kAmxUnitRows) * kAmxKc);
+  std::vector<float> y(size_t(n) * size_t(w.rows));
+  k.split_x(x.data(), size_t(w.cols), n, 0, n_pad, 0, w.cols, n_pad, xs.data());
+  k.unit(w, 0, w.rows, 0, w.cols, xs.data(), n, n_pad, y.data(), size_t(w.rows), false, wp.data());
+  for (int i = 0; i < n; ++i)
+    for (int r = 0; r < w.rows; ++r) {
+      double sum = 0, mag = 0;
+      for (int c = 0; c < w.cols; ++c) {
+        const double p = double(x[size_t(i) * size_t(w.cols) + size_t(c)]) * value(r, c);
+        sum += p;
+        mag += std::fabs(p);
+      }
+      if (!(std::fabs(double(y[size_t(i) * size_t(w.rows) + size_t(r)]) - sum) <= 1e-5 * mag + 1e-30)) return false;
+    }
+  return true;
+}
+}  // namespace
+
+bool amx_self_check(const AmxKernels& k) {
+  // 40 tokens (a full pair of token tiles and a partial one) x 48 rows (a partial panel pair)
+  // x 64 columns, activations with all three parts nonzero; bf16 weights, and fp8 ones on
+  // 32 x 32 scale blocks (two blocks' sums leave the tiles per row, subnormal codes included).
+  constexpr int n = 40, rows = 48, cols = 64;
+  std::vector<float> x(size_t(n) * cols);
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < cols; ++k) x[size_t(i) * cols + k] = float((i * 7 + k * 3) % 11 - 5) / 3.0f;
+  std::vector<uint16_t> wbits(size_t(rows) * cols);
+  std::vector<uint8_t> codes(size_t(rows) * cols);
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < cols; ++k) {
+      wbits[size_t(r) * cols + k] = f32_to_bf16(float((r * 5 + k) % 9 - 4) * 0.5f);
+      codes[size_t(r) * cols + k] = uint8_t(((r * 5 + k * 3) % 0x7f) | (k % 3 == 0 ? 0x80 : 0));  // 0x7f (NaN) never
+    }
+  const float scales[4] = {0.5f, 0.75f, 2.0f, 0.125f};  // [2 row blocks][2 column blocks]
+  Linear b, f;
+  b.dtype = DType::BF16;
+  b.data = reinterpret_cast<const uint8_t*>(wbits.data());
+  b.rows = f.rows = rows;
+  b.cols = f.cols = cols;
+  f.dtype = DType::F8_E4M3;
+  f.data = codes.data();
+  f.scale = scales;
+  f.block_rows = f.block_cols = 32;
+  return self_check_case(k, b, x, [&](int r, int c) { return double(bf16_to_f32(wbits[size_t(r) * cols + c])); }) &&
+         self_check_case(k, f, x, [&](int r, int c) {
+           return double(fp8_e4m3_to_f32(codes[size_t(r) * cols + c])) * double(scales[(r / 32) * 2 + c / 32]);
+         });
+}
+
 void force_isa(Isa t) { current() = t; }
 void force_bf16_dot(bool on) { bf16_state() = on; }
 namespace {

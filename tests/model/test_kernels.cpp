@@ -648,4 +648,18 @@ TEST_P(KernelTwins, ElementwiseAndHadamard) {
 
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelTwins, ::testing::ValuesIn(kTiers), test::tier_name);
 
+// The amx tier's start-up self-check passes on a correct tile unit (the model), so that on an
+// AMX machine only a tile unit that computes wrong turns the tier off; and it fails on tiles
+// that compute nothing.
+TEST(AmxSelfCheck, PassesOnTheTileModelAndFailsOnBrokenTiles) {
+  if (!kernels::isa_supported(kernels::Isa::Avx512)) GTEST_SKIP() << "the tile model's AVX-512 code needs AVX-512";
+  const kernels::cpu::AmxKernels& model = kernels::cpu::amx_emulated_kernels();
+  EXPECT_TRUE(kernels::cpu::amx_self_check(model));
+  kernels::cpu::AmxKernels broken = model;
+  broken.unit = [](const Linear&, int, int nr, int, int, const uint16_t*, int n, int, float* y, size_t ldy, bool, uint16_t*) {
+    for (int i = 0; i < n; ++i) std::fill_n(y + size_t(i) * ldy, nr, 0.0f);
+  };
+  EXPECT_FALSE(kernels::cpu::amx_self_check(broken));
+}
+
 }  // namespace

@@ -123,8 +123,9 @@ const AmxKernels& amx_kernels();
 void emulate_amx(const AmxKernels* a);
 // Asks Linux for the tile data state (once per process); false when refused.
 bool request_amx_permission();
-// One small bf16 product on the native tile kernels against f64 sums (needs the permission).
-bool amx_self_check();
+// Small bf16 and fp8 products on k's tile kernels against f64 sums (the native ones need the
+// permission first).
+bool amx_self_check(const AmxKernels& k);
 
 // Columns per chunk of the avx512 tier's multi-token bf16 tile (avx512.cpp): 0 leaves it to
 // the machine; tests set a short one so that every machine runs the parked accumulators.
