@@ -174,7 +174,7 @@ namespace {
 // weights' values (value(r, k)).
 template <class Value>
 bool self_check_case(const AmxKernels& k, const Linear& w, const std::vector<float>& x, Value value) {
-  constexpr int n = 40, n_pad = 64;
+  constexpr int n = 40, n_pad = 48;
   std::vector<uint16_t> xs(size_t(3) * n_pad * size_t(w.cols)), wp(size_t(kAmxUnitRows) * kAmxKc);
   std::vector<float> y(size_t(n) * size_t(w.rows));
   k.split_x(x.data(), size_t(w.cols), n, 0, n_pad, 0, w.cols, n_pad, xs.data());
@@ -194,8 +194,8 @@ bool self_check_case(const AmxKernels& k, const Linear& w, const std::vector<flo
 }  // namespace
 
 bool amx_self_check(const AmxKernels& k) {
-  // 40 tokens (a full pair of token tiles and a partial one) x 48 rows (a partial panel pair)
-  // x 64 columns, activations with all three parts nonzero; bf16 weights, and fp8 ones on
+  // 40 tokens (a pair of token tiles and a lone partial one) x 48 rows (a pair of panels and
+  // a lone one) x 64 columns, activations with all three parts nonzero; bf16 weights, and fp8 ones on
   // 32 x 32 scale blocks (two blocks' sums leave the tiles per row, subnormal codes included).
   constexpr int n = 40, rows = 48, cols = 64;
   std::vector<float> x(size_t(n) * cols);

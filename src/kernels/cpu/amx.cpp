@@ -12,7 +12,8 @@
 // activations [3][n_pad][kc]. B tiles hold 16 weight rows in the VNNI pair layout: tile row
 // k2 is the sixteen (w[r][2 k2], w[r][2 k2 + 1]) pairs, a 16 x 16 transpose of 32-bit pairs.
 // A unit of up to 128 weight rows is packed once per K chunk and multiplied by every token
-// tile in pairs: four C tiles (32 tokens x 32 rows), two A and two B tiles.
+// tile in pairs: four C tiles (32 tokens x 32 rows), two A and two B tiles (a lone last
+// token tile or row panel runs alone).
 //
 // Built twice: natively, and for the tests with DSA_AMX_EMULATED, where the tile
 // instructions are a plain C++ model of their documented semantics (the AVX-512 code stays
@@ -180,8 +181,8 @@ inline __m512i fp8x32_bf16(const uint8_t* p) {
 }
 
 // Rows [r0, r0 + nr) of W, columns [k0, k0 + kc), as B tiles: panel p (rows 16 p ..) and
-// k step s (32 columns) at wp + (p * kc / 2 + 16 s) * 32; rows past nr, up to `panels`
-// panels, are zeros.
+// k step s (32 columns) at wp + (p * kc / 2 + 16 s) * 32; rows past nr in the last of the
+// `panels` panels are zeros.
 void pack_rows(const Linear& w, int r0, int nr, int k0, int kc, int panels, uint16_t* wp) {
   const size_t ld = size_t(w.cols);
   for (int p = 0; p < panels; ++p)
@@ -199,19 +200,24 @@ void pack_rows(const Linear& w, int r0, int nr, int k0, int kc, int panels, uint
     }
 }
 
-// Adds four stored C tiles, scaled per weight row (s[0:32]), to the 32 x 32 accumulator.
+// Adds the stored C tiles of TT token tiles x PP row panels, scaled per weight row (s[0:32]),
+// to the 32 x 32 accumulator.
+template <int TT, int PP>
 inline void add_scaled(const float (*c)[16][16], const float* s, float (*acc)[32]) {
   const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < TT; ++i)
     for (int m = 0; m < 16; ++m) {
       float* a = acc[16 * i + m];
       _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(c[2 * i][m]), s0, _mm512_loadu_ps(a)));
-      _mm512_storeu_ps(a + 16, _mm512_fmadd_ps(_mm512_loadu_ps(c[2 * i + 1][m]), s1, _mm512_loadu_ps(a + 16)));
+      if constexpr (PP == 2) _mm512_storeu_ps(a + 16, _mm512_fmadd_ps(_mm512_loadu_ps(c[2 * i + 1][m]), s1, _mm512_loadu_ps(a + 16)));
     }
 }
 
-// One 32-token x 32-row block over the chunk: per scale block, the tile products of the
-// three activation parts, then the block's sums scaled into acc.
+// One block of TT token tiles x PP row panels (up to 32 tokens x 32 rows) over the chunk:
+// per scale block, the tile products of the three activation parts, then the block's sums
+// scaled into acc. C tile 2 i + j holds token tile i and panel j; a lone last token tile or
+// panel runs as a block of one, not as a pair with zeros.
+template <int TT, int PP>
 void block_product(const uint16_t* xs, int n_pad, int kc, int kblock, const uint16_t* wp, const float* ws, int t0, int p0,
                    float (*acc)[32]) {
   const size_t lda = size_t(kc) * 2, part = size_t(n_pad) * size_t(kc);
@@ -222,27 +228,29 @@ void block_product(const uint16_t* xs, int n_pad, int kc, int kblock, const uint
   alignas(64) float c[4][16][16];
   for (int kb = 0; kb < kc; kb += kblock) {
     DSA_TILE_ZERO(0);
-    DSA_TILE_ZERO(1);
-    DSA_TILE_ZERO(2);
-    DSA_TILE_ZERO(3);
+    if constexpr (PP == 2) DSA_TILE_ZERO(1);
+    if constexpr (TT == 2) DSA_TILE_ZERO(2);
+    if constexpr (TT == 2 && PP == 2) DSA_TILE_ZERO(3);
     for (int k = kb; k < std::min(kc, kb + kblock); k += 32) {
       DSA_TILE_LOAD(6, b0 + size_t(k / 2) * 32, 64);
-      DSA_TILE_LOAD(7, b1 + size_t(k / 2) * 32, 64);
+      if constexpr (PP == 2) DSA_TILE_LOAD(7, b1 + size_t(k / 2) * 32, 64);
       for (int q = 0; q < 3; ++q) {
         const uint16_t* a = a0 + size_t(q) * part + size_t(k);
         DSA_TILE_LOAD(4, a, lda);
-        DSA_TILE_LOAD(5, a + 16 * size_t(kc), lda);
         DSA_TILE_DP(0, 4, 6);
-        DSA_TILE_DP(1, 4, 7);
-        DSA_TILE_DP(2, 5, 6);
-        DSA_TILE_DP(3, 5, 7);
+        if constexpr (PP == 2) DSA_TILE_DP(1, 4, 7);
+        if constexpr (TT == 2) {
+          DSA_TILE_LOAD(5, a + 16 * size_t(kc), lda);
+          DSA_TILE_DP(2, 5, 6);
+          if constexpr (PP == 2) DSA_TILE_DP(3, 5, 7);
+        }
       }
     }
     DSA_TILE_STORE(0, c[0], 64);
-    DSA_TILE_STORE(1, c[1], 64);
-    DSA_TILE_STORE(2, c[2], 64);
-    DSA_TILE_STORE(3, c[3], 64);
-    add_scaled(c, ws + size_t(kb / kblock) * kAmxUnitRows + size_t(32 * (p0 / 2)), acc);
+    if constexpr (PP == 2) DSA_TILE_STORE(1, c[1], 64);
+    if constexpr (TT == 2) DSA_TILE_STORE(2, c[2], 64);
+    if constexpr (TT == 2 && PP == 2) DSA_TILE_STORE(3, c[3], 64);
+    add_scaled<TT, PP>(c, ws + size_t(kb / kblock) * kAmxUnitRows + size_t(16 * p0), acc);
   }
 }
 
@@ -281,7 +289,7 @@ void split_x(const float* x, size_t ldx, int n, int i0, int i1, int k0, int kc, 
 
 void unit(const Linear& w, int r0, int nr, int k0, int kc, const uint16_t* xs, int n, int n_pad, float* y, size_t ldy,
           bool accumulate, uint16_t* wp) {
-  const int panels = (nr + 31) / 32 * 2;
+  const int panels = (nr + 15) / 16, tiles = (n + 15) / 16;
   const int kblock = w.dtype == DType::F8_E4M3 ? w.block_cols : kc;
   alignas(64) float ws[(kAmxKc / 32) * kAmxUnitRows];
   unit_scales(w, r0, nr, k0, kc, kblock, ws);
@@ -289,9 +297,13 @@ void unit(const Linear& w, int r0, int nr, int k0, int kc, const uint16_t* xs, i
   memory_barrier();
   configure_tiles();
   alignas(64) float acc[32][32];
-  for (int t0 = 0; t0 < n_pad / 16; t0 += 2)
+  for (int t0 = 0; t0 < tiles; t0 += 2)
     for (int p0 = 0; p0 < panels; p0 += 2) {
-      block_product(xs, n_pad, kc, kblock, wp, ws, t0, p0, acc);
+      const bool tt = t0 + 1 < tiles, pp = p0 + 1 < panels;
+      if (tt && pp) block_product<2, 2>(xs, n_pad, kc, kblock, wp, ws, t0, p0, acc);
+      else if (tt) block_product<2, 1>(xs, n_pad, kc, kblock, wp, ws, t0, p0, acc);
+      else if (pp) block_product<1, 2>(xs, n_pad, kc, kblock, wp, ws, t0, p0, acc);
+      else block_product<1, 1>(xs, n_pad, kc, kblock, wp, ws, t0, p0, acc);
       const int mr = std::min(32, n - 16 * t0), cr = std::min(32, nr - 16 * p0);
       for (int m = 0; m < mr; ++m) {
         float* yr = y + size_t(16 * t0 + m) * ldy + size_t(16 * p0);

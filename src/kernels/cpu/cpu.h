@@ -107,9 +107,9 @@ struct AmxKernels {
   // and lo, summing to x within 2^-27 |x|: xs [3][n_pad][kc]; tokens from n on are zeros.
   void (*split_x)(const float* x, size_t ldx, int n, int i0, int i1, int k0, int kc, int n_pad, uint16_t* xs);
   // Output rows [r0, r0 + nr) (nr <= kAmxUnitRows) of y [n, ldy] over the chunk's columns
-  // [k0, k0 + kc) (k0 a multiple of the fp8 scale block), from xs (n_pad a multiple of 32):
+  // [k0, k0 + kc) (k0 a multiple of the fp8 scale block), from xs (n_pad a multiple of 16):
   // the rows packed exactly into wp (kAmxUnitRows x kAmxKc bf16), then every pair of token
-  // tiles times every pair of row panels; added to y when accumulate.
+  // tiles times every pair of row panels (a lone last one alone); added to y when accumulate.
   void (*unit)(const Linear& w, int r0, int nr, int k0, int kc, const uint16_t* xs, int n, int n_pad, float* y, size_t ldy,
                bool accumulate, uint16_t* wp);
   // The peak probe: iters rounds of four independent 16 x 16 x 32-pair tile products.

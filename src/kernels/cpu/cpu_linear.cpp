@@ -676,10 +676,10 @@ uint16_t* amx_scratch() {
 
 // K in chunks of whole scale blocks; per chunk the tokens are split into bf16 parts once
 // (shared by the threads), then units of weight rows are packed and multiplied across
-// threads. Every token is padded to tile pairs alone: its outputs do not depend on n.
+// threads. A token's row of the tiles is its own: its outputs do not depend on n.
 void linear_amx(const Linear& w, const float* x, int n, float* y, int row0, int nrows, bool nested) {
   const AmxKernels& k = amx_kernels();
-  const int n_pad = (n + 31) / 32 * 32;
+  const int n_pad = (n + 15) / 16 * 16;
   const int chunk = w.dtype == DType::F8_E4M3 ? kAmxKc / w.block_cols * w.block_cols : kAmxKc;
   static thread_local std::vector<uint16_t> xs_buf;  // grows to the largest prefill chunk, then stays
   const size_t need = size_t(3) * size_t(n_pad) * size_t(std::min(chunk, w.cols));
@@ -700,7 +700,7 @@ void linear_amx(const Linear& w, const float* x, int n, float* y, int row0, int 
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-      for (int i0 = 0; i0 < n_pad; i0 += 32) k.split_x(x, size_t(w.cols), n, i0, i0 + 32, k0, kc, n_pad, xs);
+      for (int i0 = 0; i0 < n_pad; i0 += 16) k.split_x(x, size_t(w.cols), n, i0, i0 + 16, k0, kc, n_pad, xs);
 #pragma omp for schedule(dynamic, 1)
       for (int u = 0; u < units; ++u) run_unit(u);
     }
