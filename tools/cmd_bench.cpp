@@ -181,7 +181,7 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
 }
 
 // The tier's note on its bf16 dot products and AMX tiles, with the peaks their probes measured.
-std::string bf16_note(const nlohmann::json& j) {
+std::string tier_note(const nlohmann::json& j) {
   std::string note;
   char buf[96];
   if (dsa::kernels::bf16_dot()) {
@@ -199,7 +199,7 @@ void print_batch(const Args& a, const nlohmann::json& j, WeightTable weights) {
   using namespace dsa;
   const auto num = [&](const char* k) { return j[k].get<double>(); };
   std::printf("model %s, %d threads, %s kernels%s, batch %d, depth %d, kv cache %s\n", a.model.c_str(), j["threads"].get<int>(),
-              kernels::isa_name(kernels::isa()), bf16_note(j).c_str(), a.batch, a.depth, a.kv_cache.c_str());
+              kernels::isa_name(kernels::isa()), tier_note(j).c_str(), a.batch, a.depth, a.kv_cache.c_str());
   std::printf("decode  %d x %d tokens: %8.1f tok/s aggregate, %.1f tok/s per sequence, %.1f ms/step\n", a.batch, a.gen,
               num("decode_aggregate_tokens_per_s"), num("decode_per_seq_tokens_per_s"), num("decode_step_ms"));
   std::printf("        step: %.1f MB, %.1f GFLOP; roofline %.1f ms (%s-bound: %.1f GB/s read, %.0f GFLOP/s FMA peak) = %.2f of it\n",
@@ -402,7 +402,7 @@ void print_single(const Args& a, const nlohmann::json& j) {
   const double bw = num("read_bandwidth_gbps"), pps = num("prefill_tokens_per_s"), tgs = num("decode_tokens_per_s");
   const int nodes = j["numa_nodes"].get<int>();
   std::printf("model %s, %d threads, %s kernels%s, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), j["threads"].get<int>(),
-              kernels::isa_name(kernels::isa()), bf16_note(j).c_str(), a.depth, a.kv_cache.c_str(), nodes, nodes > 1 ? "s" : "",
+              kernels::isa_name(kernels::isa()), tier_note(j).c_str(), a.depth, a.kv_cache.c_str(), nodes, nodes > 1 ? "s" : "",
               j["numa_interleaved"].get<bool>() ? " (pages interleaved)" : "");
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);

@@ -22,12 +22,12 @@ Backend g_backend = initial_backend();
 }  // namespace
 
 void set_backend(Backend b) { g_backend = b; }
+Backend backend() { return g_backend; }
 
 void amx_probe_loop(int64_t iters) {
   DSA_CHECK(isa() == Isa::Amx, "the AMX probe needs the amx tier");
   cpu::amx_kernels().dot_loop(long(iters));
 }
-Backend backend() { return g_backend; }
 
 void reserve_scratch(int max_cols, int n_heads, int latent_dim, int kv_lora, int max_selected) {
   // Every thread of the team the kernels' own parallel regions use (same size, same pool).

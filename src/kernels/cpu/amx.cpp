@@ -19,7 +19,6 @@
 // instructions are a plain C++ model of their documented semantics (the AVX-512 code stays
 // native), so that everything but the tile unit itself is checked on machines without AMX.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,7 +43,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-#include "kernels/cpu/transpose16.h"
+#include "kernels/cpu/simd512.h"
 
 #ifdef DSA_AMX_EMULATED
 #define DSA_AMX_NS amx_emulated
@@ -133,7 +132,6 @@ void emu_dpbf16ps(int c, int a, int b) {
 #define DSA_TILE_ZERO(t) _tile_zero(t)
 #define DSA_TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
-inline void memory_barrier() { __asm__ volatile("" ::: "memory"); }
 
 // Every tile 16 rows of 64 bytes: C tiles 0-3 (16 tokens x 16 f32), A tiles 4-5
 // (16 tokens x 32 bf16), B tiles 6-7 (16 pair rows x 16 pairs).
@@ -155,36 +153,12 @@ inline __m512i bf16_bits(__m512 v) {
 }
 inline __m512 bf16_value(__m512i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)); }
 
-// The bf16 bits of m * 2^-9, the value of the subnormal e4m3 code m, at every index whose
-// low three bits are m (vpermw reads five).
-// Constant-initialized: no code of this file runs before the tier is chosen.
-struct alignas(64) SubnormalTable {
-  uint16_t v[32];
-};
-constexpr SubnormalTable make_subnormals() {
-  SubnormalTable t{};
-  for (int i = 0; i < 32; ++i) t.v[i] = uint16_t(std::bit_cast<uint32_t>(float(i & 7) * 0x1p-9f) >> 16);  // exact
-  return t;
-}
-constexpr SubnormalTable kSubnormals = make_subnormals();
-
-// 32 e4m3 codes as their exact bf16 values: sign, then exponent and mantissa moved under
-// bf16's (bias 127 against 7: plus 120 << 7); the seven subnormal codes from a table.
-inline __m512i fp8x32_bf16(const uint8_t* p) {
-  const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7f));
-  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8);
-  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  const __m512i sub = _mm512_permutexvar_epi16(mag, _mm512_load_si512(kSubnormals.v));
-  const __mmask32 is_sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
-  return _mm512_or_si512(_mm512_mask_blend_epi16(is_sub, normal, sub), sign);
-}
-
 // Rows [r0, r0 + nr) of W, columns [k0, k0 + kc), as B tiles: panel p (rows 16 p ..) and
 // k step s (32 columns) at wp + (p * kc / 2 + 16 s) * 32; rows past nr in the last of the
 // `panels` panels are zeros.
 void pack_rows(const Linear& w, int r0, int nr, int k0, int kc, int panels, uint16_t* wp) {
   const size_t ld = size_t(w.cols);
+  const __m512i sub = _mm512_load_si512(kFp8SubnormalBf16.v);
   for (int p = 0; p < panels; ++p)
     for (int s = 0; s < kc / 32; ++s) {
       __m512 rows[16];  // 16 pairs of bf16 per row, as 32-bit lanes
@@ -192,7 +166,7 @@ void pack_rows(const Linear& w, int r0, int nr, int k0, int kc, int panels, uint
         const int r = 16 * p + j;
         const size_t off = size_t(r0 + r) * ld + size_t(k0 + 32 * s);
         if (r >= nr) rows[j] = _mm512_setzero_ps();
-        else if (w.dtype == DType::F8_E4M3) rows[j] = _mm512_castsi512_ps(fp8x32_bf16(w.data + off));
+        else if (w.dtype == DType::F8_E4M3) rows[j] = _mm512_castsi512_ps(bf16x32_from_fp8(w.data + off, sub));  // exact values
         else rows[j] = _mm512_loadu_ps(w.data + 2 * off);
       }
       // Row k2 of the B tile: pair k2 of each of the 16 rows.
@@ -294,8 +268,7 @@ void unit(const Linear& w, int r0, int nr, int k0, int kc, const uint16_t* xs, i
   alignas(64) float ws[(kAmxKc / 32) * kAmxUnitRows];
   unit_scales(w, r0, nr, k0, kc, kblock, ws);
   pack_rows(w, r0, nr, k0, kc, panels, wp);
-  memory_barrier();
-  configure_tiles();
+  configure_tiles();  // after the pack: the configuration's barrier keeps its stores before the tile loads
   alignas(64) float acc[32][32];
   for (int t0 = 0; t0 < tiles; t0 += 2)
     for (int p0 = 0; p0 < panels; p0 += 2) {

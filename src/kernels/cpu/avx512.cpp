@@ -46,7 +46,7 @@
 #define DSA_AVX512_NS avx512
 #endif
 
-#include "kernels/cpu/transpose16.h"
+#include "kernels/cpu/simd512.h"
 
 namespace dsa::kernels::cpu::DSA_AVX512_NS {
 namespace {
@@ -832,19 +832,6 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
 // pair of products to the running sum, so the scores differ from the f32 chain's in the last
 // bits.
 
-// 32 e4m3 codes as bf16 bits, in order: the magnitude's bits moved under bf16's exponent
-// bias (code << 4 plus 120 << 7) for normal codes, a table for the eight subnormal ones
-// (m * 2^-9), then the sign. Code 0x7F (NaN in e4m3fn) becomes 480, as the f32 scan's bit
-// trick reads it.
-inline __m512i bf16x32_from_fp8(const uint8_t* p, __m512i subnormals) {
-  const __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // bit 7 kept
-  const __m512i m = _mm512_and_si512(v, _mm512_set1_epi16(0x7F));
-  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(m, 4), _mm512_set1_epi16(0x3C00));
-  const __mmask32 is_normal = _mm512_test_epi16_mask(m, _mm512_set1_epi16(0x78));  // exponent bits set
-  const __m512i b = _mm512_mask_blend_epi16(is_normal, _mm512_permutexvar_epi16(m, subnormals), normal);
-  return _mm512_or_si512(b, _mm512_slli_epi16(_mm512_and_si512(v, _mm512_set1_epi16(0x80)), 8));
-}
-
 inline __m512bh as_bh(__m512i v) {
   __m512bh b;
   std::memcpy(&b, &v, sizeof b);
@@ -877,8 +864,7 @@ DSA_BF16_TARGET void index_dots_bf16(const uint32_t* qP, size_t ldq, const uint1
 
 DSA_BF16_TARGET void indexer_lanes_bf16(const uint32_t* qP, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1,
                         float* out) {
-  alignas(64) static const uint16_t kSubnormals[32] = {0, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
-  const __m512i sub = _mm512_load_si512(kSubnormals);
+  const __m512i sub = _mm512_load_si512(kFp8SubnormalBf16.v);
   alignas(64) uint16_t kb[kIndexKeys][128];
   alignas(64) float dots[kIndexKeys * 64];  // [key][hp]
   for (int t = t0; t < t1; t += kIndexKeys) {
