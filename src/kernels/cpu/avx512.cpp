@@ -294,8 +294,7 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
 // half (shifted up by 16); x is split per 32 columns into its even and odd columns to match.
 // Every bf16 kernel sums a (row, token) pair in one 16-lane accumulator, per 32 columns the
 // even columns then the odd ones: one register per pair lets a tile hold 4 rows x 6 tokens
-// (24 sums), where two per pair held 2 x 6, and the x loads per FMA halve. The one-token
-// kernel's four rows give it eight FMA chains, ample for a stream from memory.
+// (24 sums), where two per pair held 2 x 6, and the x loads per FMA halve.
 void deinterleave_x(const float* x, int n, float* b) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -314,7 +313,15 @@ inline float bf16_finish(__m512 a, const uint16_t* wr, const float* x, int K) {
   return acc;
 }
 
-template <int NT>
+// NT tokens against one row at a time: for one and two tokens the whole product (the rows
+// then stream in address order), else the rows a tile leaves over. One row at a time reads
+// the weights as one sequential stream, where four rows side by side are four streams a row
+// (4 KB at 2048 columns) apart: on Zen 4, 2 threads, 129280 x 2048 (the lm_head), in the
+// read probe's fast state (55-62 GB/s) one token took 10.1-10.2 ms against 12.3-12.9 with four
+// rows, two tokens 10.1-11.7 against 11.8-13.7; in its slow state (33-35 GB/s) all within
+// 1-5% of each other. The hardware prefetcher keeps up with one token's stream alone
+// (software prefetches took it to 11.1-11.5 ms); two tokens need them.
+template <int NT, bool kPrefetch>
 void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, k32 = K / 32 * 32;
   const size_t ahead = prefetch_ahead(2 * size_t(K));
@@ -324,7 +331,7 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
     __m512 a[NT];
     for (int t = 0; t < NT; ++t) a[t] = _mm512_setzero_ps();
     for (int c = 0; c < k32; c += 32) {
-      prefetch_stream(reinterpret_cast<const char*>(wr + c) + ahead);
+      if (kPrefetch) prefetch_stream(reinterpret_cast<const char*>(wr + c) + ahead);
       const __m512i v = load_weights64(wr + c);
       const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
       for (int t = 0; t < NT; ++t) {
@@ -426,33 +433,7 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
   }
   if (rfull == r1) return;
   if constexpr (NR > 2) gemv_bf16_tile<NR / 2, NT>(w, x, xp, y, ldy, base, rfull, r1, nb);
-  else gemv_bf16_tokens<NT>(w, x, xp, y, ldy, base, rfull, r1);
-}
-
-void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, int base, int r0, int r1) {
-  const int K = w.cols, k32 = K / 32 * 32;
-  const size_t ahead = prefetch_ahead(2 * size_t(K));
-  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
-  int r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    __m512 a[4];
-    const uint16_t* wr[4];
-    for (int j = 0; j < 4; ++j) {
-      wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
-      a[j] = _mm512_setzero_ps();
-    }
-    for (int c = 0; c < k32; c += 32) {
-      const __m512 xe = _mm512_loadu_ps(xd + c), xo = _mm512_loadu_ps(xd + c + 16);
-      for (int j = 0; j < 4; ++j) {
-        prefetch_stream(reinterpret_cast<const char*>(wr[j] + c) + ahead);
-        const __m512i v = load_weights64(wr[j] + c);
-        a[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, a[j]);
-        a[j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi_mask)), xo, a[j]);
-      }
-    }
-    for (int j = 0; j < 4; ++j) y[r + j - base] = bf16_finish(a[j], wr[j], x, K);
-  }
-  if (r < r1) gemv_bf16_tokens<1>(w, x, xd, y, 0, base, r, r1);
+  else gemv_bf16_tokens<NT, true>(w, x, xp, y, ldy, base, rfull, r1);
 }
 
 // ---- many tokens ----------------------------------------------------------------------
@@ -464,7 +445,8 @@ void gemv_bf16_one(const Linear& w, const float* x, const float* xd, float* y, i
 constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
 // fp8: two tokens run against four rows (two rows keep too few loads in flight), more
-// against two. bf16: four rows for any number of tokens.
+// against two. bf16: four rows from three tokens on (one row at a time loads each x vector
+// once per row, which from three tokens on costs more than the four streams do).
 template <int NT>
 void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   if (fp8) gemv_fp8_tile<NT == 2 ? 4 : 2, NT>(w, x, xb, y, ldy, base, r0, r1, nb);
@@ -476,9 +458,12 @@ void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, floa
   switch (n) {
     case 1:
       if (fp8) gemv_fp8_one(w, x, xb, y, base, r0, r1);
-      else gemv_bf16_one(w, x, xb, y, base, r0, r1);
+      else gemv_bf16_tokens<1, false>(w, x, xb, y, 0, base, r0, r1);
       break;
-    case 2: gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
+    case 2:
+      if (fp8) gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1, nb);
+      else gemv_bf16_tokens<2, true>(w, x, xb, y, ldy, base, r0, r1);
+      break;
     case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
     case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
     case 5: gemv_bf16_tile<4, 5>(w, x, xb, y, ldy, base, r0, r1, nb); break;  // bf16 only: fp8 groups stop at four
