@@ -135,7 +135,7 @@ constexpr float kFp8BitsUndo = 0x1p120f * 0x1p-64f;  // 2^56, applied with the b
 template <int NT>
 __attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
                                                              int base, int r0, int r1);
-template <int NT>
+template <int NT, bool kOneStream = false>
 __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1);
 
 __attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const float* x, const float* xs, float* y, int base, int r0,
@@ -222,43 +222,6 @@ inline void deinterleave_x_into(const float* x, int n, float* b) {
   for (; c < n; ++c) b[c] = x[c];
 }
 
-// bf16 rows, 16 weights per 32-byte load: each 32-bit lane holds two bf16 values, the odd
-// column in its high half (masking the low half leaves it as an f32) and the even column
-// in its low half (one shift up makes it an f32). Two integer ops per 16 weights instead
-// of widening shuffles; xd is x deinterleaved to match (deinterleave_x_into). Four rows share
-// the x loads.
-__attribute__((target("avx2,fma"))) void gemv_bf16_avx2(const Linear& w, const float* x, const float* xd, float* y, int base,
-                                                       int r0, int r1) {
-  const int K = w.cols, k16 = K / 16 * 16;
-  const size_t ahead = size_t(8 * K) * size_t((8192 + 8 * K - 1) / (8 * K));  // bytes: groups of four 2-byte rows
-  const __m256i hi_mask = _mm256_set1_epi32(int32_t(0xFFFF0000u));
-  int r = r0;
-  // The sum as the tokens kernel finishes it: the lanes, then the tail columns in order.
-  auto finish = [&](float acc, const uint16_t* p) {
-    for (int c = k16; c < K; ++c) acc += bf16_to_f32(p[c]) * x[c];
-    return acc;
-  };
-  for (; r + 4 <= r1; r += 4) {
-    __m256 a[4][2];
-    const uint16_t* wr[4];
-    for (int j = 0; j < 4; ++j) {
-      wr[j] = reinterpret_cast<const uint16_t*>(w.data) + size_t(r + j) * size_t(K);
-      a[j][0] = a[j][1] = _mm256_setzero_ps();
-    }
-    for (int c = 0; c < k16; c += 16) {
-      const __m256 xe = _mm256_loadu_ps(xd + c), xo = _mm256_loadu_ps(xd + c + 8);
-      for (int j = 0; j < 4; ++j) {
-        prefetch_stream(reinterpret_cast<const char*>(wr[j] + c) + ahead);  // as in gemv_fp8_avx2
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + c));
-        a[j][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, a[j][0]);
-        a[j][1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi_mask)), xo, a[j][1]);
-      }
-    }
-    for (int j = 0; j < 4; ++j) y[r + j - base] = finish(hsum8(_mm256_add_ps(a[j][0], a[j][1])), wr[j]);
-  }
-  if (r < r1) gemv_bf16_tokens_avx2<1>(w, x, xd, y, 0, base, r, r1);  // leftover rows, the same per-row order
-}
-
 // NT tokens against each row as it streams by (a speculative verify step): every weight
 // vector is loaded and widened once and used for all NT tokens, so the step reads the
 // weights once and pays the fp8 widening once. One row at a time keeps NT x 2
@@ -314,7 +277,14 @@ __attribute__((target("avx2,fma"))) inline void bf16_tokens_finish(const Linear&
   }
 }
 
-template <int NT>
+// bf16 rows, 16 weights per 32-byte load: each 32-bit lane holds two bf16 values, the odd
+// column in its high half (masking the low half leaves it as an f32) and the even column
+// in its low half (one shift up makes it an f32). Two integer ops per 16 weights instead
+// of widening shuffles; xp is x deinterleaved to match (deinterleave_x_into). kOneStream
+// (one token): one row at a time and no software prefetch, so the weights are read in
+// address order as one stream the hardware prefetcher follows alone (the avx512 tier's
+// gemv_bf16_tokens has the measurements).
+template <int NT, bool kOneStream>
 __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
                                                               int base, int r0, int r1) {
   const int K = w.cols, k16 = K / 16 * 16;
@@ -326,7 +296,7 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
   // The x vectors are pinned in registers: left to itself the compiler folds each into
   // both rows' FMAs as a memory operand, and loads, not FMAs, then bound the loop
   // (1.5x slower with the weights in cache).
-  for (; NT <= 2 && r + 2 <= r1; r += 2) {
+  for (; NT <= 2 && !kOneStream && r + 2 <= r1; r += 2) {
     const uint16_t* w0 = reinterpret_cast<const uint16_t*>(w.data) + size_t(r) * size_t(K);
     const uint16_t* w1 = w0 + size_t(K);
     __m256 a[NT][2], b[NT][2];
@@ -357,7 +327,7 @@ __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, 
     __m256 a[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = _mm256_setzero_ps();
     for (int c = 0; c < k16; c += 16) {
-      if ((c & 31) == 0) prefetch_stream(reinterpret_cast<const char*>(wr + c) + ahead);  // 64 bytes per 32 columns
+      if (!kOneStream && (c & 31) == 0) prefetch_stream(reinterpret_cast<const char*>(wr + c) + ahead);  // 64 bytes per 32 columns
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + c));
       const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
       for (int t = 0; t < NT; ++t) {
@@ -377,7 +347,7 @@ __attribute__((target("avx2,fma"))) void gemv_prepared_avx2(const Linear& w, con
   const bool fp8 = w.dtype == DType::F8_E4M3;
   if (n == 1) {
     if (fp8) gemv_fp8_avx2(w, x, xb, y, base, r0, r1);
-    else gemv_bf16_avx2(w, x, xb, y, base, r0, r1);
+    else gemv_bf16_tokens_avx2<1, true>(w, x, xb, y, 0, base, r0, r1);
   } else if (n == 2) {
     if (fp8) gemv_fp8_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
     else gemv_bf16_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
