@@ -261,12 +261,23 @@ std::string hardware_to_json(const Hardware& h) {
 // and its share of the re-widening its token group pays; a: streaming and widening the weight
 // once), as an efficiency and FLOP-equivalents per weight: e = 2 / (b P), 2a / b. A missing
 // probe, or noise that leaves b or a non-positive, leaves both 0 (the GEMM costing).
+// Where b comes out below the FMA peak's 2 / P, the one-token product waited on memory (its
+// time is the memory term's, which the simulator's max takes) and the line through it would
+// understate each token's FMAs: then e = 1 and the kGemvTokens point alone sets the
+// per-weight work (a one-token bf16 lm_head at 34 GB/s beside 205 GFLOP/s with 16 tokens
+// put 16 tokens' FMAs at 6.5 ps a weight, under the 8.5 ps of a 234 GFLOP/s peak, and the
+// clamped line costed one token at 1.3x its probe).
 static void decode_gemv_line(double t1, double tokens_gflops, double P, double& efficiency, double& flops_per_weight) {
   if (!(tokens_gflops > 0 && t1 > 0)) return;
   const double tn = 2.0 * kGemvTokens / (tokens_gflops * 1e9);
   const double b = (tn - t1) / (kGemvTokens - 1), a = t1 - b;
   if (!(b > 0 && a > 0)) return;
-  efficiency = std::clamp(2.0 / (b * P), 1e-4, 1.0);
+  if (2.0 / (b * P) > 1.0) {
+    efficiency = 1.0;
+    flops_per_weight = std::max(0.0, tn * P - 2.0 * kGemvTokens);
+    return;
+  }
+  efficiency = std::max(2.0 / (b * P), 1e-4);
   flops_per_weight = 2.0 * a / b;
 }
 

@@ -393,6 +393,23 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   const Hardware hf = local_hardware_from(2, 20, 100, fast);
   EXPECT_EQ(hf.memory_bandwidth_gbps, 25);
   EXPECT_EQ(hf.eff.memory, 1.0);
+  // A one-token bf16 GEMV that waits on memory: kGemvTokens tokens cost less per further
+  // token than the FMA peak allows (2 / 100e9 = 2e-11 s a weight), so the line through the
+  // one-token point would put every token's FMAs too low. Efficiency 1; the kGemvTokens
+  // probe sets the per-weight work and is reproduced; one token takes the bandwidth's time.
+  KernelRates mem = k;
+  mem.gemv_bf16_gbps = 18;
+  const double mem_tn = 2.0 / 18e9 + (kGemvTokens - 1) * 1.5e-11;
+  mem.gemv_bf16_tokens_gflops = 2.0 * kGemvTokens / mem_tn / 1e9;
+  const Hardware hm = local_hardware_from(2, 20, 100, mem);
+  EXPECT_EQ(hm.decode_gemv_bf16_efficiency, 1.0);
+  EXPECT_NEAR(hm.decode_gemv_bf16_flops_per_weight, mem_tn * 100e9 - 2.0 * kGemvTokens, 1e-6);
+  bf.flops = 2.0 * kGemvTokens * bf.weight_elems;
+  EXPECT_NEAR(time_op(bf, hm, nullptr).compute_us, bf.flops / (mem.gemv_bf16_tokens_gflops * 1e9) * 1e6, 1e-6);
+  bf.flops = 2.0 * bf.weight_elems;
+  const OpTime one = time_op(bf, hm, nullptr);
+  EXPECT_EQ(one.bound, "memory");
+  EXPECT_NEAR(one.time_us - hm.launch_overhead_us, bf.bytes / (mem.gemv_bf16_gbps * 1e9) * 1e6, 1e-6);
   // Noise that makes the small GEMM faster per row than the large one: no per-call terms.
   KernelRates n = k;
   n.gemm_small_gflops = 2 * n.gemm_large_gflops;
