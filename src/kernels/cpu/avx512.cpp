@@ -452,15 +452,10 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
 // grouping changes no output bit.
 constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
-// fp8: two tokens run against four rows (two rows keep too few loads in flight), more
-// against two. bf16: four rows from three tokens on (one row at a time loads each x vector
-// once per row, which from three tokens on costs more than the four streams do).
-template <int NT>
-void gemv_group(const Linear& w, bool fp8, const float* x, const float* xb, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
-  if (fp8) gemv_fp8_tile<NT == 2 ? 4 : 2, NT>(w, x, xb, y, ldy, base, r0, r1, nb);
-  else gemv_bf16_tile<4, NT>(w, x, xb, y, ldy, base, r0, r1, nb);
-}
-
+// The kernel for n prepared tokens. fp8: one token against four rows, two tokens against
+// four (two rows keep too few loads in flight), more against two. bf16: one and two tokens
+// one row at a time (gemv_bf16_tokens), more against four rows (one row at a time loads each
+// x vector once per row, which from three tokens on costs more than the four streams do).
 void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   switch (n) {
@@ -469,11 +464,17 @@ void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, floa
       else gemv_bf16_tokens<1, false>(w, x, xb, y, 0, base, r0, r1);
       break;
     case 2:
-      if (fp8) gemv_group<2>(w, fp8, x, xb, y, ldy, base, r0, r1, nb);
+      if (fp8) gemv_fp8_tile<4, 2>(w, x, xb, y, ldy, base, r0, r1, nb);
       else gemv_bf16_tokens<2, true>(w, x, xb, y, ldy, base, r0, r1);
       break;
-    case 3: gemv_group<3>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
-    case 4: gemv_group<4>(w, fp8, x, xb, y, ldy, base, r0, r1, nb); break;
+    case 3:
+      if (fp8) gemv_fp8_tile<2, 3>(w, x, xb, y, ldy, base, r0, r1, nb);
+      else gemv_bf16_tile<4, 3>(w, x, xb, y, ldy, base, r0, r1, nb);
+      break;
+    case 4:
+      if (fp8) gemv_fp8_tile<2, 4>(w, x, xb, y, ldy, base, r0, r1, nb);
+      else gemv_bf16_tile<4, 4>(w, x, xb, y, ldy, base, r0, r1, nb);
+      break;
     case 5: gemv_bf16_tile<4, 5>(w, x, xb, y, ldy, base, r0, r1, nb); break;  // bf16 only: fp8 groups stop at four
     default: gemv_bf16_tile<4, 6>(w, x, xb, y, ldy, base, r0, r1, nb); break;
   }
