@@ -272,12 +272,13 @@ static void decode_gemv_line(double t1, double tokens_gflops, double P, double& 
   const double tn = 2.0 * kGemvTokens / (tokens_gflops * 1e9);
   const double b = (tn - t1) / (kGemvTokens - 1), a = t1 - b;
   if (!(b > 0 && a > 0)) return;
-  if (2.0 / (b * P) > 1.0) {
+  const double e = 2.0 / (b * P);
+  if (e > 1.0) {
     efficiency = 1.0;
     flops_per_weight = std::max(0.0, tn * P - 2.0 * kGemvTokens);
     return;
   }
-  efficiency = std::max(2.0 / (b * P), 1e-4);
+  efficiency = std::max(e, 1e-4);
   flops_per_weight = 2.0 * a / b;
 }
 

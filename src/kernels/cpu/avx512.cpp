@@ -261,13 +261,12 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
   else gemv_fp8_tokens<NT>(w, x, xs, y, ldy, base, r, r1);
 }
 
-// One token, four rows at a time sharing the x loads; each row summed exactly as above.
-// The columns of four rows against one token. The accumulators are copied to locals (as in
-// bf16_tile_chunk): summed through the caller's array, GCC stored all eight to the stack at
-// every step of the loop, 8 of its 64 vector operations per 256 weight bytes.
-inline void fp8_one_rows(const uint8_t* const (&wr)[4], const float* xs, int kfull, size_t ahead, __m512 (&acc)[4][2]) {
+// The sums of four rows against one token (sums[j] as fp8_fma4 leaves them). They are kept in
+// locals (as in bf16_tile_chunk): summed through the caller's array, GCC stored all eight to
+// the stack at every step of the loop, 8 of its 64 vector operations per 256 weight bytes.
+inline void fp8_one_rows(const uint8_t* const (&wr)[4], const float* xs, int kfull, size_t ahead, __m512 (&sums)[4][2]) {
   __m512 a[4][2];
-  std::memcpy(a, acc, sizeof a);
+  for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm512_setzero_ps();
   for (int c = 0; c < kfull; c += 64) {
     const __m512 xv[4] = {_mm512_loadu_ps(xs + c), _mm512_loadu_ps(xs + c + 16), _mm512_loadu_ps(xs + c + 32),
                           _mm512_loadu_ps(xs + c + 48)};
@@ -276,9 +275,10 @@ inline void fp8_one_rows(const uint8_t* const (&wr)[4], const float* xs, int kfu
       fp8_fma4(fp8x64_bits(wr[j] + c), xv, a[j]);
     }
   }
-  std::memcpy(acc, a, sizeof a);
+  std::memcpy(sums, a, sizeof a);
 }
 
+// One token, four rows at a time sharing the x loads; each row summed exactly as above.
 void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
   const size_t ahead = prefetch_ahead(size_t(K));
@@ -287,7 +287,6 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
     const uint8_t* wr[4];
     for (int j = 0; j < 4; ++j) wr[j] = w.data + size_t(r + j) * size_t(K);
     __m512 a[4][2];
-    for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm512_setzero_ps();
     fp8_one_rows(wr, xs, kfull, ahead, a);
     for (int j = 0; j < 4; ++j) {
       const float* srow = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
