@@ -47,17 +47,22 @@ std::vector<int32_t> encode_prompt(const Args& a, const dsa::ModelConfig& c, con
 }
 
 // --prompts: one prompt per line, a JSON string (text) or comma-separated ids (--print-ids
-// without a tokenizer); blank lines are skipped.
-std::vector<std::string> read_prompt_lines(const Args& a, bool text) {
+// without a tokenizer); blank lines are skipped. Each prompt comes with its line number, which
+// errors name.
+struct PromptLine {
+  int line;
+  std::string text;
+};
+std::vector<PromptLine> read_prompt_lines(const Args& a, bool text) {
   using namespace dsa;
   std::ifstream in(a.prompts);
   if (!in) throw Error("--prompts: cannot read '" + a.prompts + "'");
-  std::vector<std::string> out;
+  std::vector<PromptLine> out;
   std::string line;
   for (int no = 1; std::getline(in, line); ++no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (!text) {
-      out.push_back(line);
+      out.push_back({no, line});
       continue;
     }
     nlohmann::json j;
@@ -67,10 +72,18 @@ std::vector<std::string> read_prompt_lines(const Args& a, bool text) {
       throw Error("--prompts: line " + std::to_string(no) + " of '" + a.prompts + "' is not a JSON string");
     }
     if (!j.is_string()) throw Error("--prompts: line " + std::to_string(no) + " of '" + a.prompts + "' is not a JSON string");
-    out.push_back(j.get<std::string>());
+    out.push_back({no, j.get<std::string>()});
   }
   if (out.empty()) throw Error("--prompts: '" + a.prompts + "' holds no prompt");
   return out;
+}
+
+// The prompts of --prompts as token ids; errors name the file and the line.
+std::vector<std::vector<int32_t>> encode_prompt_file(const Args& a, const dsa::ModelConfig& c, const dsa::Tokenizer* tok) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const PromptLine& p : read_prompt_lines(a, tok != nullptr))
+    prompts.push_back(encode_prompt(a, c, tok, p.text, "--prompts: line " + std::to_string(p.line) + " of '" + a.prompts + "'"));
+  return prompts;
 }
 
 dsa::GenerateOptions generate_options(const Args& a, const dsa::SamplerParams& sp) {
@@ -85,12 +98,9 @@ dsa::GenerateOptions generate_options(const Args& a, const dsa::SamplerParams& s
 void run_prompts(const Args& a, const dsa::Model& model, const dsa::Tokenizer* tok, const dsa::SamplerParams& sp) {
   using namespace dsa;
   const ModelConfig& c = model.config;
-  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> prompts = encode_prompt_file(a, c, tok);
   int longest = 0;
-  for (const std::string& line : read_prompt_lines(a, tok != nullptr)) {
-    prompts.push_back(encode_prompt(a, c, tok, line, "--prompts line " + std::to_string(prompts.size() + 1)));
-    longest = std::max(longest, int(prompts.back().size()));
-  }
+  for (const auto& p : prompts) longest = std::max(longest, int(p.size()));
   const int K = a.parallel > 0 ? std::min(a.parallel, int(prompts.size())) : int(prompts.size());
   EngineOptions eo;
   eo.cache = cli::parse_cache_type(a.kv_cache);
@@ -150,8 +160,7 @@ void run(Args& a) {
   }
   std::vector<std::vector<int32_t>> prompts;
   if (many) {
-    for (const std::string& line : read_prompt_lines(a, tok.has_value()))
-      prompts.push_back(encode_prompt(a, c, tok ? &*tok : nullptr, line, "--prompts line " + std::to_string(prompts.size() + 1)));
+    prompts = encode_prompt_file(a, c, tok ? &*tok : nullptr);
   } else {
     prompts.push_back(encode_prompt(a, c, tok ? &*tok : nullptr, a.ids.empty() ? a.prompt : a.ids, "--ids"));
   }

@@ -290,6 +290,15 @@ TEST(RunCli, PromptsFileGivesEachPromptsResultInOrder) {
   const auto err = sh(test::dsa_binary() + " run --model " + dir + " -n 2 --prompts " + bad);
   EXPECT_NE(err.code, 0);
   EXPECT_NE(err.err.find("line 2"), std::string::npos) << err.err;
+  // Id lines too, by the file's line number (blank lines count, though they hold no prompt).
+  const std::string bad_ids = test::scratch("prompts_bad_ids.txt");
+  {
+    std::ofstream f(bad_ids);
+    f << "1,2\n\n3,x\n";
+  }
+  const auto err_ids = sh(test::dsa_binary() + " run --model " + dir + " -n 2 --print-ids --prompts " + bad_ids);
+  EXPECT_NE(err_ids.code, 0);
+  EXPECT_NE(err_ids.err.find("line 3 of"), std::string::npos) << err_ids.err;
 }
 
 // `dsa logits --batch-with N`: the same file as alone, on every golden model.
