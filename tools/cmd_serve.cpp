@@ -27,6 +27,10 @@ struct Args {
   dsa::cli::ParallelFlags par;
 };
 
+// Logit rows a step keeps beyond its sequences' own for prompt log-probabilities: the
+// longest such prompt chunk (each row is vocab_size floats: 64 MB at DeepSeek-V3.2's vocab).
+constexpr int kPromptLogitRows = 128;
+
 dsa::EngineOptions engine_options(const Args& a, const dsa::ModelConfig& c) {
   dsa::EngineOptions eo;
   eo.cache = dsa::cli::parse_cache_type(a.kv_cache);
@@ -34,6 +38,9 @@ dsa::EngineOptions engine_options(const Args& a, const dsa::ModelConfig& c) {
   eo.max_seqs = a.max_seqs;
   eo.max_step_tokens = std::max(a.max_batch_tokens, a.max_seqs * (a.mtp ? 2 : 1));  // a verify step carries two tokens
   eo.mtp = a.mtp;
+  // Two rows per sequence (a verify step's pair), and room for prompt log-probabilities
+  // (completions with echo and logprobs), whose prompt chunks return a row per token.
+  eo.max_logit_rows = 2 * a.max_seqs + kPromptLogitRows;
   a.cache.apply(eo);
   return eo;
 }

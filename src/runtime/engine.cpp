@@ -454,6 +454,8 @@ void Engine::step_mtp(std::span<const MtpItem> items) {
   }
 }
 
+int Engine::max_logit_rows() const { return ws_.opt.max_logit_rows; }
+
 const float* Engine::logits(int item) const {
   DSA_CHECK(item >= 0 && item < opt_.max_seqs, "engine: item index out of range");
   if (dp_ > 1) return dp_logits_.data() + size_t(item_row_[size_t(item)]) * size_t(m_.config.vocab_size);

@@ -90,6 +90,7 @@ public:
   void step(std::span<const StepItem> items);
   void step_mtp(std::span<const MtpItem> items);
   const float* logits(int item) const;  // the item's rows of the last step ([rows, vocab])
+  int max_logit_rows() const;           // logit rows one step may return, over all its items
   const float* hidden(int item) const;  // its tokens' final-normed hidden states ([n, hidden])
 
   int length(SeqId s) const { return seq(s).len; }

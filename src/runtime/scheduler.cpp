@@ -37,6 +37,13 @@ void Request::push_token(TokenOut t) {
   if (stream) cv_.notify_all();
 }
 
+void Request::push_prompt(TokenOut t) {
+  std::lock_guard lk(mu_);
+  out_.prompt.push_back(std::move(t));
+  news_ = true;
+  if (stream) cv_.notify_all();
+}
+
 void Request::finish(GenerateResult r, std::string error) {
   std::lock_guard lk(mu_);
   out_.done = true;
@@ -58,6 +65,7 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer* tok, const SchedulerOption
     throw Error("scheduler: a step of " + std::to_string(opt_.max_batch_tokens) + " tokens cannot carry " + std::to_string(per_seq) +
                 " token(s) of each of " + std::to_string(opt_.max_seqs) + " sequences");
   if (opt_.mtp && !eo.mtp) throw Error("scheduler: MTP needs an engine that holds the MTP layer's caches");
+  max_rows_ = engine.max_logit_rows();
   running_.reserve(size_t(opt_.max_seqs));
   items_.reserve(size_t(opt_.max_seqs));
   mtp_items_.reserve(size_t(opt_.max_seqs));
@@ -198,7 +206,8 @@ void Scheduler::admit() {
       w.req->scheduled = Clock::now();
       prompt_tokens_ += int64_t(w.req->prompt.size());
     }
-    w.seq = engine_.add(w.feed, w.mtp);
+    // Prompt log-probabilities need every prompt row computed: no prefix-cache reuse.
+    w.seq = engine_.add(wants_prompt_rows(w) ? std::span<const int32_t>() : std::span<const int32_t>(w.feed), w.mtp);
     if (fresh) w.comp->result().reused_tokens = engine_.reused_tokens(w.seq);
     w.order = next_order_++;
     promised += need;
@@ -220,10 +229,11 @@ int Scheduler::blocks_needed(const Live& l, int n) const {
 bool Scheduler::plan_step() {
   for (;;) {
     items_.clear();
-    int budget = opt_.max_batch_tokens, need = 0;
+    int budget = opt_.max_batch_tokens, need = 0, rows = 0;
     for (Live& l : running_) {
       l.step_n = 0;
       l.verify = false;
+      l.step_rows = false;
       if (l.next < 0 || engine_.length(l.seq) < int(l.feed.size())) continue;
       // With MTP, the token and a draft (unverified) while the context has room for both;
       // a request that cannot verify two goes on one token at a time.
@@ -236,20 +246,29 @@ bool Scheduler::plan_step() {
       items_.push_back(StepItem{l.seq, l.verify ? l.pair : &l.next, n, true, n, l.verify ? 1 : 0});
       need += blocks_needed(l, n);
       budget -= n;
+      rows += n;
     }
-    for (Live& l : running_) {
-      const int len = engine_.length(l.seq);
-      if (len >= int(l.feed.size()) || budget <= 0) continue;
-      const bool prefill = len < l.prompt_n;
-      const int n = std::min({budget, prefill ? std::min(opt_.prefill_chunk, l.prompt_n - len) : int(l.feed.size()) - len});
-      const bool last = len + n == int(l.feed.size()) && l.next < 0;
-      l.item = int(items_.size());
-      l.step_n = n;
-      l.step_pos = len;
-      items_.push_back(StepItem{l.seq, l.feed.data() + len, n, !prefill, last ? 1 : 0, 0});
-      need += blocks_needed(l, n);
-      budget -= n;
-    }
+    // Chunks whose rows give prompt log-probabilities come last, each as long as the step
+    // has logit rows left (every other item fits in the engine's two rows per sequence).
+    for (const bool all_rows : {false, true})
+      for (Live& l : running_) {
+        const int len = engine_.length(l.seq);
+        const bool prefill = len < l.prompt_n;
+        if (len >= int(l.feed.size()) || budget <= 0 || all_rows != (prefill && wants_prompt_rows(l))) continue;
+        int n = std::min({budget, prefill ? std::min(opt_.prefill_chunk, l.prompt_n - len) : int(l.feed.size()) - len});
+        if (all_rows) n = std::min(n, max_rows_ - rows);
+        if (n <= 0) continue;
+        const bool last = len + n == int(l.feed.size()) && l.next < 0;
+        const int n_rows = all_rows ? n : last ? 1 : 0;
+        l.item = int(items_.size());
+        l.step_n = n;
+        l.step_pos = len;
+        l.step_rows = all_rows;
+        items_.push_back(StepItem{l.seq, l.feed.data() + len, n, !prefill, n_rows, 0});
+        need += blocks_needed(l, n);
+        budget -= n;
+        rows += n_rows;
+      }
     if (need <= engine_.pool().free_blocks()) return !items_.empty();
     if (running_.size() == 1) {
       // Alone and still no room: the pool is smaller than this request's context.
@@ -293,6 +312,8 @@ void Scheduler::after_step() {
 // Samples where the step gave logits; true when the request is done.
 bool Scheduler::advance(Live& l) {
   if (l.step_n == 0) return false;
+  const int V = engine_.model().config.vocab_size;
+  if (l.step_rows) deliver_prompt_logprobs(l, engine_.logits(l.item));
   const bool decoding = l.next >= 0 && engine_.length(l.seq) > int(l.feed.size());
   GenerateResult& res = l.comp->result();
   if (!decoding) {
@@ -302,7 +323,8 @@ bool Scheduler::advance(Live& l) {
   } else {
     ++res.decode_steps;
   }
-  const float* logits = engine_.logits(l.item);
+  // A chunk that returned all its rows samples from its last.
+  const float* logits = engine_.logits(l.item) + (l.step_rows ? size_t(l.step_n - 1) * size_t(V) : 0);
   if (l.verify) return verify(l, logits);
   return emit(l, l.comp->sampler().sample(logits), logits);
 }
@@ -330,7 +352,7 @@ bool Scheduler::verify(Live& l, const float* logits) {
 // Hands a sampled token to the request; true when the request is done.
 bool Scheduler::emit(Live& l, int32_t id, const float* logits) {
   if (l.comp->result().tokens.empty()) l.req->first_token = Clock::now();
-  l.req->push_token(token_out(l, id, logits));
+  l.req->push_token(token_out(id, logits, l.req->logprobs));
   ++generation_tokens_;
   l.next = id;
   if (l.mtp) l.hist.push_back(id);
@@ -378,10 +400,25 @@ void Scheduler::mtp_prefill() {
   if (!mtp_items_.empty()) engine_.step_mtp(mtp_items_);
 }
 
-TokenOut Scheduler::token_out(const Live& l, int32_t id, const float* logits) {
+// Prompt log-probabilities are wanted while some position after the first is undelivered.
+bool Scheduler::wants_prompt_rows(const Live& l) const { return l.req->prompt_logprobs >= 0 && l.prompt_lp < l.prompt_n; }
+
+// The step's rows of a prompt chunk (positions step_pos ..): row r gives the log-probability
+// of the prompt token after it. Positions delivered before a preemption are not sent again.
+void Scheduler::deliver_prompt_logprobs(Live& l, const float* logits) {
+  const size_t V = size_t(engine_.model().config.vocab_size);
+  for (int r = 0; r < l.step_n; ++r) {
+    const int p = l.step_pos + r + 1;  // the token this row predicts
+    if (p != l.prompt_lp || p >= l.prompt_n) continue;
+    l.req->push_prompt(token_out(l.feed[size_t(p)], logits + size_t(r) * V, l.req->prompt_logprobs));
+    ++l.prompt_lp;
+  }
+}
+
+// The token with its log-probability and the k most likely (k < 0: the id alone).
+TokenOut Scheduler::token_out(int32_t id, const float* logits, int k) {
   TokenOut t;
   t.id = id;
-  const int k = l.req->logprobs;
   if (k < 0) return t;
   // Log-probabilities of the model's distribution (before penalties and temperature).
   const int V = engine_.model().config.vocab_size;

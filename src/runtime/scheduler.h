@@ -60,6 +60,10 @@ public:
   std::vector<int32_t> prompt;
   GenerateOptions gen;
   int logprobs = -1;  // -1: none; k >= 0: each token's log-probability and the k most likely
+  // -1: none; k >= 0: the log-probability of every prompt token after the first, and the k
+  // most likely at its position (the OpenAI completions' echo with logprobs). The prompt then
+  // runs whole, without prefix-cache reuse, in chunks of at most the engine's spare logit rows.
+  int prompt_logprobs = -1;
   // false: a waiting take() wakes only when the request ends, not for every token (a
   // waiter woken per token takes a core from the engine's threads in the middle of a step).
   bool stream = true;
@@ -72,6 +76,7 @@ public:
   struct Output {
     std::string text;              // streamed text (stop strings excluded)
     std::vector<TokenOut> tokens;  // sampled tokens
+    std::vector<TokenOut> prompt;  // with prompt_logprobs: prompt tokens 1, 2, ... in order
     bool done = false;
     std::string error;             // non-empty: the request failed
     GenerateResult result;         // when done: the whole result (all its text and tokens)
@@ -93,6 +98,7 @@ private:
   bool news_ = false;
   void push_text(std::string_view s);
   void push_token(TokenOut t);
+  void push_prompt(TokenOut t);
   void finish(GenerateResult r, std::string error);
 };
 
@@ -137,6 +143,8 @@ private:
     std::unique_ptr<Completion> comp;
     uint64_t order = 0;         // admission order: the youngest is preempted first
     int item = -1, step_n = 0, step_pos = 0;
+    bool step_rows = false;     // the step returns every row of its prompt chunk (prompt_logprobs)
+    int prompt_lp = 1;          // with prompt_logprobs: the next prompt position to deliver
     // MTP: drafting, the main model's final-normed hidden rows of the positions the MTP
     // layer has not seen ([mtp_length, length), their next token not known when they ran),
     // the verify pair (next, draft), and the prompt + generated ids the MTP layer reads.
@@ -166,6 +174,7 @@ private:
   std::vector<MtpItem> mtp_items_;
   std::vector<Live*> mtp_lives_;
   std::vector<int32_t> order_;  // token ids by logit, for top log-probabilities
+  int max_rows_ = 0;            // logit rows one engine step returns
   uint64_t next_order_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, preemptions_ = 0, steps_ = 0;
   bool take_inbox(bool block);
@@ -184,7 +193,9 @@ private:
   void end(Live& l, std::string error = {});
   void fail_step(const std::string& error);
   void publish_stats();
-  TokenOut token_out(const Live& l, int32_t id, const float* logits);
+  bool wants_prompt_rows(const Live& l) const;
+  void deliver_prompt_logprobs(Live& l, const float* logits);
+  TokenOut token_out(int32_t id, const float* logits, int k);
 };
 
 }  // namespace dsa

@@ -25,6 +25,7 @@ Exchange::Exchange(const Job& job, const ModelInfo& model, const std::string& id
       // Choices of one request differ by seed; a given seed gives choice 0 that seed.
       c.req->gen.sampling.seed = job.gen.sampling.seed + uint64_t(k);
       c.req->logprobs = job.logprobs;
+      c.req->prompt_logprobs = prompt_logprobs() ? job.logprobs : -1;
       c.req->stream = job.stream;
       if (job.chat) c.reply = std::make_unique<ReplyStream>(model.family, job.thinking, id + "_" + std::to_string(c.index));
       choices_.push_back(std::move(c));
@@ -78,6 +79,7 @@ bool Exchange::poll(std::chrono::milliseconds timeout) {
 }
 
 void Exchange::absorb(Choice& c, Request::Output& out) {
+  for (TokenOut& t : out.prompt) c.prompt_lp.push_back(std::move(t));
   for (TokenOut& t : out.tokens) c.tokens.push_back(std::move(t));
   if (c.reply) c.reply->feed(out.text, c.delta);
   c.text += out.text;
@@ -108,19 +110,24 @@ json Exchange::logprobs_chat(const Choice& c, size_t from) const {
   return {{"content", content}};
 }
 
-json Exchange::logprobs_completion(const Choice& c, size_t from, size_t text_offset) const {
+json Exchange::logprobs_completion(const Choice& c, size_t p_from, size_t p_to, size_t from, size_t& offset) const {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
-  for (size_t i = from; i < c.tokens.size(); ++i) {
-    const TokenOut& t = c.tokens[i];
-    const std::string s = token_text(t.id);
+  auto add = [&](const TokenOut* t, int32_t id) {
+    const std::string s = token_text(id);
     tokens.push_back(s);
-    lps.push_back(t.logprob);
+    lps.push_back(t ? json(t->logprob) : json(nullptr));
     json top = json::object();
-    for (const auto& [id, lp] : t.top) top[token_text(id)] = lp;
-    tops.push_back(job_.logprobs > 0 ? top : json(nullptr));
-    offs.push_back(text_offset);
-    text_offset += s.size();
-  }
+    if (t)
+      for (const auto& [alt, lp] : t->top) top[token_text(alt)] = lp;
+    tops.push_back(t && job_.logprobs > 0 ? top : json(nullptr));
+    offs.push_back(offset);
+    offset += s.size();
+  };
+  // The prompt's first token has nothing before it: null, as OpenAI and vLLM give it.
+  for (size_t e = p_from; e < p_to; ++e)
+    if (e == 0) add(nullptr, job_.prompts[size_t(c.prompt)][0]);
+    else add(&c.prompt_lp[e - 1], c.prompt_lp[e - 1].id);
+  for (size_t i = from; i < c.tokens.size(); ++i) add(&c.tokens[i], c.tokens[i].id);
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
 
@@ -162,7 +169,8 @@ json Exchange::response() const {
     } else {
       const std::string& pre = job_.echo ? job_.prompt_texts[size_t(c.prompt)] : std::string();
       ch["text"] = pre + c.text;
-      ch["logprobs"] = job_.logprobs >= 0 ? logprobs_completion(c, 0, pre.size()) : json(nullptr);
+      size_t offset = 0;
+      ch["logprobs"] = job_.logprobs >= 0 ? logprobs_completion(c, 0, prompt_entries(c), 0, offset) : json(nullptr);
     }
     ch["finish_reason"] = finish_reason(c);
     if (job_.return_token_ids) {
@@ -186,10 +194,12 @@ json Exchange::chunk(const json& choice) const {
 std::string Exchange::take_chunks() {
   std::string out;
   for (Choice& c : choices_) {
-    const json lp = job_.logprobs < 0 || c.tokens_sent == c.tokens.size()
+    const size_t p_to = prompt_entries(c);
+    const json lp = job_.logprobs < 0 || (c.tokens_sent == c.tokens.size() && c.prompt_sent == p_to)
                         ? json(nullptr)
-                        : (job_.chat ? logprobs_chat(c, c.tokens_sent) : logprobs_completion(c, c.tokens_sent, 0));
+                        : (job_.chat ? logprobs_chat(c, c.tokens_sent) : logprobs_completion(c, c.prompt_sent, p_to, c.tokens_sent, c.offset_sent));
     c.tokens_sent = c.tokens.size();
+    c.prompt_sent = p_to;
     auto piece = [&](json delta_or_text, bool with_lp) {
       json ch = {{"index", c.index}};
       if (job_.chat) ch["delta"] = std::move(delta_or_text);

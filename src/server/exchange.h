@@ -39,13 +39,14 @@ private:
     std::unique_ptr<ReplyStream> reply;  // chat
     std::string text;                    // completions: all text so far
     std::vector<TokenOut> tokens;        // all tokens so far
+    std::vector<TokenOut> prompt_lp;     // echo with logprobs: prompt tokens 1, 2, ... so far
     bool started = false, done = false, finish_sent = false;
     GenerateResult result;
     std::string error;
     // Since the last take_chunks():
     ReplyDelta delta;
     std::string new_text;
-    size_t tokens_sent = 0;
+    size_t tokens_sent = 0, prompt_sent = 0, offset_sent = 0;
   };
   const Job& job_;
   const ModelInfo& model_;
@@ -58,7 +59,13 @@ private:
   std::string finish_reason(const Choice& c) const;
   nlohmann::json chunk(const nlohmann::json& choice) const;
   nlohmann::json logprobs_chat(const Choice& c, size_t from) const;
-  nlohmann::json logprobs_completion(const Choice& c, size_t from, size_t text_offset) const;
+  bool prompt_logprobs() const { return !job_.chat && job_.echo && job_.logprobs >= 0; }
+  // The prompt entries of c's logprobs so far: its first token and those delivered.
+  size_t prompt_entries(const Choice& c) const { return prompt_logprobs() ? 1 + c.prompt_lp.size() : 0; }
+  // The legacy completions' logprobs object over prompt entries [p_from, ..) (entry 0 the
+  // prompt's first token, which has none; then c.prompt_lp) and generated tokens [from, ..),
+  // text offsets counted from `offset`, which is left past them.
+  nlohmann::json logprobs_completion(const Choice& c, size_t p_from, size_t p_to, size_t from, size_t& offset) const;
   nlohmann::json usage() const;
   nlohmann::json message(const Choice& c) const;
   std::string token_text(int32_t id) const;

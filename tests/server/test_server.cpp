@@ -17,6 +17,7 @@
 
 #include "fixtures.h"
 #include "runtime/scheduler.h"
+#include "runtime/teacher_forcing.h"
 #include "server/reply.h"
 #include "server/server.h"
 #include "tiny_model.h"
@@ -197,6 +198,80 @@ TEST(Serve, GreedyCompletionIdsEqualDsaRunOnEveryGoldenModel) {
                       (fp8 ? "fp8" : "f32"));
     ASSERT_EQ(run.code, 0) << name;
     EXPECT_EQ(join(ids_of(r["choices"][0])) + "\n", run.out) << name;
+  }
+}
+
+// A row of logits as log-probabilities, in double.
+std::vector<double> log_softmax(const float* row, int V) {
+  const double mx = *std::max_element(row, row + V);
+  double sum = 0;
+  for (int v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
+  std::vector<double> lp(static_cast<size_t>(V));
+  for (int v = 0; v < V; ++v) lp[size_t(v)] = double(row[v]) - mx - std::log(sum);
+  return lp;
+}
+
+// Completions with echo and logprobs (what evaluation harnesses score prompts with): every
+// prompt token after the first has its log-probability under the model, the teacher-forced
+// prefill's row before it, the first none; the generated tokens follow with the decode rows'.
+// The prompt runs in chunks of a few rows (the engine keeps two per sequence), a repeat whose
+// prefix the cache holds gives the same, and so does the stream. On every golden model.
+TEST(Serve, EchoWithLogprobsGivesThePromptsTeacherForcedLogprobs) {
+  const auto cases = test::golden_cases();
+  ASSERT_TRUE(test::golden_cases_complete(cases));
+  for (const auto& name : cases) {
+    SCOPED_TRACE(name);
+    const std::string dir = test::golden_dir() + "/" + name + "/model";
+    std::ifstream in(test::golden_dir() + "/" + name + "/case.json");
+    const json c = json::parse(in);
+    std::vector<int32_t> prompt = c["ids"].get<std::vector<int32_t>>();
+    prompt.resize(size_t(c["prompt_len"].get<int>()));
+    const int P = int(prompt.size()), G = 4, K = 3;
+    ASSERT_GT(P, 8) << "a prompt of one chunk tests no chunking";
+    Options o;
+    const CacheType cache = c["kv_cache"] == "fp8" ? CacheType::FP8 : CacheType::F32;
+    o.ctx = 128;
+    o.max_seqs = 4;
+    o.block_size = 8;  // the prompt's full blocks are cached for the repeat
+    o.cache = cache;
+    TestServer s(dir, o);
+    const json body = {{"prompt", prompt}, {"max_tokens", G},   {"temperature", 0},         {"ignore_eos", true},
+                       {"echo", true},     {"logprobs", K},      {"return_token_ids", true}};
+    const json r = s.post("/v1/completions", body);
+    const json& lp = r["choices"][0]["logprobs"];
+    std::vector<int32_t> ids = prompt;
+    for (int32_t id : ids_of(r["choices"][0])) ids.push_back(id);
+    ASSERT_EQ(int(ids.size()), P + G);
+    ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+
+    const auto model = Model::load(dir, false, false);
+    const TeacherForcedResult tf = run_teacher_forced(*model, ids, P, cache, false, false);
+    const int V = tf.vocab;
+    for (int i = 1; i < P + G; ++i) {
+      const std::vector<double> want = log_softmax(&tf.logits[size_t(i - 1) * size_t(V)], V);
+      EXPECT_NEAR(lp["token_logprobs"][size_t(i)].get<double>(), want[size_t(ids[size_t(i)])], 1e-4) << "token " << i;
+      // The alternatives are among the row's K most likely (token texts may coincide as keys).
+      std::vector<double> best = want;
+      std::partial_sort(best.begin(), best.begin() + K, best.end(), std::greater<>());
+      const json& top = lp["top_logprobs"][size_t(i)];
+      EXPECT_TRUE(top.is_object() && !top.empty() && top.size() <= size_t(K)) << "token " << i;
+      for (const auto& [text, v] : top.items()) {
+        bool found = false;
+        for (int k = 0; k < K; ++k) found |= std::fabs(v.get<double>() - best[size_t(k)]) < 1e-4;
+        EXPECT_TRUE(found) << "token " << i << " alternative " << text;
+      }
+    }
+    const auto& offsets = lp["text_offset"];
+    for (size_t i = 1; i < offsets.size(); ++i) EXPECT_GE(offsets[i].get<size_t>(), offsets[i - 1].get<size_t>());
+
+    EXPECT_EQ(s.post("/v1/completions", body)["choices"][0]["logprobs"], lp) << "a repeat (prefix cached)";
+    json streamed = json::array();
+    for (const json& e : s.stream("/v1/completions", body))
+      if (!e["choices"][0]["logprobs"].is_null())
+        for (const json& v : e["choices"][0]["logprobs"]["token_logprobs"]) streamed.push_back(v);
+    EXPECT_EQ(streamed, lp["token_logprobs"]) << "streamed";
   }
 }
 
