@@ -177,6 +177,36 @@ TEST(Serve, GreedyChatEqualsDsaRunAndStreamingEqualsWhole) {
   }
 }
 
+// Chat logprobs: each greedy token is its distribution's most likely, so its log-probability
+// is the first alternative's; the alternatives come in order, k of them, and are probabilities.
+TEST(Serve, ChatLogprobsOfGreedyTokensAreTheirTopAlternatives) {
+  TestServer s(test::tiny_model_dir());
+  json body = chat_body("Tell me a story", 12);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  const json r = s.post("/v1/chat/completions", body);
+  const json& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 12u);
+  std::string text;
+  for (const json& t : content) {
+    text += t["token"].get<std::string>();
+    const json& top = t["top_logprobs"];
+    ASSERT_EQ(top.size(), 3u);
+    EXPECT_DOUBLE_EQ(t["logprob"].get<double>(), top[0]["logprob"].get<double>());
+    double mass = 0;
+    for (size_t k = 0; k < top.size(); ++k) {
+      const double lp = top[k]["logprob"].get<double>();
+      EXPECT_LE(lp, 0.0);
+      if (k > 0) {
+        EXPECT_LE(lp, top[k - 1]["logprob"].get<double>());
+      }
+      mass += std::exp(lp);
+    }
+    EXPECT_LE(mass, 1.0 + 1e-6);
+  }
+  EXPECT_EQ(text, r["choices"][0]["message"]["content"].get<std::string>());
+}
+
 TEST(Serve, GreedyCompletionIdsEqualDsaRunOnEveryGoldenModel) {
   const auto cases = test::golden_cases();
   ASSERT_TRUE(test::golden_cases_complete(cases));
