@@ -44,6 +44,11 @@ Sampler::Sampler(int vocab_size, const SamplerParams& params) : vocab_(vocab_siz
   check(std::isfinite(p_.presence_penalty), "presence penalty must be a finite number", p_.presence_penalty);
   check(std::isfinite(p_.frequency_penalty), "frequency penalty must be a finite number", p_.frequency_penalty);
   if (p_.penalty_last_n < -1) throw Error("sampler: penalty_last_n must be >= -1");
+  for (const auto& [id, bias] : p_.logit_bias) {
+    if (id < 0 || id >= vocab_size)
+      throw Error("sampler: logit bias for token " + std::to_string(id) + ", outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+    check(std::isfinite(bias), "a logit bias must be a finite number", bias);
+  }
   const auto V = size_t(vocab_size);
   work_.resize(V);
   cand_.resize(V);
@@ -97,6 +102,7 @@ void Sampler::accept(int32_t id) {
 }
 
 void Sampler::apply_penalties(float* logits) const {
+  for (const auto& [id, bias] : p_.logit_bias) logits[size_t(id)] += bias;
   const bool rep = p_.repeat_penalty != 1.0f;
   if (!rep && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f) return;
   for (int32_t id : distinct_) {

@@ -4,7 +4,8 @@
 //
 // Order of the steps (the HF transformers / vLLM order, so top-p and min-p act on the
 // distribution that is actually sampled; llama.cpp applies temperature last instead):
-//   1. penalties on the raw logits, over the tokens passed to accept() (the last
+//   1. logit biases added to the raw logits (OpenAI's logit_bias), then penalties over
+//      the tokens passed to accept() (the last
 //      penalty_last_n of them): repetition (logit / r if > 0, logit * r otherwise, once
 //      per distinct token), presence (- presence once per distinct token), frequency
 //      (- frequency * count). 2. greedy (argmax) when greedy or temperature <= 0.
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace dsa {
@@ -32,6 +34,7 @@ struct SamplerParams {
   float frequency_penalty = 0.0f;  // 0: off
   int penalty_last_n = 64;    // tokens of history the penalties see; -1: all, 0: off
   uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit): step 1
 };
 
 class Sampler {

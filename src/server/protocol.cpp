@@ -279,6 +279,27 @@ std::vector<int32_t> encode_text(const std::string& text, const ModelInfo& m, co
   }
 }
 
+// logit_bias: {"token id": bias in [-100, 100]}, added to those logits before sampling.
+void parse_logit_bias(const json& b, const ModelInfo& m, Job& j) {
+  const json& lb = field(b, "logit_bias");
+  if (lb.is_null()) return;
+  if (!lb.is_object()) bad("logit_bias", "expected an object mapping token ids to biases");
+  for (const auto& [key, v] : lb.items()) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size()) bad("logit_bias", "expected token ids as keys, got '" + key + "'");
+    if (id < 0 || id >= m.vocab_size) bad("logit_bias", "token id " + key + " out of range [0, " + std::to_string(m.vocab_size) + ")");
+    if (!v.is_number() || !(v.get<double>() >= -100 && v.get<double>() <= 100))
+      bad("logit_bias", "the bias of token " + key + ": expected a number in [-100, 100]");
+    j.gen.sampling.logit_bias.emplace_back(int32_t(id), float(v.get<double>()));
+  }
+}
+
 }  // namespace
 
 Job parse_chat_request(const json& b, const ModelInfo& m, const ServeLimits& lim) {
@@ -288,6 +309,7 @@ Job parse_chat_request(const json& b, const ModelInfo& m, const ServeLimits& lim
   Job j;
   j.chat = true;
   parse_common(b, lim, j);
+  parse_logit_bias(b, m, j);
   parse_logprobs_chat(b, lim, j);
   j.thinking = thinking_switch(b);
   const ojson tools = offered_tools(b);
@@ -307,6 +329,7 @@ Job parse_completion_request(const json& b, const ModelInfo& m, const ServeLimit
   check_model(b, m);
   Job j;
   parse_common(b, lim, j);
+  parse_logit_bias(b, m, j);
   if (const auto lp = integer(b, "logprobs", 0, lim.max_top_logprobs)) j.logprobs = int(*lp);
   j.echo = boolean(b, "echo").value_or(false);
   const json& p = field(b, "prompt");

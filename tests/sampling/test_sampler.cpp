@@ -200,6 +200,31 @@ TEST(Sampler, PenaltiesChangeGreedyChoice) {
   EXPECT_EQ(s.sample(kLogits.data()), o[1]);
 }
 
+// A logit bias is added to the raw logits: +100 makes a token the argmax, -100 on the two
+// best leaves the third; sampling sees the biased distribution too; a bias outside the
+// vocabulary or not finite is refused.
+TEST(Sampler, LogitBiasShiftsTheLogits) {
+  const auto o = order(softmax(kLogits));
+  SamplerParams p = plain();
+  p.greedy = true;
+  p.logit_bias = {{o[7], 100.0f}};
+  EXPECT_EQ(Sampler(8, p).sample(kLogits.data()), o[7]);
+  p.logit_bias = {{o[0], -100.0f}, {o[1], -100.0f}};
+  EXPECT_EQ(Sampler(8, p).sample(kLogits.data()), o[2]);
+  p.greedy = false;
+  p.seed = 5;
+  Sampler s(8, p);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = s.sample(kLogits.data());
+    EXPECT_NE(t, o[0]);
+    EXPECT_NE(t, o[1]);
+  }
+  p.logit_bias = {{8, 1.0f}};
+  EXPECT_THROW(Sampler(8, p), dsa::Error);
+  p.logit_bias = {{0, std::numeric_limits<float>::infinity()}};
+  EXPECT_THROW(Sampler(8, p), dsa::Error);
+}
+
 TEST(Sampler, BannedNeverSampled) {
   SamplerParams p = plain();
   p.seed = 3;

@@ -207,6 +207,28 @@ TEST(Serve, ChatLogprobsOfGreedyTokensAreTheirTopAlternatives) {
   EXPECT_EQ(text, r["choices"][0]["message"]["content"].get<std::string>());
 }
 
+// logit_bias: +100 on a token makes greedy decoding repeat it; -100 on the greedy first token
+// makes the first token another; chat and completions alike.
+TEST(Serve, LogitBiasSteersGreedyTokens) {
+  TestServer s(test::tiny_model_dir());
+  const json base = {{"prompt", {5, 6, 7, 8}}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+  const std::vector<int32_t> plain = ids_of(s.post("/v1/completions", base)["choices"][0]);
+  ASSERT_EQ(plain.size(), 6u);
+  json up = base;
+  up["logit_bias"] = {{"300", 100}};
+  EXPECT_EQ(ids_of(s.post("/v1/completions", up)["choices"][0]), std::vector<int32_t>(6, 300));
+  json down = base;
+  down["logit_bias"] = {{std::to_string(plain[0]), -100}};
+  EXPECT_NE(ids_of(s.post("/v1/completions", down)["choices"][0])[0], plain[0]);
+  json chat = chat_body("Hello", 4);
+  chat["logit_bias"] = {{"300", 100}};
+  chat["return_token_ids"] = true;
+  const json r = s.post("/v1/chat/completions", chat);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(r["choices"][0]["message"]["content"].get<std::string>(),
+            s.post("/detokenize", {{"tokens", std::vector<int32_t>(4, 300)}})["prompt"].get<std::string>());
+}
+
 TEST(Serve, GreedyCompletionIdsEqualDsaRunOnEveryGoldenModel) {
   const auto cases = test::golden_cases();
   ASSERT_TRUE(test::golden_cases_complete(cases));
@@ -432,6 +454,10 @@ TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
   expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})", auth, "negative max_tokens");
   expect(400, "/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", auth, "unknown role");
   expect(400, "/v1/completions", R"({"prompt": [1, 2, 99999999]})", auth, "token id out of range");
+  expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": {"abc": 1}})", auth, "logit_bias key not an id");
+  expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": {"5": 101}})", auth, "logit_bias beyond 100");
+  expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": {"99999999": 1}})", auth, "logit_bias id out of range");
+  expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": [1]})", auth, "logit_bias not an object");
   expect(400, "/v1/completions", json{{"prompt", std::string(4000, 'a')}}.dump(), auth, "prompt longer than the context");
   expect(404, "/v1/chat/completions", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})", auth, "unknown model");
   expect(404, "/v1/nothing", "{}", auth, "unknown path");
