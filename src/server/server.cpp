@@ -114,9 +114,17 @@ void Server::routes() {
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(sched_.stats(), model_.name), "text/plain; version=0.0.4");
   });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const json m = {{"id", model_.name}, {"object", "model"}, {"created", 0}, {"owned_by", "dsa"}, {"max_model_len", opt_.limits.max_ctx}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+  auto model_object = [this] {
+    return json{{"id", model_.name}, {"object", "model"}, {"created", 0}, {"owned_by", "dsa"}, {"max_model_len", opt_.limits.max_ctx}};
+  };
+  s.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+  });
+  // One model by id (the OpenAI client's models.retrieve; an id may hold slashes).
+  s.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1].str() != model_.name)
+      throw ApiError(404, "The model '" + req.matches[1].str() + "' does not exist; this server serves '" + model_.name + "'", "model", "", "model_not_found");
+    res.set_content(model_object().dump(), "application/json");
   });
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
   s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });

@@ -12,6 +12,7 @@ try {
   const client = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'test-key' });
   const models = await client.models.list();
   const model = models.data[0].id;
+  assert.deepEqual(await client.models.retrieve(model), models.data[0]);
 
   // Streaming chat: the deltas add up to the non-streamed reply, which is `dsa run --chat`'s.
   const messages = [{ role: 'user', content: 'Say something about foxes' }];

@@ -568,6 +568,14 @@ TEST(Serve, ModelsTokenizeDetokenizeAndMetrics) {
   auto models = s.client().Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "m");
+  auto one = s.client().Get("/v1/models/m");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(json::parse(one->body), json::parse(models->body)["data"][0]);
+  auto none = s.client().Get("/v1/models/gpt-9");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "model_not_found");
   const json t = s.post("/tokenize", {{"prompt", "hello world"}});
   ASSERT_GT(t["count"].get<int>(), 0);
   const json d = s.post("/detokenize", {{"tokens", t["tokens"]}});
