@@ -430,6 +430,36 @@ TEST(Serve, PreemptionInASmallPoolGivesEveryRequestItsSoloTokens) {
   EXPECT_TRUE(s.healthy());
 }
 
+// The same with echo and logprobs: preempted and run again, each request gets the prompt and
+// token log-probabilities it gets alone, every prompt position once.
+TEST(Serve, PreemptionKeepsEachRequestsPromptLogprobs) {
+  std::vector<json> bodies;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 30 + 3 * i; ++t) prompt.push_back(int32_t(7 + 31 * t + 5 * i) % 1000);
+    bodies.push_back({{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0.8}, {"seed", 70 + i}, {"ignore_eos", true},
+                      {"echo", true}, {"logprobs", 1}});
+  }
+  std::vector<json> alone;
+  {
+    TestServer big(test::tiny_model_dir());
+    for (const json& b : bodies) alone.push_back(big.post("/v1/completions", b)["choices"][0]["logprobs"]);
+  }
+  Options o;
+  o.block_size = 16;
+  o.cache_tokens = 8 * 16;
+  o.max_seqs = 4;
+  TestServer s(test::tiny_model_dir(), o);
+  std::vector<std::future<json>> f;
+  for (const json& b : bodies) f.push_back(std::async(std::launch::async, [&s, b] { return s.post("/v1/completions", b); }));
+  for (size_t i = 0; i < f.size(); ++i) {
+    const json lp = f[i].get()["choices"][0]["logprobs"];
+    EXPECT_EQ(lp["token_logprobs"].size(), bodies[i]["prompt"].size() + 40) << "request " << i;
+    EXPECT_EQ(lp, alone[i]) << "request " << i;
+  }
+  EXPECT_GT(metric(s.metrics(), "dsa:num_preemptions_total"), 0);
+}
+
 TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
   Options o;
   o.api_key = "sekrit";
