@@ -279,6 +279,16 @@ std::vector<int32_t> encode_text(const std::string& text, const ModelInfo& m, co
   }
 }
 
+// response_format: generation is not grammar-constrained, so only plain text is served; a
+// JSON mode or schema is refused rather than answered with text that may not parse.
+void check_response_format(const json& b) {
+  const json& rf = field(b, "response_format");
+  if (rf.is_null()) return;
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) bad("response_format", "expected an object with a type");
+  const std::string type = rf["type"].get<std::string>();
+  if (type != "text") bad("response_format", "'" + type + "' is not supported: this server does not constrain generation to JSON");
+}
+
 // logit_bias: {"token id": bias in [-100, 100]}, added to those logits before sampling.
 void parse_logit_bias(const json& b, const ModelInfo& m, Job& j) {
   const json& lb = field(b, "logit_bias");
@@ -310,6 +320,7 @@ Job parse_chat_request(const json& b, const ModelInfo& m, const ServeLimits& lim
   j.chat = true;
   parse_common(b, lim, j);
   parse_logit_bias(b, m, j);
+  check_response_format(b);
   parse_logprobs_chat(b, lim, j);
   j.thinking = thinking_switch(b);
   const ojson tools = offered_tools(b);
@@ -330,6 +341,7 @@ Job parse_completion_request(const json& b, const ModelInfo& m, const ServeLimit
   Job j;
   parse_common(b, lim, j);
   parse_logit_bias(b, m, j);
+  check_response_format(b);
   if (const auto lp = integer(b, "logprobs", 0, lim.max_top_logprobs)) j.logprobs = int(*lp);
   j.echo = boolean(b, "echo").value_or(false);
   const json& p = field(b, "prompt");

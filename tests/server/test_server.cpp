@@ -488,6 +488,10 @@ TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
   expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": {"5": 101}})", auth, "logit_bias beyond 100");
   expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": {"99999999": 1}})", auth, "logit_bias id out of range");
   expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": [1]})", auth, "logit_bias not an object");
+  expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", auth,
+         "JSON mode (not constrained here)");
+  expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "response_format": "json"})", auth,
+         "response_format not an object");
   expect(400, "/v1/completions", json{{"prompt", std::string(4000, 'a')}}.dump(), auth, "prompt longer than the context");
   expect(404, "/v1/chat/completions", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})", auth, "unknown model");
   expect(404, "/v1/nothing", "{}", auth, "unknown path");
@@ -495,6 +499,11 @@ TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
   auto ok_r = c.Post("/v1/chat/completions", auth, ok, "application/json");
   ASSERT_TRUE(ok_r);
   EXPECT_EQ(ok_r->status, 200);
+  json text_format = json::parse(ok);
+  text_format["response_format"] = {{"type", "text"}};
+  auto text_r = c.Post("/v1/chat/completions", auth, text_format.dump(), "application/json");
+  ASSERT_TRUE(text_r);
+  EXPECT_EQ(text_r->status, 200) << "response_format text";
   auto h = httplib::Client("127.0.0.1", s.port()).Get("/health");  // no key needed
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);
