@@ -133,6 +133,8 @@ void parse_common(const json& b, const ServeLimits& lim, Job& j) {
 
 // max_tokens (or max_completion_tokens): at most the limit, and by default what the
 // context leaves after the longest prompt.
+constexpr int64_t kCompletionsDefaultMaxTokens = 16;
+
 void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
   size_t longest = 0;
   for (const auto& p : j.prompts) longest = std::max(longest, p.size());
@@ -148,7 +150,9 @@ void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
     bad(field(b, "max_completion_tokens").is_null() ? "max_tokens" : "max_completion_tokens",
         "at most " + std::to_string(lim.max_tokens) + " tokens per request, got " + std::to_string(*mt));
   const int room = lim.max_ctx - int(longest);
-  j.gen.max_new_tokens = int(std::min<int64_t>(mt.value_or(lim.max_tokens), room));
+  // Unset: chat runs to the context (OpenAI's chat default); the legacy completions stop
+  // at 16 tokens, that API's documented default (vLLM's too).
+  j.gen.max_new_tokens = int(std::min<int64_t>(mt.value_or(j.chat ? lim.max_tokens : kCompletionsDefaultMaxTokens), room));
 }
 
 void parse_logprobs_chat(const json& b, const ServeLimits& lim, Job& j) {

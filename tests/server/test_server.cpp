@@ -207,6 +207,22 @@ TEST(Serve, ChatLogprobsOfGreedyTokensAreTheirTopAlternatives) {
   EXPECT_EQ(text, r["choices"][0]["message"]["content"].get<std::string>());
 }
 
+// Without max_tokens a completion stops at 16 tokens (the OpenAI completions default) and a
+// chat runs on (to the context or a stop).
+TEST(Serve, UnsetMaxTokensFollowsOpenAIDefaults) {
+  Options o;
+  o.ctx = 64;
+  TestServer s(test::tiny_model_dir(), o);
+  const json c = s.post("/v1/completions", {{"prompt", {5, 6, 7, 8}}, {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_EQ(c["usage"]["completion_tokens"], 16);
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  json chat = chat_body("Hello", 0);
+  chat.erase("max_tokens");
+  chat["ignore_eos"] = true;
+  const json r = s.post("/v1/chat/completions", chat);
+  EXPECT_EQ(r["usage"]["prompt_tokens"].get<int>() + r["usage"]["completion_tokens"].get<int>(), 64);
+}
+
 // logit_bias: +100 on a token makes greedy decoding repeat it; -100 on the greedy first token
 // makes the first token another; chat and completions alike.
 TEST(Serve, LogitBiasSteersGreedyTokens) {
