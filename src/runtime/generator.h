@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "sampling/json_prefix.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "tokenizer/tokenizer.h"
@@ -41,6 +42,10 @@ struct GenerateOptions {
   // main model to verify, in place of the MTP layer's draft (prompt lookup, or a test's
   // oracle). Verified as a point-mass proposal, so the output distribution is unchanged.
   std::function<int32_t(std::span<const int32_t> tokens)> propose;
+  // JSON mode (OpenAI's response_format json_object; needs a tokenizer): every token is
+  // drawn among those whose bytes keep the reply a prefix of one JSON object, and once the
+  // object is closed the reply ends (an end-of-sequence token; with stop_on_eos off, spaces).
+  bool json = false;
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, ContextFull, Callback };
@@ -72,6 +77,8 @@ public:
   Completion(const Model& m, const Tokenizer* tok, std::span<const int32_t> prompt, const GenerateOptions& g,
              std::span<const int32_t> banned, TextFn on_text = {}, TokenFn on_token = {});
   Sampler& sampler() { return sampler_; }
+  // Draws the next token from logits [vocab] (in JSON mode among the tokens it allows).
+  int32_t sample(const float* logits);
   // Records a sampled token; true when generation stops (result().reason says why).
   // `context_full`: the sequence has no room for another token.
   bool emit(int32_t id, bool context_full);
@@ -80,7 +87,10 @@ public:
 
 private:
   GenerateOptions g_;
+  const Tokenizer* tok_;
   Sampler sampler_;
+  std::optional<JsonPrefix> json_;  // JSON mode: the reply so far
+  std::vector<uint8_t> allowed_;    // JSON mode: the tokens that may come next
   std::vector<uint8_t> is_eos_;
   StopMatcher stop_;
   std::optional<StreamDecoder> dec_;
@@ -89,6 +99,7 @@ private:
   TokenFn on_token_;
   GenerateResult r_;
   void text(const std::string& s);
+  void allow_json_tokens();
 };
 
 // The ids a tokenizer cannot decode (never sampled); empty without a tokenizer.

@@ -184,7 +184,7 @@ void Scheduler::admit() {
     if (fresh) {
       w.feed = w.req->prompt;
       w.prompt_n = int(w.feed.size());
-      w.mtp = opt_.mtp;
+      w.mtp = opt_.mtp && !w.req->gen.json;  // JSON mode's constraint follows one token at a time
       if (w.mtp) {
         w.h.resize(2 * size_t(engine_.model().config.hidden_size));
         w.hist.reserve(size_t(engine_.options().max_ctx) + 2);
@@ -326,7 +326,7 @@ bool Scheduler::advance(Live& l) {
   // A chunk that returned all its rows samples from its last.
   const float* logits = engine_.logits(l.item) + (l.step_rows ? size_t(l.step_n - 1) * size_t(V) : 0);
   if (l.verify) return verify(l, logits);
-  return emit(l, l.comp->sampler().sample(logits), logits);
+  return emit(l, l.comp->sample(logits), logits);
 }
 
 // A verify step's two rows, as the Generator takes them: a rejected draft leaves the

@@ -126,7 +126,7 @@ std::span<const Sampler::Candidate> Sampler::prepare(const float* logits) {
   for (int32_t i = 0; i < vocab_; ++i) {
     const float l = work_[size_t(i)];
     if (!greedy && std::isfinite(l) && !(double(std::fabs(l)) * double(inv_t) < 1e37)) overflow = true;
-    if (banned_[size_t(i)] || std::isnan(l) || l == kNegInf) continue;
+    if (excluded(i) || std::isnan(l) || l == kNegInf) continue;
     cand_[n++] = Candidate{i, l * inv_t, 0.0f};
   }
   if (n == 0) throw_nothing_to_sample(work_);
@@ -185,7 +185,7 @@ int32_t Sampler::sample(const float* logits) {
     int32_t best = -1;
     for (int32_t i = 0; i < vocab_; ++i) {
       const float l = work_[size_t(i)];
-      if (banned_[size_t(i)] || std::isnan(l)) continue;
+      if (excluded(i) || std::isnan(l)) continue;
       if (best < 0 || l > work_[size_t(best)]) best = i;
     }
     if (best < 0) throw_nothing_to_sample(work_);

@@ -283,14 +283,19 @@ std::vector<int32_t> encode_text(const std::string& text, const ModelInfo& m, co
   }
 }
 
-// response_format: generation is not grammar-constrained, so only plain text is served; a
-// JSON mode or schema is refused rather than answered with text that may not parse.
-void check_response_format(const json& b) {
+// response_format: "text", or "json_object" (JSON mode: the reply is one JSON text). A JSON
+// schema is refused rather than answered with JSON that may not follow it; so is JSON mode
+// with thinking, whose reasoning comes before the reply in the same text.
+void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
   const json& rf = field(b, "response_format");
   if (rf.is_null()) return;
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) bad("response_format", "expected an object with a type");
   const std::string type = rf["type"].get<std::string>();
-  if (type != "text") bad("response_format", "'" + type + "' is not supported: this server does not constrain generation to JSON");
+  if (type == "text") return;
+  if (type != "json_object") bad("response_format", "'" + type + "' is not supported: the types are text and json_object");
+  if (!m.tok) bad("response_format", "JSON mode needs the model's tokenizer");
+  if (j.thinking) bad("response_format", "JSON mode does not run with thinking mode");
+  j.gen.json = true;
 }
 
 // logit_bias: {"token id": bias in [-100, 100]}, added to those logits before sampling.
@@ -324,9 +329,9 @@ Job parse_chat_request(const json& b, const ModelInfo& m, const ServeLimits& lim
   j.chat = true;
   parse_common(b, lim, j);
   parse_logit_bias(b, m, j);
-  check_response_format(b);
   parse_logprobs_chat(b, lim, j);
   j.thinking = thinking_switch(b);
+  parse_response_format(b, m, j);
   const ojson tools = offered_tools(b);
   j.tools = !tools.empty();
   const std::string prompt = render(m, normalize_messages(field(b, "messages")), tools, j.thinking);
@@ -345,7 +350,7 @@ Job parse_completion_request(const json& b, const ModelInfo& m, const ServeLimit
   Job j;
   parse_common(b, lim, j);
   parse_logit_bias(b, m, j);
-  check_response_format(b);
+  parse_response_format(b, m, j);
   if (const auto lp = integer(b, "logprobs", 0, lim.max_top_logprobs)) j.logprobs = int(*lp);
   j.echo = boolean(b, "echo").value_or(false);
   const json& p = field(b, "prompt");

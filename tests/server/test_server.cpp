@@ -18,6 +18,7 @@
 #include "fixtures.h"
 #include "runtime/scheduler.h"
 #include "runtime/teacher_forcing.h"
+#include "sampling/json_prefix.h"
 #include "server/reply.h"
 #include "server/server.h"
 #include "tiny_model.h"
@@ -205,6 +206,44 @@ TEST(Serve, ChatLogprobsOfGreedyTokensAreTheirTopAlternatives) {
     EXPECT_LE(mass, 1.0 + 1e-6);
   }
   EXPECT_EQ(text, r["choices"][0]["message"]["content"].get<std::string>());
+}
+
+// JSON mode (response_format json_object) on the random-weight model, whose replies are not
+// JSON without it: every reply, greedy and sampled, chat and completions, is a JSON object
+// when it ends on its own, and the start of one when max_tokens cuts it. A schema, or JSON
+// mode with thinking, is refused.
+TEST(Serve, JsonModeRepliesAreJsonObjects) {
+  TestServer s(test::tiny_model_dir());
+  int whole = 0, plain_json = 0;
+  for (int k = 0; k < 6; ++k) {
+    json chat = chat_body("Reply in JSON, please " + std::to_string(k), 48, k == 0 ? 0.0 : 1.0, k);
+    const std::string plain = s.post("/v1/chat/completions", chat)["choices"][0]["message"]["content"];
+    plain_json += nlohmann::json::accept(plain);
+    chat["response_format"] = {{"type", "json_object"}};
+    json comp = {{"prompt", "JSON " + std::to_string(k)}, {"max_tokens", 48}, {"temperature", k == 0 ? 0.0 : 1.0}, {"seed", k},
+                 {"response_format", {{"type", "json_object"}}}};
+    for (const json& c : {s.post("/v1/chat/completions", chat)["choices"][0], s.post("/v1/completions", comp)["choices"][0]}) {
+      const std::string text = c.contains("message") ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
+      if (c["finish_reason"] == "stop") {
+        ++whole;
+        const json parsed = json::parse(text, nullptr, false);
+        EXPECT_TRUE(parsed.is_object()) << text;
+      } else {
+        EXPECT_EQ(c["finish_reason"], "length");
+        JsonPrefix p(true);
+        EXPECT_TRUE(p.feed(text)) << text;
+      }
+    }
+  }
+  EXPECT_GT(whole, 0) << "no reply ended on its own";
+  EXPECT_EQ(plain_json, 0) << "the model's replies are JSON anyway: this tests nothing";
+  json schema = chat_body("x", 4);
+  schema["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}};
+  s.post("/v1/chat/completions", schema, 400);
+  json thinking = chat_body("x", 4);
+  thinking["response_format"] = {{"type", "json_object"}};
+  thinking["chat_template_kwargs"] = {{"thinking", true}};
+  s.post("/v1/chat/completions", thinking, 400);
 }
 
 // Without max_tokens a completion stops at 16 tokens (the OpenAI completions default) and a
@@ -504,8 +543,8 @@ TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
   expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": {"5": 101}})", auth, "logit_bias beyond 100");
   expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": {"99999999": 1}})", auth, "logit_bias id out of range");
   expect(400, "/v1/completions", R"({"prompt": [1, 2], "logit_bias": [1]})", auth, "logit_bias not an object");
-  expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", auth,
-         "JSON mode (not constrained here)");
+  expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})", auth,
+         "an unknown response_format");
   expect(400, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "response_format": "json"})", auth,
          "response_format not an object");
   expect(400, "/v1/completions", json{{"prompt", std::string(4000, 'a')}}.dump(), auth, "prompt longer than the context");
