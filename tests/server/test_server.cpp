@@ -461,32 +461,46 @@ TEST(Serve, PrefixCacheHitGivesTheTokensOfAMiss) {
   EXPECT_GT(metric(s.metrics(), "dsa:prefix_cache_hits_total"), 0);
 }
 
-// A pool of 6 blocks of 16 tokens for 4 requests of up to 20 + 40 tokens each: they cannot
-// all grow, so the youngest are preempted and recomputed, and each still gets its solo tokens.
+// Each body's first choice run alone, then all of them at once, four running in a pool of
+// `blocks` blocks of 16 tokens, too small for all of them to grow: the youngest are preempted
+// and recomputed.
+struct AloneAndTogether {
+  std::vector<json> alone, together;
+  double preemptions = 0;
+};
+AloneAndTogether alone_then_in_a_small_pool(const std::vector<json>& bodies, int blocks) {
+  AloneAndTogether r;
+  {
+    TestServer big(test::tiny_model_dir());
+    for (const json& b : bodies) r.alone.push_back(big.post("/v1/completions", b)["choices"][0]);
+  }
+  Options o;
+  o.block_size = 16;
+  o.cache_tokens = int64_t(blocks) * 16;
+  o.max_seqs = 4;
+  TestServer s(test::tiny_model_dir(), o);
+  std::vector<std::future<json>> f;
+  for (const json& b : bodies) f.push_back(std::async(std::launch::async, [&s, b] { return s.post("/v1/completions", b); }));
+  for (auto& x : f) r.together.push_back(x.get()["choices"][0]);
+  r.preemptions = metric(s.metrics(), "dsa:num_preemptions_total");
+  EXPECT_TRUE(s.healthy());
+  return r;
+}
+
+// 4 requests of up to 20 + 40 tokens each in 6 blocks: each still gets its solo tokens.
 TEST(Serve, PreemptionInASmallPoolGivesEveryRequestItsSoloTokens) {
   std::vector<json> bodies;
   for (int i = 0; i < 4; ++i)
     bodies.push_back({{"prompt", "Preempt me " + std::to_string(i) + " please"}, {"max_tokens", 40}, {"temperature", 0.8},
                       {"seed", 50 + i}, {"ignore_eos", true}, {"return_token_ids", true}});
-  std::vector<std::vector<int32_t>> alone;
-  {
-    TestServer big(test::tiny_model_dir());
-    for (const json& b : bodies) alone.push_back(ids_of(big.post("/v1/completions", b)["choices"][0]));
-  }
-  Options o;
-  o.block_size = 16;
-  o.cache_tokens = 6 * 16;
-  o.max_seqs = 4;
-  TestServer s(test::tiny_model_dir(), o);
-  std::vector<std::future<json>> f;
-  for (const json& b : bodies) f.push_back(std::async(std::launch::async, [&s, b] { return s.post("/v1/completions", b); }));
-  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(ids_of(f[i].get()["choices"][0]), alone[i]) << "request " << i;
-  EXPECT_GT(metric(s.metrics(), "dsa:num_preemptions_total"), 0);
-  EXPECT_TRUE(s.healthy());
+  const AloneAndTogether r = alone_then_in_a_small_pool(bodies, 6);
+  for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(ids_of(r.together[i]), ids_of(r.alone[i])) << "request " << i;
+  EXPECT_GT(r.preemptions, 0);
 }
 
-// The same with echo and logprobs: preempted and run again, each request gets the prompt and
-// token log-probabilities it gets alone, every prompt position once.
+// The same with echo and logprobs (prompts of 30-39 tokens, 8 blocks): each request gets the
+// prompt and token log-probabilities it gets alone, every prompt position once, also when
+// preempted in the middle of its prompt.
 TEST(Serve, PreemptionKeepsEachRequestsPromptLogprobs) {
   std::vector<json> bodies;
   for (int i = 0; i < 4; ++i) {
@@ -495,24 +509,13 @@ TEST(Serve, PreemptionKeepsEachRequestsPromptLogprobs) {
     bodies.push_back({{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0.8}, {"seed", 70 + i}, {"ignore_eos", true},
                       {"echo", true}, {"logprobs", 1}});
   }
-  std::vector<json> alone;
-  {
-    TestServer big(test::tiny_model_dir());
-    for (const json& b : bodies) alone.push_back(big.post("/v1/completions", b)["choices"][0]["logprobs"]);
-  }
-  Options o;
-  o.block_size = 16;
-  o.cache_tokens = 8 * 16;
-  o.max_seqs = 4;
-  TestServer s(test::tiny_model_dir(), o);
-  std::vector<std::future<json>> f;
-  for (const json& b : bodies) f.push_back(std::async(std::launch::async, [&s, b] { return s.post("/v1/completions", b); }));
-  for (size_t i = 0; i < f.size(); ++i) {
-    const json lp = f[i].get()["choices"][0]["logprobs"];
+  const AloneAndTogether r = alone_then_in_a_small_pool(bodies, 8);
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    const json& lp = r.together[i]["logprobs"];
     EXPECT_EQ(lp["token_logprobs"].size(), bodies[i]["prompt"].size() + 40) << "request " << i;
-    EXPECT_EQ(lp, alone[i]) << "request " << i;
+    EXPECT_EQ(lp, r.alone[i]["logprobs"]) << "request " << i;
   }
-  EXPECT_GT(metric(s.metrics(), "dsa:num_preemptions_total"), 0);
+  EXPECT_GT(r.preemptions, 0);
 }
 
 TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
