@@ -152,29 +152,47 @@ std::span<const Sampler::Candidate> Sampler::prepare(const float* logits) {
   }
   // min-p keeps p >= min_p * p_max whatever top-p removes (top-p cuts only the tail, and
   // the ratio to the max survives renormalization), so it can run first and shrink the sort.
+  // A compaction that keeps the order (no allocation, unlike std::stable_partition).
   size_t keep_min_p = n;
   if (p_.min_p > 0.0f) {
     const float thr = p_.min_p;  // p / p_max = exp(logit - mx) = c.p before normalizing
-    keep_min_p = size_t(std::partition(c, c + n, [thr](const Candidate& a) { return a.p >= thr; }) - c);
+    keep_min_p = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (c[i].p >= thr) c[keep_min_p++] = c[i];
   }
-  std::sort(c, c + keep_min_p, before);
   size_t keep = keep_min_p;
-  if (p_.top_p < 1.0f) {
-    // The top-p prefix over the full distribution (normalizer z); if it reaches further
-    // than the min-p survivors, min-p is the binding cut.
-    double cum = 0.0;
-    for (size_t i = 0; i < keep_min_p; ++i) {
-      cum += c[i].p;
-      if (cum >= double(p_.top_p) * z) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
+  if (p_.top_p < 1.0f) keep = nucleus(c, keep_min_p, double(p_.top_p) * z);
+  else if (top_k > 0) std::sort(c, c + keep_min_p, before);
+  // Without a top-k or top-p cut the survivors stay in id order: sorting a whole vocabulary
+  // took 12 ms a token at 129280 (the order only fixes which token a seed's draw lands on).
   double zk = 0.0;
   for (size_t i = 0; i < keep; ++i) zk += c[i].p;
   for (size_t i = 0; i < keep; ++i) c[i].p = float(c[i].p / zk);
   return {c, keep};
+}
+
+// The top-p prefix of c[0, n) in descending order, sorted in front: the fewest candidates
+// whose p sum (before normalizing, as they come in that order) reaches `mass`, or all n.
+// The k best are selected for growing k and only they are sorted, so a peaked distribution
+// sorts a few dozen candidates; the prefix is that of a sort of all n, sums included.
+size_t Sampler::nucleus(Candidate* c, size_t n, double mass) {
+  for (size_t k = 64;; k *= 4) {
+    const bool all = k >= n;
+    if (!all) {
+      std::nth_element(c, c + k, c + n, before);
+      double top = 0.0;
+      for (size_t i = 0; i < k; ++i) top += c[i].p;
+      if (top < mass * (1.0 + 1e-12)) continue;  // the prefix may reach past these k
+    }
+    const size_t m = all ? n : k;
+    std::sort(c, c + m, before);
+    double cum = 0.0;
+    for (size_t i = 0; i < m; ++i) {
+      cum += c[i].p;
+      if (cum >= mass) return i + 1;
+    }
+    if (all) return n;
+  }
 }
 
 int32_t Sampler::sample(const float* logits) {

@@ -76,7 +76,8 @@ public:
   // The pieces of sample(), exposed for tests and for callers that want the distribution.
   // apply_penalties: logits (in place) as step 1 above.
   void apply_penalties(float* logits) const;
-  // Steps 1 and 3-6 on a copy of logits; returns the survivors, most probable first.
+  // Steps 1 and 3-6 on a copy of logits; returns the survivors, most probable first where
+  // top-k or top-p cut them, else in id order.
   std::span<const Candidate> prepare(const float* logits);
 
   const SamplerParams& params() const { return p_; }
@@ -99,6 +100,7 @@ private:
   std::vector<int32_t> q_ids_;          // ids where q_ is non-zero, to clear it
   std::vector<uint8_t> banned_;         // [vocab]
   const uint8_t* allowed_ = nullptr;    // [vocab] or null (set_allowed)
+  static size_t nucleus(Candidate* c, size_t n, double mass);
   bool excluded(int32_t id) const { return banned_[size_t(id)] || (allowed_ && !allowed_[size_t(id)]); }
   // Penalty history: counts per token, the distinct tokens with count > 0 (and each
   // one's slot in that list, for O(1) removal) and a ring of the last penalty_last_n ids.
