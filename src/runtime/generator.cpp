@@ -66,7 +66,8 @@ int32_t Completion::sample(const float* logits) {
 }
 
 // JSON mode's tokens for the next draw: those whose bytes the recognizer takes from here;
-// an end-of-sequence token once the text is whole, and nothing else once it is closed.
+// an end-of-sequence token once the text is whole, and nothing else once it is closed (with
+// stop_on_eos off, where an end-of-sequence token would not end the reply, spaces instead).
 // Special tokens never (their bytes are markup, not reply text). About a millisecond over
 // DeepSeek's 129280 tokens: most fail at their first byte.
 void Completion::allow_json_tokens() {
@@ -75,7 +76,7 @@ void Completion::allow_json_tokens() {
   for (int32_t id = 0; id < V; ++id) {
     uint8_t ok = 0;
     if (is_eos_[size_t(id)]) {
-      ok = whole;
+      ok = whole && g_.stop_on_eos;
     } else if (!closed && tok_->is_valid_id(id) && !tok_->is_special(id)) {
       const std::string& bytes = tok_->token_bytes(id);
       JsonPrefix next = *json_;
