@@ -220,8 +220,9 @@ TEST(Serve, JsonModeRepliesAreJsonObjects) {
     const std::string plain = s.post("/v1/chat/completions", chat)["choices"][0]["message"]["content"];
     plain_json += nlohmann::json::accept(plain);
     chat["response_format"] = {{"type", "json_object"}};
+    // With ignore_eos (odd k) a closed object is followed by spaces up to max_tokens.
     json comp = {{"prompt", "JSON " + std::to_string(k)}, {"max_tokens", 48}, {"temperature", k == 0 ? 0.0 : 1.0}, {"seed", k},
-                 {"response_format", {{"type", "json_object"}}}};
+                 {"response_format", {{"type", "json_object"}}}, {"ignore_eos", k % 2 == 1}};
     for (const json& c : {s.post("/v1/chat/completions", chat)["choices"][0], s.post("/v1/completions", comp)["choices"][0]}) {
       const std::string text = c.contains("message") ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
       if (c["finish_reason"] == "stop") {
