@@ -33,7 +33,7 @@ std::vector<int32_t> undecodable_ids(const Model& m, const Tokenizer* tok) {
 
 Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int32_t> prompt, const GenerateOptions& g,
                        std::span<const int32_t> banned, TextFn on_text, TokenFn on_token)
-    : g_(g), tok_(tok), sampler_(m.config.vocab_size, g.sampling), stop_(g.stop), on_text_(std::move(on_text)), on_token_(std::move(on_token)) {
+    : g_(g), sampler_(m.config.vocab_size, g.sampling), stop_(g.stop), on_text_(std::move(on_text)), on_token_(std::move(on_token)) {
   if (!g.stop.empty() && !tok) throw Error("generate: stop strings need a tokenizer");
   if (g.json && !tok) throw Error("generate: JSON mode needs a tokenizer");
   if (g.max_new_tokens < 0) throw Error("generate: max_new_tokens must be >= 0");
@@ -44,10 +44,7 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   for (int id : g.eos_ids.empty() ? std::vector<int32_t>(m.config.eos_token_ids.begin(), m.config.eos_token_ids.end()) : g.eos_ids)
     if (id >= 0 && id < V) is_eos_[size_t(id)] = 1;
   if (tok) dec_.emplace(*tok);
-  if (g.json) {
-    json_.emplace(/*object=*/true);
-    allowed_.resize(size_t(V));
-  }
+  if (g.json) json_.emplace(*tok, V, is_eos_, g.stop_on_eos);
   piece_.reserve(256);
   r_.prompt_tokens = int(prompt.size());
   r_.tokens.reserve(size_t(g.max_new_tokens));
@@ -61,37 +58,13 @@ void Completion::text(const std::string& s) {
 }
 
 int32_t Completion::sample(const float* logits) {
-  if (json_) allow_json_tokens();
+  if (json_) sampler_.set_allowed(json_->allowed());
   return sampler_.sample(logits);
-}
-
-// JSON mode's tokens for the next draw: those whose bytes the recognizer takes from here;
-// an end-of-sequence token once the text is whole, and nothing else once it is closed (with
-// stop_on_eos off, where an end-of-sequence token would not end the reply, spaces instead).
-// Special tokens never (their bytes are markup, not reply text). About a millisecond over
-// DeepSeek's 129280 tokens: most fail at their first byte.
-void Completion::allow_json_tokens() {
-  const bool whole = json_->complete(), closed = json_->closed() && g_.stop_on_eos;
-  const int V = int(allowed_.size());
-  for (int32_t id = 0; id < V; ++id) {
-    uint8_t ok = 0;
-    if (is_eos_[size_t(id)]) {
-      ok = whole && g_.stop_on_eos;
-    } else if (!closed && tok_->is_valid_id(id) && !tok_->is_special(id)) {
-      const std::string& bytes = tok_->token_bytes(id);
-      JsonPrefix next = *json_;
-      ok = !bytes.empty() && next.feed(bytes);
-    }
-    allowed_[size_t(id)] = ok;
-  }
-  sampler_.set_allowed(allowed_.data());
 }
 
 bool Completion::emit(int32_t id, bool context_full) {
   sampler_.accept(id);
-  // The recognizer follows the reply (a token it refuses can only be one it did not choose:
-  // an end-of-sequence token, or a caller's own draw).
-  if (json_ && !is_eos_[size_t(id)] && tok_->is_valid_id(id)) json_->feed(tok_->token_bytes(id));
+  if (json_) json_->accept(id);
   r_.tokens.push_back(id);
   if (on_token_ && !on_token_(id)) {
     r_.reason = StopReason::Callback;

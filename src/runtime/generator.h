@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
-#include "sampling/json_prefix.h"
+#include "runtime/json_mode.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "tokenizer/tokenizer.h"
@@ -87,10 +87,8 @@ public:
 
 private:
   GenerateOptions g_;
-  const Tokenizer* tok_;
   Sampler sampler_;
-  std::optional<JsonPrefix> json_;  // JSON mode: the reply so far
-  std::vector<uint8_t> allowed_;    // JSON mode: the tokens that may come next
+  std::optional<JsonMode> json_;
   std::vector<uint8_t> is_eos_;
   StopMatcher stop_;
   std::optional<StreamDecoder> dec_;
@@ -99,7 +97,6 @@ private:
   TokenFn on_token_;
   GenerateResult r_;
   void text(const std::string& s);
-  void allow_json_tokens();
 };
 
 // The ids a tokenizer cannot decode (never sampled); empty without a tokenizer.

@@ -24,6 +24,10 @@ public:
   bool complete() const;
   // A JSON text ended by its last byte that no byte but whitespace can follow.
   bool closed() const { return mode_ == Mode::Between && expect_ == Expect::End; }
+  // Inside a string, past any escape: every byte from 0x20 up but '"' and '\\' keeps it so.
+  bool in_string() const { return mode_ == Mode::String; }
+  // Between tokens of the text: whitespace leaves the state as it is.
+  bool between_tokens() const { return mode_ == Mode::Between; }
 
 private:
   enum class Mode : uint8_t { Between, String, Escape, Hex, Literal, Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpDigits };

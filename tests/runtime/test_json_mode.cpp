@@ -1,0 +1,48 @@
+// JsonMode's mask against the definition: with the DeepSeek-V3.2 tokenizer, after prefixes
+// that leave the recognizer in each kind of state, a token is allowed exactly when its bytes
+// fed to a copy of the state are all taken (end-of-sequence tokens once the object is whole,
+// special tokens never).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "fixtures.h"
+#include "runtime/json_mode.h"
+
+using namespace dsa;
+
+namespace {
+
+TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
+  const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+  const int V = tok.vocab_size() + 3;  // a model vocabulary past the tokenizer's, as checkpoints pad it
+  std::vector<uint8_t> is_eos(size_t(V), 0);
+  is_eos[size_t(tok.eos_id())] = 1;
+  for (const bool eos_ends : {true, false})
+    for (const char* reply : {"", "  ", "{", "{\"key\"", "{\"key\": ", "{\"key\": \"some te", "{\"k\": \"a\\", "{\"k\": \"\\u00",
+                              "{\"a\": [1, 2", "{\"a\": [1, 2.5e", "{\"a\": tr", "{\"a\": [{}, []]", "{\"a\": 1}", "{\"a\": 1} "}) {
+      SCOPED_TRACE(std::string(reply) + (eos_ends ? "" : " (eos does not end)"));
+      JsonMode jm(tok, V, is_eos, eos_ends);
+      JsonPrefix ref(true);
+      ASSERT_TRUE(ref.feed(reply));
+      for (int32_t id : tok.encode(reply)) jm.accept(id);
+      const uint8_t* got = jm.allowed();
+      int allowed = 0, wrong = 0;
+      for (int32_t id = 0; id < V; ++id) {
+        bool want = false;
+        if (is_eos[size_t(id)]) {
+          want = ref.complete() && eos_ends;
+        } else if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty() && !(ref.closed() && eos_ends)) {
+          JsonPrefix next = ref;
+          want = next.feed(tok.token_bytes(id));
+        }
+        allowed += want;
+        wrong += bool(got[id]) != want;
+        if (bool(got[id]) != want && wrong < 5) ADD_FAILURE() << "token " << id << " '" << tok.token_bytes(id) << "': " << int(got[id]);
+      }
+      EXPECT_EQ(wrong, 0);
+      EXPECT_GT(allowed, 0);
+    }
+}
+
+}  // namespace
