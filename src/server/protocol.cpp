@@ -42,6 +42,10 @@ const char* finish_reason(StopReason r) {
   return "stop";
 }
 
+ApiError model_not_found(const std::string& asked, const ModelInfo& m) {
+  return ApiError(404, "The model '" + asked + "' does not exist; this server serves '" + m.name + "'", "model", "", "model_not_found");
+}
+
 namespace {
 
 [[noreturn]] void bad(const std::string& param, const std::string& what) { throw ApiError(400, "'" + param + "': " + what, param); }
@@ -82,9 +86,7 @@ void check_model(const json& body, const ModelInfo& m) {
   const json& v = field(body, "model");
   if (v.is_null()) return;
   if (!v.is_string()) bad("model", "expected a string");
-  if (v.get<std::string>() != m.name)
-    throw ApiError(404, "The model '" + v.get<std::string>() + "' does not exist; this server serves '" + m.name + "'", "model", "",
-                   "model_not_found");
+  if (v.get<std::string>() != m.name) throw model_not_found(v.get<std::string>(), m);
 }
 
 // Sampling, stops, n, streaming and max_tokens (once the prompt length is known).

@@ -54,6 +54,9 @@ struct Job {
   bool tools = false;  // chat: tools offered (a tool_choice of "none" offers none)
 };
 
+// The 404 for a model id this server does not serve.
+ApiError model_not_found(const std::string& asked, const ModelInfo& m);
+
 Job parse_chat_request(const nlohmann::json& body, const ModelInfo& m, const ServeLimits& lim);
 Job parse_completion_request(const nlohmann::json& body, const ModelInfo& m, const ServeLimits& lim);
 

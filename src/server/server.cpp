@@ -122,8 +122,7 @@ void Server::routes() {
   });
   // One model by id (the OpenAI client's models.retrieve; an id may hold slashes).
   s.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
-    if (req.matches[1].str() != model_.name)
-      throw ApiError(404, "The model '" + req.matches[1].str() + "' does not exist; this server serves '" + model_.name + "'", "model", "", "model_not_found");
+    if (req.matches[1].str() != model_.name) throw model_not_found(req.matches[1].str(), model_);
     res.set_content(model_object().dump(), "application/json");
   });
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
