@@ -32,10 +32,10 @@ std::vector<int32_t> undecodable_ids(const Model& m, const Tokenizer* tok) {
 }
 
 Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int32_t> prompt, const GenerateOptions& g,
-                       std::span<const int32_t> banned, TextFn on_text, TokenFn on_token)
+                       std::span<const int32_t> banned, TextFn on_text, TokenFn on_token, const JsonVocab* json_vocab)
     : g_(g), sampler_(m.config.vocab_size, g.sampling), stop_(g.stop), on_text_(std::move(on_text)), on_token_(std::move(on_token)) {
   if (!g.stop.empty() && !tok) throw Error("generate: stop strings need a tokenizer");
-  if (g.json && !tok) throw Error("generate: JSON mode needs a tokenizer");
+  if (g.json && (!tok || !json_vocab)) throw Error("generate: JSON mode needs a tokenizer");
   if (g.max_new_tokens < 0) throw Error("generate: max_new_tokens must be >= 0");
   const int V = m.config.vocab_size;
   sampler_.set_banned(banned);
@@ -44,7 +44,7 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   for (int id : g.eos_ids.empty() ? std::vector<int32_t>(m.config.eos_token_ids.begin(), m.config.eos_token_ids.end()) : g.eos_ids)
     if (id >= 0 && id < V) is_eos_[size_t(id)] = 1;
   if (tok) dec_.emplace(*tok);
-  if (g.json) json_.emplace(*tok, V, is_eos_, g.stop_on_eos);
+  if (g.json) json_.emplace(*json_vocab, is_eos_, g.stop_on_eos);
   piece_.reserve(256);
   r_.prompt_tokens = int(prompt.size());
   r_.tokens.reserve(size_t(g.max_new_tokens));
@@ -177,7 +177,8 @@ int32_t Generator::mtp_draft(Sampler& sampler, std::span<const int32_t> history)
 GenerateResult Generator::generate(std::span<const int32_t> prompt, const GenerateOptions& g, const TextFn& on_text,
                                    const TokenFn& on_token) {
   const int V = engine_.model().config.vocab_size, max_ctx = engine_.options().max_ctx;
-  Completion comp(engine_.model(), tok_, prompt, g, banned_, on_text, on_token);
+  if (g.json && tok_ && !json_vocab_) json_vocab_ = std::make_unique<JsonVocab>(*tok_, V);
+  Completion comp(engine_.model(), tok_, prompt, g, banned_, on_text, on_token, json_vocab_.get());
   GenerateResult& r = comp.result();
   history_.assign(prompt.begin(), prompt.end());
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -73,9 +74,10 @@ using TokenFn = std::function<bool(int32_t)>;
 // the history, streams text, and says when generation stops.
 class Completion {
 public:
-  // `tok` may be null (ids only); `banned`: ids the tokenizer cannot decode.
+  // `tok` may be null (ids only); `banned`: ids the tokenizer cannot decode; `json_vocab`:
+  // the tokenizer's table for JSON mode (needed when g.json; it outlives the Completion).
   Completion(const Model& m, const Tokenizer* tok, std::span<const int32_t> prompt, const GenerateOptions& g,
-             std::span<const int32_t> banned, TextFn on_text = {}, TokenFn on_token = {});
+             std::span<const int32_t> banned, TextFn on_text = {}, TokenFn on_token = {}, const JsonVocab* json_vocab = nullptr);
   Sampler& sampler() { return sampler_; }
   // Draws the next token from logits [vocab] (in JSON mode among the tokens it allows).
   int32_t sample(const float* logits);
@@ -136,6 +138,7 @@ private:
   GeneratorOptions opt_;
   SeqId seq_ = -1;
   std::vector<int32_t> banned_;
+  std::unique_ptr<JsonVocab> json_vocab_;  // built at the first JSON-mode request
   // The MTP layer's draft for the token after `next` (about to be verified): first it
   // catches up over the positions whose next token is now known.
   int32_t mtp_draft(Sampler& sampler, std::span<const int32_t> history);

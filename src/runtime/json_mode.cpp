@@ -1,14 +1,12 @@
 #include "runtime/json_mode.h"
 
+#include <algorithm>
+
 namespace dsa {
 
-JsonMode::JsonMode(const Tokenizer& tok, int vocab, std::span<const uint8_t> is_eos, bool eos_ends)
-    : eos_ends_(eos_ends), end_(size_t(vocab)), kind_(size_t(vocab), kNever), lead_(size_t(vocab), 0), allowed_(size_t(vocab)) {
+JsonVocab::JsonVocab(const Tokenizer& tok, int vocab) : end_(size_t(vocab)), kind_(size_t(vocab), kNever), lead_(size_t(vocab), 0) {
   for (int32_t id = 0; id < vocab; ++id) {
-    if (is_eos[size_t(id)]) {
-      kind_[size_t(id)] = kEos;
-    } else if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty()) {
-      // Special tokens are markup, never reply text.
+    if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty()) {
       const std::string& b = tok.token_bytes(id);
       bytes_ += b;
       bool safe = true;
@@ -21,6 +19,14 @@ JsonMode::JsonMode(const Tokenizer& tok, int vocab, std::span<const uint8_t> is_
   }
 }
 
+JsonMode::JsonMode(const JsonVocab& vocab, std::span<const uint8_t> is_eos, bool eos_ends)
+    : vocab_(vocab), eos_ends_(eos_ends), allowed_(vocab.size()) {
+  for (size_t id = 0; id < is_eos.size(); ++id)
+    if (is_eos[id]) eos_.push_back(int32_t(id));
+}
+
+bool JsonMode::is_eos(int32_t id) const { return std::find(eos_.begin(), eos_.end(), id) != eos_.end(); }
+
 const uint8_t* JsonMode::allowed() {
   const bool whole = state_.complete(), closed = state_.closed() && eos_ends_, in_string = state_.in_string();
   const bool between = state_.between_tokens();
@@ -30,21 +36,20 @@ const uint8_t* JsonMode::allowed() {
     JsonPrefix next = state_;
     first[c] = next.feed(static_cast<unsigned char>(c));
   }
-  const size_t V = kind_.size();
+  const size_t V = vocab_.size();
   for (size_t id = 0; id < V; ++id) {
     uint8_t ok = 0;
-    switch (kind_[id]) {
-      case kNever: break;
-      case kEos: ok = whole && eos_ends_; break;
-      case kStringSafe:
+    switch (vocab_.kind(id)) {
+      case JsonVocab::kNever: break;
+      case JsonVocab::kStringSafe:
         if (in_string) {
           ok = 1;
           break;
         }
         [[fallthrough]];
-      case kOther: {
-        const std::string_view b = token(int32_t(id));
-        const size_t at = between && lead_[id] != 255 ? lead_[id] : 0;  // all whitespace: its first byte
+      case JsonVocab::kOther: {
+        const std::string_view b = vocab_.token(id);
+        const size_t at = between && vocab_.lead(id) != 255 ? vocab_.lead(id) : 0;  // all whitespace: its first byte
         if (closed || !first[static_cast<unsigned char>(b[at])]) break;
         JsonPrefix next = state_;
         ok = next.feed(b);
@@ -53,11 +58,12 @@ const uint8_t* JsonMode::allowed() {
     }
     allowed_[id] = ok;
   }
+  for (int32_t id : eos_) allowed_[size_t(id)] = whole && eos_ends_;
   return allowed_.data();
 }
 
 void JsonMode::accept(int32_t id) {
-  if (kind_[size_t(id)] == kStringSafe || kind_[size_t(id)] == kOther) state_.feed(token(id));
+  if (vocab_.kind(size_t(id)) != JsonVocab::kNever && !is_eos(id)) state_.feed(vocab_.token(size_t(id)));
 }
 
 }  // namespace dsa

@@ -196,8 +196,9 @@ void Scheduler::admit() {
     if (fresh) {
       Request* req = w.req.get();
       try {
+        if (w.req->gen.json && tok_ && !json_vocab_) json_vocab_ = std::make_unique<JsonVocab>(*tok_, engine_.model().config.vocab_size);
         w.comp = std::make_unique<Completion>(engine_.model(), tok_, w.req->prompt, w.req->gen, banned_,
-                                              [req](std::string_view s) { req->push_text(s); });
+                                              [req](std::string_view s) { req->push_text(s); }, TokenFn{}, json_vocab_.get());
       } catch (const std::exception& e) {
         end(w, e.what());
         waiting_.pop_front();

@@ -160,6 +160,7 @@ private:
   SchedulerOptions opt_;
   std::function<void(const Request&, const GenerateResult&, const std::string&)> on_finish_;
   std::vector<int32_t> banned_;
+  std::unique_ptr<JsonVocab> json_vocab_;  // built at the first JSON-mode request
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

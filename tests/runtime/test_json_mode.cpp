@@ -18,11 +18,12 @@ TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
   const int V = tok.vocab_size() + 3;  // a model vocabulary past the tokenizer's, as checkpoints pad it
   std::vector<uint8_t> is_eos(size_t(V), 0);
   is_eos[size_t(tok.eos_id())] = 1;
+  const JsonVocab vocab(tok, V);
   for (const bool eos_ends : {true, false})
     for (const char* reply : {"", "  ", "{", "{\"key\"", "{\"key\": ", "{\"key\": \"some te", "{\"k\": \"a\\", "{\"k\": \"\\u00",
                               "{\"a\": [1, 2", "{\"a\": [1, 2.5e", "{\"a\": tr", "{\"a\": [{}, []]", "{\"a\": 1}", "{\"a\": 1} "}) {
       SCOPED_TRACE(std::string(reply) + (eos_ends ? "" : " (eos does not end)"));
-      JsonMode jm(tok, V, is_eos, eos_ends);
+      JsonMode jm(vocab, is_eos, eos_ends);
       JsonPrefix ref(true);
       ASSERT_TRUE(ref.feed(reply));
       for (int32_t id : tok.encode(reply)) jm.accept(id);
