@@ -133,10 +133,10 @@ void parse_common(const json& b, const ServeLimits& lim, Job& j) {
   if (const auto ign = boolean(b, "ignore_eos")) j.gen.stop_on_eos = !*ign;
 }
 
-// max_tokens (or max_completion_tokens): at most the limit, and by default what the
-// context leaves after the longest prompt.
 constexpr int64_t kCompletionsDefaultMaxTokens = 16;
 
+// max_tokens (or max_completion_tokens): at most the limit and what the context leaves after
+// the longest prompt.
 void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
   size_t longest = 0;
   for (const auto& p : j.prompts) longest = std::max(longest, p.size());
