@@ -44,7 +44,7 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   for (int id : g.eos_ids.empty() ? std::vector<int32_t>(m.config.eos_token_ids.begin(), m.config.eos_token_ids.end()) : g.eos_ids)
     if (id >= 0 && id < V) is_eos_[size_t(id)] = 1;
   if (tok) dec_.emplace(*tok);
-  if (g.json) json_.emplace(*json_vocab, is_eos_, g.stop_on_eos);
+  if (g.json) json_.emplace(*json_vocab, g_.json_schema ? *g_.json_schema : JsonSchema::any_object(), is_eos_, g.stop_on_eos);
   piece_.reserve(256);
   r_.prompt_tokens = int(prompt.size());
   r_.tokens.reserve(size_t(g.max_new_tokens));

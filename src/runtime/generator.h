@@ -43,10 +43,12 @@ struct GenerateOptions {
   // main model to verify, in place of the MTP layer's draft (prompt lookup, or a test's
   // oracle). Verified as a point-mass proposal, so the output distribution is unchanged.
   std::function<int32_t(std::span<const int32_t> tokens)> propose;
-  // JSON mode (OpenAI's response_format json_object; needs a tokenizer): every token is
-  // drawn among those whose bytes keep the reply a prefix of one JSON object, and once the
-  // object is closed the reply ends (an end-of-sequence token; with stop_on_eos off, spaces).
+  // JSON mode (OpenAI's response_format json_object or json_schema; needs a tokenizer):
+  // every token is drawn among those whose bytes keep the reply a prefix of a JSON text
+  // json_schema admits (without one: any object), and once the text is closed the reply
+  // ends (an end-of-sequence token; with stop_on_eos off, spaces).
   bool json = false;
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, ContextFull, Callback };

@@ -19,8 +19,8 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int vocab) : end_(size_t(vocab)), kin
   }
 }
 
-JsonMode::JsonMode(const JsonVocab& vocab, std::span<const uint8_t> is_eos, bool eos_ends)
-    : vocab_(vocab), eos_ends_(eos_ends), allowed_(vocab.size()) {
+JsonMode::JsonMode(const JsonVocab& vocab, const JsonSchema& schema, std::span<const uint8_t> is_eos, bool eos_ends)
+    : vocab_(vocab), eos_ends_(eos_ends), state_(schema), allowed_(vocab.size()) {
   for (size_t id = 0; id < is_eos.size(); ++id)
     if (is_eos[id]) eos_.push_back(int32_t(id));
 }
@@ -33,7 +33,7 @@ const uint8_t* JsonMode::allowed() {
   // The first bytes the recognizer takes from here.
   uint8_t first[256];
   for (int c = 0; c < 256; ++c) {
-    JsonPrefix next = state_;
+    JsonSchemaPrefix next = state_;
     first[c] = next.feed(static_cast<unsigned char>(c));
   }
   const size_t V = vocab_.size();
@@ -51,7 +51,7 @@ const uint8_t* JsonMode::allowed() {
         const std::string_view b = vocab_.token(id);
         const size_t at = between && vocab_.lead(id) != 255 ? vocab_.lead(id) : 0;  // all whitespace: its first byte
         if (closed || !first[static_cast<unsigned char>(b[at])]) break;
-        JsonPrefix next = state_;
+        JsonSchemaPrefix next = state_;
         ok = next.feed(b);
         break;
       }

@@ -1,6 +1,6 @@
 #pragma once
 // JSON mode (GenerateOptions::json): before each draw, the mask of the tokens whose bytes keep
-// the reply the start of one JSON object.
+// the reply the start of a JSON text its schema admits (any object without one).
 //
 // JsonVocab is the vocabulary as JSON mode reads it, the same for every request: each
 // token's bytes back to back, its class and its leading whitespace. Whoever holds the
@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sampling/json_prefix.h"
+#include "sampling/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsa {
@@ -44,11 +44,12 @@ private:
 
 class JsonMode {
 public:
+  // schema: what the reply must be (JsonSchema::any_object() for OpenAI's JSON mode);
   // is_eos [vocab]; eos_ends: an end-of-sequence token ends the reply (else it is never
-  // allowed: it would land in the text). `vocab` outlives the JsonMode.
-  JsonMode(const JsonVocab& vocab, std::span<const uint8_t> is_eos, bool eos_ends);
+  // allowed: it would land in the text). `vocab` and `schema` outlive the JsonMode.
+  JsonMode(const JsonVocab& vocab, const JsonSchema& schema, std::span<const uint8_t> is_eos, bool eos_ends);
   // The tokens allowed at the next draw ([vocab], valid until the next call): those the
-  // recognizer takes from here; an end-of-sequence token once the object is whole, and
+  // recognizer takes from here; an end-of-sequence token once the text is whole, and
   // nothing else once it is closed (spaces, when an end-of-sequence token would not end it).
   const uint8_t* allowed();
   void accept(int32_t id);  // an emitted token's bytes (not an end-of-sequence token's)
@@ -57,7 +58,7 @@ private:
   const JsonVocab& vocab_;
   std::vector<int32_t> eos_;
   bool eos_ends_;
-  JsonPrefix state_{/*object=*/true};
+  JsonSchemaPrefix state_;
   std::vector<uint8_t> allowed_;
   bool is_eos(int32_t id) const;
 };

@@ -1,9 +1,11 @@
 // JsonMode's mask against the definition: with the DeepSeek-V3.2 tokenizer, after prefixes
 // that leave the recognizer in each kind of state, a token is allowed exactly when its bytes
-// fed to a copy of the state are all taken (end-of-sequence tokens once the object is whole,
-// special tokens never).
+// fed to a copy of the state are all taken (end-of-sequence tokens once the text is whole,
+// special tokens never). JSON mode against JsonPrefix, a schema against JsonSchemaPrefix.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "fixtures.h"
@@ -13,18 +15,19 @@ using namespace dsa;
 
 namespace {
 
-TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
-  const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+// The mask after each reply against feeding every token to `ref` (a recognizer of the same
+// texts, fed the reply).
+template <class Ref>
+void check_masks(const Tokenizer& tok, const JsonSchema& schema, const Ref& fresh, const std::vector<std::string>& replies) {
   const int V = tok.vocab_size() + 3;  // a model vocabulary past the tokenizer's, as checkpoints pad it
   std::vector<uint8_t> is_eos(size_t(V), 0);
   is_eos[size_t(tok.eos_id())] = 1;
   const JsonVocab vocab(tok, V);
   for (const bool eos_ends : {true, false})
-    for (const char* reply : {"", "  ", "{", "{\"key\"", "{\"key\": ", "{\"key\": \"some te", "{\"k\": \"a\\", "{\"k\": \"\\u00",
-                              "{\"a\": [1, 2", "{\"a\": [1, 2.5e", "{\"a\": tr", "{\"a\": [{}, []]", "{\"a\": 1}", "{\"a\": 1} "}) {
-      SCOPED_TRACE(std::string(reply) + (eos_ends ? "" : " (eos does not end)"));
-      JsonMode jm(vocab, is_eos, eos_ends);
-      JsonPrefix ref(true);
+    for (const std::string& reply : replies) {
+      SCOPED_TRACE(reply + (eos_ends ? "" : " (eos does not end)"));
+      JsonMode jm(vocab, schema, is_eos, eos_ends);
+      Ref ref = fresh;
       ASSERT_TRUE(ref.feed(reply));
       for (int32_t id : tok.encode(reply)) jm.accept(id);
       const uint8_t* got = jm.allowed();
@@ -34,7 +37,7 @@ TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
         if (is_eos[size_t(id)]) {
           want = ref.complete() && eos_ends;
         } else if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty() && !(ref.closed() && eos_ends)) {
-          JsonPrefix next = ref;
+          Ref next = ref;
           want = next.feed(tok.token_bytes(id));
         }
         allowed += want;
@@ -44,6 +47,20 @@ TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
       EXPECT_EQ(wrong, 0);
       EXPECT_GT(allowed, 0);
     }
+}
+
+TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
+  const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+  check_masks(tok, JsonSchema::any_object(), JsonPrefix(true),
+              {"", "  ", "{", "{\"key\"", "{\"key\": ", "{\"key\": \"some te", "{\"k\": \"a\\", "{\"k\": \"\\u00", "{\"a\": [1, 2",
+               "{\"a\": [1, 2.5e", "{\"a\": tr", "{\"a\": [{}, []]", "{\"a\": 1}", "{\"a\": 1} "});
+  const auto person = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {"name": {"type": "string"},
+      "kind": {"enum": ["cat", "catfish", {"a": [1, 2]}]}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {}}},
+      "required": ["name"]})");
+  const JsonSchema schema(person);
+  check_masks(tok, schema, JsonSchemaPrefix(schema),
+              {"", "{", "{\"na", "{\"name\": \"Al", "{\"name\": \"Al\", ", "{\"name\": \"Al\", \"kind\": \"cat", "{\"name\": \"Al\", \"kind\": {\"a\": [1,",
+               "{\"name\": \"Al\", \"age\": 4", "{\"name\": \"Al\", \"tags\": [{\"x\": ", "{\"name\": \"Al\"}"});
 }
 
 }  // namespace

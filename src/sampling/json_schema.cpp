@@ -1,0 +1,561 @@
+#include "sampling/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "core/error.h"
+
+namespace dsa {
+
+using ojson = nlohmann::ordered_json;
+using Node = JsonSchemaNode;
+
+namespace {
+
+bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+std::bitset<256> bytes_of(std::string_view s) {
+  std::bitset<256> b;
+  for (unsigned char c : s) b.set(c);
+  return b;
+}
+
+const std::set<std::string, std::less<>> kKeywords = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+                                                     "properties", "required", "additionalProperties", "items",
+                                                     "minItems", "maxItems"};
+const std::set<std::string, std::less<>> kAnnotations = {"title", "description", "default", "examples", "format",
+                                                        "$schema", "$id", "$comment", "$defs", "definitions"};
+
+// A JSON pointer's reference token (RFC 6901).
+std::string pointer_token(const std::string& k) {
+  std::string out;
+  for (char c : k) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return out;
+}
+
+bool of_type(const ojson& v, const std::string& t) {
+  if (t == "string") return v.is_string();
+  if (t == "number") return v.is_number();
+  if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
+  if (t == "boolean") return v.is_boolean();
+  if (t == "null") return v.is_null();
+  if (t == "object") return v.is_object();
+  return t == "array" && v.is_array();
+}
+
+}  // namespace
+
+struct SchemaCompiler {
+  JsonSchema& out;
+  const ojson& doc;
+  std::map<std::string, const Node*> refs;  // resolved $refs (a node is registered before it is filled)
+  std::set<std::string> resolving;          // $refs being followed to another $ref
+  std::map<const Node*, std::string> where;
+
+  [[noreturn]] static void fail(const std::string& path, const std::string& what) {
+    throw Error("json_schema at '" + path + "': " + what);
+  }
+  Node& make(const std::string& path) {
+    Node& n = out.nodes_.emplace_back();
+    where[&n] = path;
+    return n;
+  }
+  const Node* any(const std::string& path) {
+    Node& n = make(path);
+    n.scalars = Node::kAny;
+    return &n;
+  }
+
+  const Node* compile(const ojson& s, const std::string& path);
+  const Node* resolve(const ojson& ref, const std::string& path);
+  void fill(Node& n, const ojson& s, const std::string& path);
+  void fill_literals(Node& n, const ojson& s, const std::string& path);
+  void fill_alternatives(Node& n, const ojson& s, const std::string& key, const std::string& path);
+  void fill_types(Node& n, const ojson& s, const std::string& path);
+  void fill_object(Node& n, const ojson& s, const std::string& path);
+  void fill_array(Node& n, const ojson& s, const std::string& path);
+  std::vector<std::string> types(const ojson& s, const std::string& path);
+  void finish();
+  std::bitset<256> first(const Node& n, std::map<const Node*, std::bitset<256>>& memo, std::set<const Node*>& visiting);
+  void check_alternatives(const Node& n, const std::map<const Node*, std::bitset<256>>& memo);
+};
+
+const Node* SchemaCompiler::compile(const ojson& s, const std::string& path) {
+  if (s.is_boolean()) {
+    if (!s.get<bool>()) fail(path, "the schema false admits no value");
+    return any(path);
+  }
+  if (!s.is_object()) fail(path, "expected a schema (an object or true)");
+  if (s.contains("$ref")) {
+    for (const auto& [k, v] : s.items())
+      if (kKeywords.count(k) && k != "$ref") fail(path, "'" + k + "' beside '$ref' is not supported");
+    return resolve(s["$ref"], path + "/$ref");
+  }
+  Node& n = make(path);
+  fill(n, s, path);
+  return &n;
+}
+
+const Node* SchemaCompiler::resolve(const ojson& ref, const std::string& path) {
+  if (!ref.is_string() || ref.get<std::string>().rfind('#', 0) != 0)
+    fail(path, "expected a reference within the schema ('#', '#/$defs/NAME')");
+  const std::string r = ref.get<std::string>();
+  if (auto it = refs.find(r); it != refs.end()) return it->second;
+  const ojson* target = nullptr;
+  try {
+    target = &doc.at(ojson::json_pointer(r.substr(1)));
+  } catch (const ojson::exception&) {
+    fail(path, "'" + r + "' names nothing in the schema");
+  }
+  if (target->is_object() && target->contains("$ref")) {
+    if (!resolving.insert(r).second) fail(path, "'" + r + "' refers to itself");
+    const Node* n = compile(*target, r);
+    refs[r] = n;
+    return n;
+  }
+  if (!target->is_object()) return refs[r] = compile(*target, r);
+  Node& n = make(r);
+  refs[r] = &n;
+  fill(n, *target, r);
+  return &n;
+}
+
+void SchemaCompiler::fill(Node& n, const ojson& s, const std::string& path) {
+  for (const auto& [k, v] : s.items())
+    if (!kKeywords.count(k) && !kAnnotations.count(k))
+      fail(path, "'" + k + "' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, $ref, properties, "
+                           "required, additionalProperties, items, minItems, maxItems)");
+  if (s.contains("enum") || s.contains("const")) return fill_literals(n, s, path);
+  for (const char* key : {"anyOf", "oneOf", "allOf"})
+    if (s.contains(key)) return fill_alternatives(n, s, key, path);
+  fill_types(n, s, path);
+}
+
+void SchemaCompiler::fill_literals(Node& n, const ojson& s, const std::string& path) {
+  if (s.contains("enum") && s.contains("const")) fail(path, "both enum and const");
+  const ojson values = s.contains("const") ? ojson::array({s["const"]}) : s["enum"];
+  if (!values.is_array() || values.empty()) fail(path + "/enum", "expected a non-empty list of values");
+  if (values.size() > UINT16_MAX) fail(path + "/enum", "more than 65535 values");
+  const std::vector<std::string> ts = s.contains("type") ? types(s, path) : std::vector<std::string>{};
+  for (const ojson& v : values) {
+    if (!ts.empty() && std::none_of(ts.begin(), ts.end(), [&](const std::string& t) { return of_type(v, t); }))
+      fail(path, "the value " + v.dump() + " is not of the schema's type");
+    n.literals.push_back(v.dump());
+  }
+  std::sort(n.literals.begin(), n.literals.end());
+  n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
+}
+
+void SchemaCompiler::fill_alternatives(Node& n, const ojson& s, const std::string& key, const std::string& path) {
+  for (const auto& [k, v] : s.items())
+    if (kKeywords.count(k) && k != key) fail(path, "'" + k + "' beside '" + key + "' is not supported");
+  const ojson& a = s[key];
+  if (!a.is_array() || a.empty()) fail(path + "/" + key, "expected a non-empty list of schemas");
+  if (key == "allOf" && a.size() != 1) fail(path + "/allOf", "only an allOf of one schema is supported");
+  for (size_t i = 0; i < a.size(); ++i) n.alts.push_back(compile(a[i], path + "/" + key + "/" + std::to_string(i)));
+}
+
+std::vector<std::string> SchemaCompiler::types(const ojson& s, const std::string& path) {
+  const ojson& t = s["type"];
+  std::vector<std::string> out;
+  if (t.is_string()) out.push_back(t.get<std::string>());
+  else if (t.is_array() && !t.empty() && std::all_of(t.begin(), t.end(), [](const ojson& x) { return x.is_string(); }))
+    for (const ojson& x : t) out.push_back(x.get<std::string>());
+  else fail(path + "/type", "expected a type name or a non-empty list of them");
+  for (const std::string& x : out)
+    if (!std::set<std::string>{"string", "number", "integer", "boolean", "null", "object", "array"}.count(x))
+      fail(path + "/type", "unknown type '" + x + "'");
+  return out;
+}
+
+void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path) {
+  std::vector<std::string> ts;
+  if (s.contains("type")) ts = types(s, path);
+  else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) ts = {"object"};
+  else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) ts = {"array"};
+  else n.scalars = Node::kAny;
+  for (const std::string& t : ts) {
+    if (t == "string") n.scalars |= Node::kString;
+    if (t == "number") n.scalars |= Node::kNumber;
+    if (t == "integer") n.scalars |= Node::kInteger;
+    if (t == "boolean") n.scalars |= Node::kBoolean;
+    if (t == "null") n.scalars |= Node::kNull;
+    if (t == "object" && !n.object) fill_object(n, s, path);
+    if (t == "array" && !n.array) fill_array(n, s, path);
+  }
+  if (n.scalars & Node::kNumber) n.scalars &= uint8_t(~Node::kInteger);  // every integer is a number
+}
+
+void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& path) {
+  n.object = true;
+  std::set<std::string> required;
+  if (s.contains("required")) {
+    const ojson& r = s["required"];
+    if (!r.is_array() || !std::all_of(r.begin(), r.end(), [](const ojson& x) { return x.is_string(); }))
+      fail(path + "/required", "expected a list of property names");
+    for (const ojson& x : r) required.insert(x.get<std::string>());
+  }
+  const ojson props = s.contains("properties") ? s["properties"] : ojson::object();
+  if (!props.is_object()) fail(path + "/properties", "expected an object of schemas");
+  const ojson extra = s.contains("additionalProperties") ? s["additionalProperties"] : ojson(true);
+  if (props.empty()) {
+    if (!required.empty()) fail(path + "/required", "'" + *required.begin() + "' is not among the properties");
+    if (!(extra.is_boolean() && !extra.get<bool>())) n.extra = compile(extra, path + "/additionalProperties");
+    return;
+  }
+  // Keys beyond the declared ones would leave the rest of the reply unconstrained in its shape.
+  if (s.contains("additionalProperties") && !(extra.is_boolean() && !extra.get<bool>()))
+    fail(path + "/additionalProperties", "only the declared properties can be generated: leave it out or set it to false");
+  if (props.size() > UINT16_MAX - 1) fail(path + "/properties", "more than 65534 properties");
+  for (const auto& [k, v] : props.items()) {
+    const std::string text = ojson(k).dump();
+    n.props.push_back({text.substr(1, text.size() - 2), compile(v, path + "/properties/" + pointer_token(k)), required.erase(k) > 0});
+  }
+  if (!required.empty()) fail(path + "/required", "'" + *required.begin() + "' is not among the properties");
+  const size_t P = n.props.size();
+  n.by_key.resize(P);
+  for (size_t i = 0; i < P; ++i) n.by_key[i] = uint16_t(i);
+  std::sort(n.by_key.begin(), n.by_key.end(), [&](uint16_t a, uint16_t b) { return n.props[a].key < n.props[b].key; });
+  n.required_from.assign(P + 1, uint16_t(P));
+  for (size_t i = P; i-- > 0;) n.required_from[i] = n.props[i].required ? uint16_t(i) : n.required_from[i + 1];
+}
+
+void SchemaCompiler::fill_array(Node& n, const ojson& s, const std::string& path) {
+  n.array = true;
+  const ojson items = s.contains("items") ? s["items"] : ojson(true);
+  if (items.is_array()) fail(path + "/items", "a list of item schemas (a tuple) is not supported");
+  n.items = compile(items, path + "/items");
+  for (const char* key : {"minItems", "maxItems"}) {
+    if (!s.contains(key)) continue;
+    const ojson& v = s[key];
+    if (!v.is_number_unsigned()) fail(path + "/" + key, "expected a non-negative integer");
+    const uint32_t x = uint32_t(std::min<uint64_t>(v.get<uint64_t>(), UINT32_MAX));
+    (std::string_view(key) == "minItems" ? n.min_items : n.max_items) = x;
+  }
+  if (n.min_items > n.max_items) fail(path, "minItems is above maxItems");
+}
+
+std::bitset<256> SchemaCompiler::first(const Node& n, std::map<const Node*, std::bitset<256>>& memo,
+                                       std::set<const Node*>& visiting) {
+  if (auto it = memo.find(&n); it != memo.end()) return it->second;
+  std::bitset<256> b;
+  if (!n.alts.empty()) {
+    if (!visiting.insert(&n).second) fail(where[&n], "the alternatives refer back to themselves before a value begins");
+    for (const Node* a : n.alts) b |= first(*a, memo, visiting);
+    visiting.erase(&n);
+  }
+  if (n.scalars & Node::kAny) b |= bytes_of("{[\"-0123456789tfn");
+  if (n.scalars & Node::kString) b |= bytes_of("\"");
+  if (n.scalars & (Node::kNumber | Node::kInteger)) b |= bytes_of("-0123456789");
+  if (n.scalars & Node::kBoolean) b |= bytes_of("tf");
+  if (n.scalars & Node::kNull) b |= bytes_of("n");
+  if (n.object) b.set('{');
+  if (n.array) b.set('[');
+  for (const std::string& l : n.literals) b.set(static_cast<unsigned char>(l[0]));
+  if (b.none()) fail(where[&n], "the schema admits no value");
+  return memo[&n] = b;
+}
+
+// Alternatives are told apart by a value's first byte, so no two may share one, except a
+// number and an integer (the number is read: it admits every integer).
+void SchemaCompiler::check_alternatives(const Node& n, const std::map<const Node*, std::bitset<256>>& memo) {
+  const std::bitset<256> numeric = bytes_of("-0123456789");
+  auto plain_number = [](const Node* a) {
+    return a->alts.empty() && !(a->scalars & Node::kAny) && (a->scalars & (Node::kNumber | Node::kInteger)) &&
+           std::none_of(a->literals.begin(), a->literals.end(), [](const std::string& l) { return l[0] == '-' || is_digit(l[0]); });
+  };
+  for (size_t i = 0; i < n.alts.size(); ++i)
+    for (size_t j = i + 1; j < n.alts.size(); ++j) {
+      const std::bitset<256> both = memo.at(n.alts[i]) & memo.at(n.alts[j]);
+      if (both.none() || ((both & ~numeric).none() && plain_number(n.alts[i]) && plain_number(n.alts[j]))) continue;
+      size_t c = 0;
+      while (!both.test(c)) ++c;
+      fail(where[&n], "alternatives " + std::to_string(i) + " and " + std::to_string(j) + " both begin with '" +
+                          std::string(1, char(c)) + "': only alternatives that begin differently are supported");
+    }
+}
+
+void SchemaCompiler::finish() {
+  std::map<const Node*, std::bitset<256>> memo;
+  std::set<const Node*> visiting;
+  for (Node& n : out.nodes_) n.first = first(n, memo, visiting);
+  for (const Node& n : out.nodes_) check_alternatives(n, memo);
+}
+
+JsonSchema::JsonSchema(const ojson& schema) {
+  SchemaCompiler c{*this, schema, {}, {}, {}};
+  root_ = c.resolve("#", "#");
+  c.finish();
+}
+
+const JsonSchema& JsonSchema::any_object() {
+  static const JsonSchema s(ojson{{"type", "object"}});
+  return s;
+}
+
+// ---- the recognizer ----
+
+namespace {
+
+// The alternative of n that a value beginning with c is read by (n itself without any).
+const Node* pick(const Node& n, unsigned char c) {
+  const Node* m = &n;
+  while (!m->alts.empty()) {
+    const Node* next = nullptr;
+    for (const Node* a : m->alts)
+      if (a->first.test(c) && (!next || (a->scalars & Node::kNumber))) next = a;  // a number over an integer
+    if (!next) return nullptr;
+    m = next;
+  }
+  return m;
+}
+
+// Within [lo, hi) of strings sorted and sharing their first `at` bytes, those whose next
+// byte is c (a run of them).
+template <class Str>
+std::pair<uint16_t, uint16_t> narrow(Str str, uint16_t lo, uint16_t hi, uint16_t at, unsigned char c) {
+  auto goes_on = [&](uint16_t i) { const std::string& s = str(i); return s.size() > at && static_cast<unsigned char>(s[at]) == c; };
+  while (lo < hi && !goes_on(lo)) ++lo;
+  uint16_t end = lo;
+  while (end < hi && goes_on(end)) ++end;
+  return {lo, end};
+}
+
+}  // namespace
+
+JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& o) {
+  root_ = o.root_;
+  std::copy_n(o.frames_, o.depth_, frames_);
+  depth_ = o.depth_;
+  done_ = o.done_, in_leaf_ = o.in_leaf_, leaf_key_ = o.leaf_key_, leaf_int_ = o.leaf_int_;
+  leaf_ = o.leaf_;
+  return *this;
+}
+
+bool JsonSchemaPrefix::feed(std::string_view s) {
+  for (char c : s)
+    if (!feed(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+bool JsonSchemaPrefix::feed(unsigned char c) {
+  if (in_leaf_) return feed_leaf(c);
+  if (depth_ > 0 && top().phase == Phase::InKey) return feed_key(c);
+  if (depth_ > 0 && top().phase == Phase::InLiteral) return feed_literal(c);
+  if (is_space(c)) return true;
+  if (depth_ == 0) return !done_ && start_value(*root_, c);
+  return top().array ? feed_array(c) : feed_object(c);
+}
+
+bool JsonSchemaPrefix::complete() const {
+  if (depth_ == 0) return done_ || (in_leaf_ && leaf_.complete());
+  const Frame& f = top();  // a top-level enum value, whole so far (the shortest candidate sorts first)
+  return depth_ == 1 && f.phase == Phase::InLiteral && f.node->literals[f.lo].size() == f.at;
+}
+
+bool JsonSchemaPrefix::between_tokens() const {
+  if (in_leaf_) return leaf_.between_tokens();  // inside a free value's object or array
+  return depth_ == 0 || (top().phase != Phase::InKey && top().phase != Phase::InLiteral);
+}
+
+bool JsonSchemaPrefix::push(const Node& n, Phase p, bool array) {
+  if (depth_ == kMaxFrames) return false;
+  frames_[depth_++] = Frame{&n, p, array, 0, 0, 0, 0};
+  return true;
+}
+
+bool JsonSchemaPrefix::start_value(const Node& node, unsigned char c) {
+  const Node* n = pick(node, c);
+  if (!n) return false;
+  if (n->scalars & Node::kAny) return start_leaf(c, false, false);
+  if (!n->literals.empty()) {
+    const auto [lo, hi] = narrow([&](uint16_t i) -> const std::string& { return n->literals[i]; }, 0,
+                                 uint16_t(n->literals.size()), 0, c);
+    if (lo == hi || !push(*n, Phase::InLiteral, false)) return false;
+    Frame& f = top();
+    f.lo = lo, f.hi = hi, f.at = 1;
+    if (hi - lo == 1 && n->literals[lo].size() == 1) {
+      --depth_;
+      value_done();
+    }
+    return true;
+  }
+  if (c == '{' && n->object) return push(*n, Phase::KeyOrClose, false);
+  if (c == '[' && n->array) return push(*n, Phase::ValueOrClose, true);
+  const uint8_t s = n->scalars;
+  if (c == '"') return (s & Node::kString) && start_leaf(c, false, false);
+  if (c == 't' || c == 'f') return (s & Node::kBoolean) && start_leaf(c, false, false);
+  if (c == 'n') return (s & Node::kNull) && start_leaf(c, false, false);
+  if (c == '-' || is_digit(c)) return (s & (Node::kNumber | Node::kInteger)) && start_leaf(c, !(s & Node::kNumber), false);
+  return false;
+}
+
+bool JsonSchemaPrefix::start_leaf(unsigned char c, bool integer, bool key) {
+  JsonPrefix l;
+  if (!l.feed(c)) return false;
+  leaf_ = l;
+  in_leaf_ = true, leaf_int_ = integer, leaf_key_ = key;
+  return true;
+}
+
+bool JsonSchemaPrefix::feed_leaf(unsigned char c) {
+  const bool fraction = leaf_int_ && (c == '.' || c == 'e' || c == 'E');
+  if (!leaf_.complete()) {  // the value cannot end here, so a refusal is final
+    if (fraction || !leaf_.feed(c)) return false;
+    if (leaf_.closed()) leaf_done();  // ended by this byte
+    return true;
+  }
+  JsonPrefix next = leaf_;  // a whole number: c goes on with it, or ends it
+  if (!fraction && next.feed(c)) {
+    leaf_ = next;
+    if (leaf_.closed()) leaf_done();  // ended by whitespace
+    return true;
+  }
+  leaf_done();
+  return feed(c);
+}
+
+void JsonSchemaPrefix::leaf_done() {
+  in_leaf_ = false;
+  if (!leaf_key_) return value_done();
+  leaf_key_ = false;
+  top().phase = Phase::Colon;
+}
+
+namespace {
+
+// Inside a string after the first `at` bytes of a JSON text.
+bool in_string_at(std::string_view text, size_t at) {
+  bool in = false;
+  for (size_t i = 0; i < at; ++i)
+    if (text[i] == '\\' && in) ++i;
+    else if (text[i] == '"') in = !in;
+  return in;
+}
+
+// Whether whitespace may come after the first `at` bytes of the enum values [lo, hi) (which
+// share them): inside an object or array value, between two of its tokens for every one.
+bool literal_gap(const std::vector<std::string>& L, uint16_t lo, uint16_t hi, uint16_t at) {
+  const std::string& t = L[lo];
+  if (at == 0 || (t[0] != '{' && t[0] != '[') || in_string_at(t, at)) return false;
+  if (std::string_view("{[,:").find(t[at - 1]) != std::string_view::npos) return true;
+  for (uint16_t i = lo; i < hi; ++i)
+    if (L[i].size() <= at || std::string_view("}],:").find(L[i][at]) == std::string_view::npos) return false;
+  return true;
+}
+
+}  // namespace
+
+bool JsonSchemaPrefix::feed_literal(unsigned char c) {
+  Frame& f = top();
+  const std::vector<std::string>& L = f.node->literals;
+  if (is_space(c) && literal_gap(L, f.lo, f.hi, f.at)) return true;
+  const auto [lo, hi] = narrow([&](uint16_t i) -> const std::string& { return L[i]; }, f.lo, f.hi, f.at, c);
+  if (lo < hi) {
+    f.lo = lo, f.hi = hi, ++f.at;
+    if (hi - lo == 1 && L[lo].size() == f.at) {
+      --depth_;
+      value_done();
+    }
+    return true;
+  }
+  if (L[f.lo].size() != f.at) return false;
+  --depth_;  // a whole value (a number) ended by a byte that is not its own
+  value_done();
+  return feed(c);
+}
+
+bool JsonSchemaPrefix::key_allowed(const Frame& f, uint16_t p) const {
+  // Declared order: any property from the next one up to the first required one left.
+  return p >= f.next && p <= f.node->required_from[f.next] && p < f.node->props.size();
+}
+
+bool JsonSchemaPrefix::feed_key(unsigned char c) {
+  Frame& f = top();
+  const Node& n = *f.node;
+  auto key = [&](uint16_t i) -> const std::string& { return n.props[n.by_key[i]].key; };
+  if (c == '"')  // the key ends (a quote inside a key is escaped, so no candidate goes on with it here)
+    for (uint16_t i = f.lo; i < f.hi; ++i)
+      if (key(i).size() == f.at && key_allowed(f, n.by_key[i])) {
+        f.next = n.by_key[i];
+        f.phase = Phase::Colon;
+        return true;
+      }
+  const auto [lo, hi] = narrow(key, f.lo, f.hi, f.at, c);
+  bool any = false;
+  for (uint16_t i = lo; i < hi && !any; ++i) any = key_allowed(f, n.by_key[i]);
+  if (!any) return false;
+  f.lo = lo, f.hi = hi, ++f.at;
+  return true;
+}
+
+bool JsonSchemaPrefix::feed_object(unsigned char c) {
+  Frame& f = top();
+  const Node& n = *f.node;
+  switch (f.phase) {
+    case Phase::KeyOrClose:
+      if (c == '}') return close_container();
+      [[fallthrough]];
+    case Phase::Key:
+      if (c != '"') return false;
+      if (n.props.empty()) return n.extra && start_leaf(c, false, true);
+      if (f.next >= n.props.size()) return false;
+      f.phase = Phase::InKey;
+      f.lo = 0, f.hi = uint16_t(n.props.size()), f.at = 0;
+      return true;
+    case Phase::Colon:
+      if (c != ':') return false;
+      f.phase = Phase::Value;
+      return true;
+    case Phase::Value: return start_value(n.props.empty() ? *n.extra : *n.props[f.next].value, c);
+    case Phase::CommaOrClose:
+      if (c == '}') return close_container();
+      if (c != ',' || (!n.props.empty() && f.next >= n.props.size())) return false;
+      f.phase = Phase::Key;
+      return true;
+    default: return false;
+  }
+}
+
+bool JsonSchemaPrefix::feed_array(unsigned char c) {
+  Frame& f = top();
+  const Node& n = *f.node;
+  switch (f.phase) {
+    case Phase::ValueOrClose:
+      if (c == ']') return close_container();
+      if (f.next >= n.max_items) return false;
+      [[fallthrough]];
+    case Phase::Value: return start_value(*n.items, c);
+    case Phase::CommaOrClose:
+      if (c == ']') return close_container();
+      if (c != ',' || f.next >= n.max_items) return false;
+      f.phase = Phase::Value;
+      return true;
+    default: return false;
+  }
+}
+
+bool JsonSchemaPrefix::close_container() {
+  const Frame& f = top();
+  const Node& n = *f.node;
+  if (f.array ? f.next < n.min_items : (!n.props.empty() && n.required_from[f.next] != n.props.size())) return false;
+  --depth_;
+  value_done();
+  return true;
+}
+
+void JsonSchemaPrefix::value_done() {
+  if (depth_ == 0) {
+    done_ = true;
+    return;
+  }
+  Frame& f = top();
+  if (f.array || !f.node->props.empty()) ++f.next;
+  f.phase = Phase::CommaOrClose;
+}
+
+}  // namespace dsa

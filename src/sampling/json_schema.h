@@ -1,0 +1,123 @@
+#pragma once
+// JSON Schema for constrained decoding (OpenAI's response_format json_schema): a schema is
+// compiled once into a graph of nodes, and JsonSchemaPrefix recognizes, byte by byte, the
+// JSON texts it admits. It is used as JsonPrefix is: feed() refuses every byte with which no
+// admitted text begins, so a sampler masked by it never walks into a dead end.
+//
+// The subset is what OpenAI's strict mode and pydantic emit:
+//  - type (one or a list), enum, const (the value written as compact JSON), anyOf / oneOf
+//    whose alternatives begin with different bytes (a string and null, an object and an
+//    array; an integer and a number merge), allOf with one schema, $ref to "#",
+//    "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed), true (any value);
+//  - objects with properties: the declared keys only, in the schema's order, each at most
+//    once, required ones always; without properties, any keys with values of
+//    additionalProperties (left out or true: any value; false: no key);
+//  - arrays: items, minItems, maxItems; strings, numbers, integers, booleans, null;
+//  - annotations are read past: title, description, default, examples, $schema, $id,
+//    $comment, and format (an annotation in JSON Schema since 2019-09; not enforced).
+// Any other keyword is an error that names it: a constraint the output would not keep is
+// never taken silently.
+#include <bitset>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sampling/json_prefix.h"
+
+namespace dsa {
+
+struct JsonSchemaNode {
+  enum Scalar : uint8_t { kString = 1, kNumber = 2, kInteger = 4, kBoolean = 8, kNull = 16, kAny = 32 };
+  struct Property {
+    std::string key;  // as written between the quotes (JSON-escaped)
+    const JsonSchemaNode* value;
+    bool required;
+  };
+  uint8_t scalars = 0;
+  bool object = false, array = false;
+  std::vector<Property> props;          // declared order
+  std::vector<uint16_t> by_key;         // props' indices sorted by key text
+  std::vector<uint16_t> required_from;  // [i]: the first required index >= i (props.size(): none)
+  const JsonSchemaNode* extra = nullptr;  // objects without props: every key's value (null: no key)
+  const JsonSchemaNode* items = nullptr;
+  uint32_t min_items = 0, max_items = UINT32_MAX;
+  std::vector<std::string> literals;        // enum / const as compact JSON, sorted
+  std::vector<const JsonSchemaNode*> alts;  // anyOf / oneOf: told apart by their first byte
+  std::bitset<256> first;                   // the bytes a value of this node begins with
+};
+
+class JsonSchema {
+public:
+  // Throws Error naming the place in the schema (a JSON pointer) and what is not supported.
+  explicit JsonSchema(const nlohmann::ordered_json& schema);
+  JsonSchema(const JsonSchema&) = delete;
+  JsonSchema& operator=(const JsonSchema&) = delete;
+  const JsonSchemaNode& root() const { return *root_; }
+  // {"type": "object"}: JSON mode (response_format json_object).
+  static const JsonSchema& any_object();
+
+private:
+  std::deque<JsonSchemaNode> nodes_;  // stable addresses: nodes point at each other
+  const JsonSchemaNode* root_ = nullptr;
+  friend struct SchemaCompiler;
+};
+
+// The state is a fixed stack of frames (objects, arrays and enum values being read) and the
+// JsonPrefix reading the scalar or free value at the top, so trying a token is a copy and a
+// feed, as with JsonPrefix. The schema outlives the recognizer.
+class JsonSchemaPrefix {
+public:
+  static constexpr int kMaxFrames = 32;
+  explicit JsonSchemaPrefix(const JsonSchema& schema) : root_(&schema.root()) {}
+  // Copies copy only the frames in use: a mask tries thousands of tokens, each on a copy.
+  JsonSchemaPrefix(const JsonSchemaPrefix& o) { *this = o; }
+  JsonSchemaPrefix& operator=(const JsonSchemaPrefix& o);
+
+  bool feed(unsigned char c);  // as JsonPrefix::feed
+  bool feed(std::string_view s);
+  bool complete() const;       // the bytes so far are an admitted text (a number may go on)
+  bool closed() const { return depth_ == 0 && done_; }  // only whitespace may follow
+  // Inside a string any value of which is admitted, past any escape.
+  bool in_string() const { return in_leaf_ && leaf_.in_string(); }
+  // Between tokens of the text: whitespace leaves the state as it is.
+  bool between_tokens() const;
+
+private:
+  enum class Phase : uint8_t { KeyOrClose, Key, InKey, Colon, Value, CommaOrClose, ValueOrClose, InLiteral };
+  struct Frame {
+    const JsonSchemaNode* node;
+    Phase phase;
+    bool array;
+    uint32_t next;    // object: the first property not passed (while its value is read: that one); array: items so far
+    uint16_t lo, hi;  // InKey / InLiteral: the sorted candidates that begin with the bytes so far
+    uint16_t at;      // bytes matched so far
+  };
+  const JsonSchemaNode* root_ = nullptr;
+  Frame frames_[kMaxFrames];  // [0, depth_) in use
+  uint8_t depth_ = 0;
+  bool done_ = false;     // the top-level value has ended
+  bool in_leaf_ = false;  // leaf_ is reading a value (or a free key) at the top
+  bool leaf_key_ = false, leaf_int_ = false;
+  JsonPrefix leaf_;
+
+  Frame& top() { return frames_[depth_ - 1]; }
+  const Frame& top() const { return frames_[depth_ - 1]; }
+  bool push(const JsonSchemaNode& n, Phase p, bool array);
+  bool start_value(const JsonSchemaNode& n, unsigned char c);
+  bool start_leaf(unsigned char c, bool integer, bool key);
+  bool feed_leaf(unsigned char c);
+  bool feed_literal(unsigned char c);
+  bool feed_key(unsigned char c);
+  bool feed_object(unsigned char c);
+  bool feed_array(unsigned char c);
+  bool close_container();
+  void leaf_done();
+  void value_done();
+  bool key_allowed(const Frame& f, uint16_t p) const;
+};
+
+}  // namespace dsa

@@ -1,0 +1,252 @@
+// JsonSchemaPrefix against an independent validator written here from the JSON Schema rules
+// of the supported subset: random values generated from each schema are taken whole
+// (compact and indented); random walks that take only bytes the recognizer allows never get
+// stuck, and every text they complete parses and validates; schemas outside the subset are
+// refused with an error naming the place and the keyword.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <cctype>
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "core/error.h"
+#include "sampling/json_schema.h"
+
+using namespace dsa;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+bool accepts(const JsonSchema& s, std::string_view text) {
+  JsonSchemaPrefix p(s);
+  return p.feed(text) && p.complete();
+}
+
+const ojson& deref(const ojson& s, const ojson& root) {
+  if (s.is_object() && s.contains("$ref")) return deref(root.at(ojson::json_pointer(s["$ref"].get<std::string>().substr(1))), root);
+  return s;
+}
+
+bool is_type(const ojson& v, const std::string& t) {
+  // Digits past 64 bits parse as a double: an integer still, as JSON Schema counts them.
+  if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
+  if (t == "number") return v.is_number();
+  if (t == "string") return v.is_string();
+  if (t == "boolean") return v.is_boolean();
+  if (t == "null") return v.is_null();
+  if (t == "object") return v.is_object();
+  return t == "array" && v.is_array();
+}
+
+// The subset's rules, with the recognizer's two choices: declared keys only, in order.
+bool valid(const ojson& v, const ojson& schema, const ojson& root) {
+  const ojson& s = deref(schema, root);
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("const")) return v == s["const"];
+  if (s.contains("enum")) return std::find(s["enum"].begin(), s["enum"].end(), v) != s["enum"].end();
+  for (const char* k : {"anyOf", "oneOf", "allOf"})
+    if (s.contains(k)) {
+      int n = 0;
+      for (const ojson& a : s[k]) n += valid(v, a, root);
+      return std::string(k) == "allOf" ? n == int(s[k].size()) : std::string(k) == "oneOf" ? n == 1 : n > 0;
+    }
+  if (s.contains("type")) {
+    const ojson ts = s["type"].is_array() ? s["type"] : ojson::array({s["type"]});
+    if (std::none_of(ts.begin(), ts.end(), [&](const ojson& t) { return is_type(v, t.get<std::string>()); })) return false;
+  }
+  if (v.is_object()) {
+    const ojson props = s.value("properties", ojson::object());
+    if (props.empty()) {
+      const ojson extra = s.value("additionalProperties", ojson(true));
+      for (const auto& [k, x] : v.items())
+        if (!valid(x, extra, root)) return false;
+      return true;
+    }
+    auto p = props.begin();
+    for (const auto& [k, x] : v.items()) {
+      while (p != props.end() && p.key() != k) ++p;
+      if (p == props.end() || !valid(x, p.value(), root)) return false;  // undeclared, repeated or out of order
+    }
+    for (const ojson& r : s.value("required", ojson::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+  }
+  if (v.is_array()) {
+    if (v.size() < s.value("minItems", size_t(0)) || v.size() > s.value("maxItems", SIZE_MAX)) return false;
+    for (const ojson& x : v)
+      if (!valid(x, s.value("items", ojson(true)), root)) return false;
+  }
+  return true;
+}
+
+// A random value the schema admits (shallow past depth 4).
+ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int depth = 0) {
+  const ojson& s = deref(schema, root);
+  auto pick = [&](size_t n) { return size_t(rng() % n); };
+  if (s.is_boolean() || s.empty() || (s.size() == 1 && s.contains("description"))) {
+    const ojson any[] = {1, "x\u00e9\"\\", nullptr, ojson::array({1, ojson::object({{"k", true}})}), -2.5e-3};
+    return any[pick(5)];
+  }
+  if (s.contains("const")) return s["const"];
+  if (s.contains("enum")) return s["enum"][pick(s["enum"].size())];
+  for (const char* k : {"anyOf", "oneOf", "allOf"})
+    if (s.contains(k)) return generate(s[k][pick(s[k].size())], root, rng, depth);
+  const ojson ts = s.contains("type") ? (s["type"].is_array() ? s["type"] : ojson::array({s["type"]})) : ojson::array({"object"});
+  const std::string t = ts[pick(ts.size())];
+  if (t == "string") {
+    const char* strs[] = {"", "plain", "quote \" and \\ backslash", "tab\t\u00fc\u4e2d", "\u0001"};
+    return strs[pick(5)];
+  }
+  if (t == "integer") return int64_t(rng() % 2001) - 1000;
+  if (t == "number") return pick(2) ? ojson(int64_t(rng() % 100)) : ojson(double(int(rng() % 20001) - 10000) / 128.0);
+  if (t == "boolean") return bool(pick(2));
+  if (t == "null") return nullptr;
+  if (t == "array") {
+    const size_t lo = s.value("minItems", size_t(0)), hi = std::min(s.value("maxItems", SIZE_MAX), lo + (depth > 3 ? 0 : 3));
+    ojson a = ojson::array();
+    for (size_t n = lo + pick(hi - lo + 1); n-- > 0;) a.push_back(generate(s.value("items", ojson(true)), root, rng, depth + 1));
+    return a;
+  }
+  ojson o = ojson::object();
+  const ojson props = s.value("properties", ojson::object());
+  if (props.empty()) {
+    if (s.value("additionalProperties", ojson(true)) != ojson(false) && depth <= 3 && pick(2))
+      o["key \u00e9"] = generate(s.value("additionalProperties", ojson(true)), root, rng, depth + 1);
+    return o;
+  }
+  const ojson req = s.value("required", ojson::array());
+  for (const auto& [k, x] : props.items())
+    if (std::find(req.begin(), req.end(), k) != req.end() || (depth <= 3 && pick(2))) o[k] = generate(x, root, rng, depth + 1);
+  return o;
+}
+
+const ojson kSchemas[] = {
+    ojson::parse(R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+        "email": {"type": ["string", "null"], "format": "email"}, "tags": {"type": "array", "items": {"enum": ["a", "ab", "b", 1, 12]}, "maxItems": 3},
+        "ratio": {"type": "number"}, "ok": {"type": "boolean"}}, "required": ["name", "ok"], "additionalProperties": false})"),
+    // pydantic's shape: $defs, $ref, anyOf with null, const, a recursive tree.
+    ojson::parse(R"({"$defs": {"Node": {"type": "object", "properties": {"label": {"const": "n"},
+        "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}, "weight": {"anyOf": [{"type": "number"}, {"type": "integer"}, {"type": "null"}], "default": null}},
+        "required": ["label"], "title": "Node"}}, "$ref": "#/$defs/Node"})"),
+    ojson::parse(R"({"type": "array", "items": {"anyOf": [{"type": "object", "additionalProperties": {"type": "integer"}}, {"type": "string"},
+        {"enum": [true, null]}, {"type": "array", "minItems": 1, "maxItems": 2}]}, "minItems": 2})"),
+    ojson::parse(R"({"type": "object", "properties": {"a\"b/c": {"enum": [0, 0.5, -1, "x", [1, 2], {"k": null}]},
+        "anything": {}, "fixed": {"type": "object", "additionalProperties": false}, "z": {"allOf": [{"type": "integer"}]}}, "required": ["z"]})"),
+    ojson::parse(R"({"enum": [1, 12, 123, "one"]})"),
+    ojson::parse(R"({"type": ["integer", "string"]})"),
+};
+
+TEST(JsonSchema, TakesEveryValueItAdmits) {
+  std::mt19937 rng(7);
+  for (const ojson& schema : kSchemas) {
+    const JsonSchema s(schema);
+    for (int i = 0; i < 300; ++i) {
+      const ojson v = generate(schema, schema, rng);
+      ASSERT_TRUE(valid(v, schema, schema)) << v.dump();  // the generator against the validator
+      for (const int indent : {-1, 2}) {
+        std::string text(1, ' ');  // whitespace around the value, as a model may write it
+        text += v.dump(indent);
+        text += '\n';
+        EXPECT_TRUE(accepts(s, text)) << schema.dump() << "\n" << text;
+      }
+    }
+  }
+}
+
+TEST(JsonSchema, RefusesWhatItDoesNotAdmit) {
+  const JsonSchema person(kSchemas[0]);
+  const char* bad[] = {
+      R"({"ok": true, "name": "x"})",          // out of order
+      R"({"name": "x"})",                      // required ok missing
+      R"({"name": "x", "ok": true, "x": 1})",  // undeclared
+      R"({"name": "x", "name": "y", "ok": true})",
+      R"({"name": 1, "ok": true})",
+      R"({"name": "x", "age": 1.5, "ok": true})",
+      R"({"name": "x", "age": 1e3, "ok": true})",
+      R"({"name": "x", "tags": ["c"], "ok": true})",
+      R"({"name": "x", "tags": [1, 2], "ok": true})",  // 2 is no enum value (1 and 12 are)
+      R"({"name": "x", "tags": [1, 1, 1, 1], "ok": true})",
+      R"({"name": "x", "ok": null})",
+      R"([])",
+  };
+  for (const char* text : bad) EXPECT_FALSE(accepts(person, text)) << text;
+  EXPECT_TRUE(accepts(person, R"({"name": "x", "tags": [12, "ab", 1], "ok": false})"));
+  const JsonSchema numbers(kSchemas[4]);
+  for (const char* ok : {"1", "12", "123", "\"one\"", " 12 "}) EXPECT_TRUE(accepts(numbers, ok)) << ok;
+  for (const char* no : {"2", "1234", "13", "\"on\"", "1.0"}) EXPECT_FALSE(accepts(numbers, no)) << no;
+  JsonSchemaPrefix p(numbers);
+  EXPECT_TRUE(p.feed("12"));
+  EXPECT_TRUE(p.complete());  // may still become 123
+  EXPECT_FALSE(p.closed());
+}
+
+// Random walks over the bytes the recognizer allows, drawn towards closing after a while:
+// never stuck, and every text completed is JSON the schema admits.
+TEST(JsonSchema, WalksNeverGetStuckAndEndValid) {
+  std::mt19937 rng(11);
+  const std::string closers = "\"}],:";
+  for (const ojson& schema : kSchemas) {
+    const JsonSchema s(schema);
+    for (int walk = 0; walk < 300; ++walk) {
+      JsonSchemaPrefix p(s);
+      std::string text;
+      for (int step = 0; step < 2000; ++step) {
+        if (p.complete() && (step > 60 || rng() % 8 == 0)) break;
+        std::vector<unsigned char> ok;
+        for (int c = '\n'; c < 0x7f; ++c) {
+          // Printable ASCII; no \u escapes (nlohmann refuses the lone surrogates a random one makes).
+          // No exponents either: a random one overflows a double, which nlohmann refuses.
+          const bool escape_u = c == 'u' && !text.empty() && text.back() == '\\';
+          const bool exponent = (c == 'e' || c == 'E') && !text.empty() && std::isdigit(static_cast<unsigned char>(text.back()));
+          JsonSchemaPrefix q = p;
+          if ((c >= 0x20 || c == '\n') && !escape_u && !exponent && q.feed(static_cast<unsigned char>(c))) ok.push_back(static_cast<unsigned char>(c));
+        }
+        ASSERT_FALSE(ok.empty()) << schema.dump() << "\nstuck after: " << text;
+        unsigned char c = ok[rng() % ok.size()];
+        for (char want : closers)  // late in a walk, prefer bytes that finish something
+          if (step > 60 && std::find(ok.begin(), ok.end(), static_cast<unsigned char>(want)) != ok.end()) {
+            c = static_cast<unsigned char>(want);
+            break;
+          }
+        ASSERT_TRUE(p.feed(c));
+        text += char(c);
+      }
+      ASSERT_TRUE(p.complete()) << text;
+      const ojson v = ojson::parse(text, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << text;
+      EXPECT_TRUE(valid(v, schema, schema)) << schema.dump() << "\n" << text;
+    }
+  }
+}
+
+TEST(JsonSchema, RefusesWhatItCannotConstrain) {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported"},
+      {R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})", "#/properties/n"},
+      {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": {}}}]})", "both begin with '{'"},
+      {R"({"anyOf": [{"type": "string"}, {"enum": ["x"]}]})", "both begin with '\"'"},
+      {R"({"$ref": "#/$defs/Missing"})", "names nothing"},
+      {R"({"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"})", "refers to itself"},
+      {R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})", "refer back to themselves"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "'b' is not among the properties"},
+      {R"({"type": "object", "properties": {"a": {}}, "additionalProperties": true})", "only the declared properties"},
+      {R"({"type": "array", "minItems": 3, "maxItems": 2})", "minItems is above maxItems"},
+      {R"({"type": "array", "items": [{"type": "string"}]})", "tuple"},
+      {R"({"enum": []})", "non-empty"},
+      {R"({"type": "string", "enum": ["a", 1]})", "not of the schema's type"},
+      {R"({"type": "text"})", "unknown type 'text'"},
+      {R"(false)", "admits no value"},
+      {R"({"allOf": [{"type": "string"}, {"type": "string"}]})", "allOf of one schema"},
+  };
+  for (const auto& [schema, want] : bad) {
+    try {
+      JsonSchema s(ojson::parse(schema));
+      ADD_FAILURE() << "compiled: " << schema;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << schema << "\n" << e.what();
+    }
+  }
+}
+
+}  // namespace
