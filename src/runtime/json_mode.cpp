@@ -27,6 +27,12 @@ JsonMode::JsonMode(const JsonVocab& vocab, const JsonSchema& schema, std::span<c
 
 bool JsonMode::is_eos(int32_t id) const { return std::find(eos_.begin(), eos_.end(), id) != eos_.end(); }
 
+bool JsonMode::blank_ok(size_t id) const {
+  const std::string_view b = vocab_.token(id);
+  const size_t n = vocab_.lead(id) == 255 ? b.size() : vocab_.lead(id);
+  return blank_ + n <= kMaxBlank && breaks_ + size_t(std::count(b.begin(), b.begin() + ptrdiff_t(n), '\n')) <= kMaxBreaks;
+}
+
 const uint8_t* JsonMode::allowed() {
   const bool whole = state_.complete(), closed = state_.closed() && eos_ends_, in_string = state_.in_string();
   const bool between = state_.between_tokens();
@@ -39,6 +45,10 @@ const uint8_t* JsonMode::allowed() {
   const size_t V = vocab_.size();
   for (size_t id = 0; id < V; ++id) {
     uint8_t ok = 0;
+    if (vocab_.lead(id) != 0 && !state_.closed() && !blank_ok(id)) {
+      allowed_[id] = 0;
+      continue;
+    }
     switch (vocab_.kind(id)) {
       case JsonVocab::kNever: break;
       case JsonVocab::kStringSafe:
@@ -63,7 +73,14 @@ const uint8_t* JsonMode::allowed() {
 }
 
 void JsonMode::accept(int32_t id) {
-  if (vocab_.kind(size_t(id)) != JsonVocab::kNever && !is_eos(id)) state_.feed(vocab_.token(size_t(id)));
+  if (vocab_.kind(size_t(id)) == JsonVocab::kNever || is_eos(id)) return;
+  const std::string_view b = vocab_.token(size_t(id));
+  state_.feed(b);
+  const size_t body = b.find_last_not_of(" \t\n\r");
+  if (body != std::string_view::npos) blank_ = breaks_ = 0;  // the run starts after the token's last other byte
+  const std::string_view tail = body == std::string_view::npos ? b : b.substr(body + 1);
+  blank_ += tail.size();
+  breaks_ += size_t(std::count(tail.begin(), tail.end(), '\n'));
 }
 
 }  // namespace dsa

@@ -54,13 +54,21 @@ public:
   const uint8_t* allowed();
   void accept(int32_t id);  // an emitted token's bytes (not an end-of-sequence token's)
 
+  // A run of whitespace in the reply (between tokens of the text, or spaces in a string)
+  // holds at most kMaxBlank bytes and kMaxBreaks line feeds until the text is closed: room
+  // for any indentation, none for a model to spin in. Every place that takes whitespace
+  // also takes a byte that is not whitespace, so the limit closes no way out.
+  static constexpr size_t kMaxBlank = 32, kMaxBreaks = 2;
+
 private:
   const JsonVocab& vocab_;
   std::vector<int32_t> eos_;
   bool eos_ends_;
   JsonSchemaPrefix state_;
   std::vector<uint8_t> allowed_;
+  size_t blank_ = 0, breaks_ = 0;  // the whitespace run the reply ends with
   bool is_eos(int32_t id) const;
+  bool blank_ok(size_t id) const;
 };
 
 }  // namespace dsa

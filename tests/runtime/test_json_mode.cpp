@@ -1,7 +1,8 @@
 // JsonMode's mask against the definition: with the DeepSeek-V3.2 tokenizer, after prefixes
 // that leave the recognizer in each kind of state, a token is allowed exactly when its bytes
-// fed to a copy of the state are all taken (end-of-sequence tokens once the text is whole,
-// special tokens never). JSON mode against JsonPrefix, a schema against JsonSchemaPrefix.
+// fed to a copy of the state are all taken and it does not stretch a whitespace run past the
+// limit (end-of-sequence tokens once the text is whole, special tokens never). JSON mode
+// against JsonPrefix, a schema against JsonSchemaPrefix.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,14 @@
 using namespace dsa;
 
 namespace {
+
+// A run of whitespace: what the reply ends with plus what the token begins with (all of it,
+// when it is only whitespace).
+bool blank_ok(std::string_view reply, std::string_view token) {
+  const size_t r = reply.find_last_not_of(" \t\n\r"), t = token.find_first_not_of(" \t\n\r");
+  const std::string run = std::string(reply.substr(r == std::string_view::npos ? 0 : r + 1)) + std::string(token.substr(0, t));
+  return t == 0 || (run.size() <= JsonMode::kMaxBlank && size_t(std::count(run.begin(), run.end(), '\n')) <= JsonMode::kMaxBreaks);
+}
 
 // The mask after each reply against feeding every token to `ref` (a recognizer of the same
 // texts, fed the reply).
@@ -38,7 +47,7 @@ void check_masks(const Tokenizer& tok, const JsonSchema& schema, const Ref& fres
           want = ref.complete() && eos_ends;
         } else if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty() && !(ref.closed() && eos_ends)) {
           Ref next = ref;
-          want = next.feed(tok.token_bytes(id));
+          want = next.feed(tok.token_bytes(id)) && (ref.closed() || blank_ok(reply, tok.token_bytes(id)));
         }
         allowed += want;
         wrong += bool(got[id]) != want;
@@ -53,7 +62,8 @@ TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
   const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
   check_masks(tok, JsonSchema::any_object(), JsonPrefix(true),
               {"", "  ", "{", "{\"key\"", "{\"key\": ", "{\"key\": \"some te", "{\"k\": \"a\\", "{\"k\": \"\\u00", "{\"a\": [1, 2",
-               "{\"a\": [1, 2.5e", "{\"a\": tr", "{\"a\": [{}, []]", "{\"a\": 1}", "{\"a\": 1} "});
+               "{\"a\": [1, 2.5e", "{\"a\": tr", "{\"a\": [{}, []]", "{\"a\": 1}", "{\"a\": 1} ", "{\n\n", "{\"k\": \"" + std::string(30, ' '),
+               "{\"k\":" + std::string(31, ' '), "{\"a\": 1}" + std::string(40, ' ')});
   const auto person = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {"name": {"type": "string"},
       "kind": {"enum": ["cat", "catfish", {"a": [1, 2]}]}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {}}},
       "required": ["name"]})");
