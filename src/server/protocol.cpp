@@ -8,7 +8,9 @@
 
 namespace dsa::server {
 
-using json = nlohmann::json;
+// Request bodies keep their keys' order: tools' and response formats' schemas are rendered and
+// generated in the order the client wrote them.
+using json = nlohmann::ordered_json;
 using ojson = nlohmann::ordered_json;
 
 ApiError::ApiError(int s, std::string message, std::string p, std::string t, std::string c)
@@ -25,7 +27,8 @@ ApiError::ApiError(int s, std::string message, std::string p, std::string t, std
   }
 }
 
-json ApiError::body() const {
+nlohmann::json ApiError::body() const {
+  using json = nlohmann::json;
   return {{"error",
            {{"message", what()}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
@@ -201,7 +204,7 @@ ojson normalize_messages(const json& msgs) {
         for (const json& c : tc)
           if (!c.is_object() || !field(c, "function").is_object() || !field(c["function"], "name").is_string())
             bad(where + ".tool_calls", "each call needs function.name and function.arguments");
-        o["tool_calls"] = ojson::parse(tc.dump());
+        o["tool_calls"] = tc;
       }
     }
     if (r == "tool" && field(m, "tool_call_id").is_string()) o["tool_call_id"] = m["tool_call_id"];
@@ -221,7 +224,7 @@ ojson offered_tools(const json& b) {
       bad("tools[" + std::to_string(i) + "]", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
   // Re-read in the request's key order: the prompt shows the schemas as written.
-  ojson out = ojson::parse(tools.dump());
+  ojson out = tools;
   const json& choice = field(b, "tool_choice");
   if (choice.is_null() || choice == "auto" || choice == "required") return out;
   if (choice == "none") return ojson::array();
@@ -285,19 +288,42 @@ std::vector<int32_t> encode_text(const std::string& text, const ModelInfo& m, co
   }
 }
 
-// response_format: "text", or "json_object" (JSON mode: the reply is one JSON text). A JSON
-// schema is refused rather than answered with JSON that may not follow it; so is JSON mode
-// with thinking, whose reasoning comes before the reply in the same text.
+// response_format: "text"; "json_object" (JSON mode: the reply is one JSON object); or
+// "json_schema" with {"schema"} (the reply is a JSON text the schema admits; name and strict
+// are read past: the schema is always kept). vLLM's guided_json and llama-server's json_schema
+// fields give a schema the same way. A schema outside the subset sampling/json_schema.h lists
+// is refused rather than answered with JSON that may not follow it; so is JSON output with
+// thinking, whose reasoning comes before the reply in the same text.
 void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
   const json& rf = field(b, "response_format");
-  if (rf.is_null()) return;
-  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) bad("response_format", "expected an object with a type");
-  const std::string type = rf["type"].get<std::string>();
-  if (type == "text") return;
-  if (type != "json_object") bad("response_format", "'" + type + "' is not supported: the types are text and json_object");
-  if (!m.tok) bad("response_format", "JSON mode needs the model's tokenizer");
-  if (j.thinking) bad("response_format", "JSON mode does not run with thinking mode");
+  const json* schema = nullptr;
+  std::string where = "response_format";
+  if (!rf.is_null()) {
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) bad(where, "expected an object with a type");
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "text") return;
+    if (type != "json_object" && type != "json_schema") bad(where, "'" + type + "' is not supported: the types are text, json_object and json_schema");
+    if (type == "json_schema") {
+      const json& js = field(rf, "json_schema");
+      if (!js.is_object() || !js.contains("schema")) bad(where, "expected json_schema with a schema");
+      schema = &js["schema"];
+    }
+  }
+  for (const char* key : {"guided_json", "json_schema"})
+    if (!field(b, key).is_null()) {
+      if (schema) bad(key, "a second schema beside response_format's");
+      schema = &b[key], where = key;
+    }
+  if (rf.is_null() && !schema) return;
+  if (!m.tok) bad(where, "JSON output needs the model's tokenizer");
+  if (j.thinking) bad(where, "JSON output does not run with thinking mode");
   j.gen.json = true;
+  if (!schema) return;
+  try {
+    j.gen.json_schema = std::make_shared<const JsonSchema>(*schema);
+  } catch (const Error& e) {
+    bad(where, e.what());
+  }
 }
 
 // logit_bias: {"token id": bias in [-100, 100]}, added to those logits before sampling.
@@ -323,7 +349,7 @@ void parse_logit_bias(const json& b, const ModelInfo& m, Job& j) {
 
 }  // namespace
 
-Job parse_chat_request(const json& b, const ModelInfo& m, const ServeLimits& lim) {
+Job parse_chat_request(const nlohmann::ordered_json& b, const ModelInfo& m, const ServeLimits& lim) {
   if (!b.is_object()) throw ApiError(400, "the request body must be a JSON object");
   if (!m.tok) throw ApiError(400, "this model has no tokenizer: use /v1/completions with token ids", "messages");
   check_model(b, m);
@@ -346,7 +372,7 @@ Job parse_chat_request(const json& b, const ModelInfo& m, const ServeLimits& lim
   return j;
 }
 
-Job parse_completion_request(const json& b, const ModelInfo& m, const ServeLimits& lim) {
+Job parse_completion_request(const nlohmann::ordered_json& b, const ModelInfo& m, const ServeLimits& lim) {
   if (!b.is_object()) throw ApiError(400, "the request body must be a JSON object");
   check_model(b, m);
   Job j;

@@ -57,8 +57,8 @@ struct Job {
 // The 404 for a model id this server does not serve.
 ApiError model_not_found(const std::string& asked, const ModelInfo& m);
 
-Job parse_chat_request(const nlohmann::json& body, const ModelInfo& m, const ServeLimits& lim);
-Job parse_completion_request(const nlohmann::json& body, const ModelInfo& m, const ServeLimits& lim);
+Job parse_chat_request(const nlohmann::ordered_json& body, const ModelInfo& m, const ServeLimits& lim);
+Job parse_completion_request(const nlohmann::ordered_json& body, const ModelInfo& m, const ServeLimits& lim);
 
 // The finish_reason for a stop reason ("stop", "length"; a cancelled request "abort").
 const char* finish_reason(StopReason r);

@@ -28,9 +28,9 @@ bool same_secret(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-json parse_body(const httplib::Request& req) {
+nlohmann::ordered_json parse_body(const httplib::Request& req) {
   try {
-    return json::parse(req.body);
+    return nlohmann::ordered_json::parse(req.body);
   } catch (const json::exception& e) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
@@ -136,11 +136,11 @@ void Server::routes() {
 }
 
 void Server::tokenize(const httplib::Request& req, httplib::Response& res) {
-  const json b = parse_body(req);
+  const nlohmann::ordered_json b = parse_body(req);
   if (!b.is_object()) throw ApiError(400, "the request body must be a JSON object");
   std::vector<int32_t> ids;
   if (b.contains("messages")) {
-    json chat = b;
+    nlohmann::ordered_json chat = b;
     chat.erase("max_tokens");
     chat.erase("max_completion_tokens");
     ServeLimits lim = opt_.limits;
@@ -161,11 +161,11 @@ void Server::tokenize(const httplib::Request& req, httplib::Response& res) {
 }
 
 void Server::detokenize(const httplib::Request& req, httplib::Response& res) {
-  const json b = parse_body(req);
+  const nlohmann::ordered_json b = parse_body(req);
   if (!b.is_object() || !b.contains("tokens") || !b["tokens"].is_array()) throw ApiError(400, "'tokens': expected a list of token ids", "tokens");
   if (!model_.tok) throw ApiError(400, "this model has no tokenizer", "tokens");
   std::vector<int32_t> ids;
-  for (const json& t : b["tokens"]) {
+  for (const auto& t : b["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model_.vocab_size)
       throw ApiError(400, "'tokens': expected token ids in [0, " + std::to_string(model_.vocab_size) + ")", "tokens");
     ids.push_back(t.get<int32_t>());

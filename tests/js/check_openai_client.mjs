@@ -1,5 +1,5 @@
 // The official `openai` npm client against `dsa serve`: a streaming chat, a tool-call
-// exchange and a completion, end to end. Greedy output must equal `dsa run`'s.
+// exchange, a completion and structured output, end to end. Greedy output must equal `dsa run`'s.
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -58,10 +58,27 @@ try {
     { stdio: ['ignore', 'pipe', 'ignore'] }).toString();
   assert.equal(comp.choices[0].text + '\n', runp);
 
+  // Structured output: replies that end on their own parse as JSON the schema admits, keys in
+  // the schema's order.
+  const schema = { type: 'object', properties: { size: { enum: ['small', 'big'] }, count: { type: 'integer' },
+    ok: { type: 'boolean' } }, required: ['size', 'ok'], additionalProperties: false };
+  let closed = 0;
+  for (let seed = 0; seed < 4; ++seed) {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 120, seed,
+      response_format: { type: 'json_schema', json_schema: { name: 'fox', schema, strict: true } } });
+    if (r.choices[0].finish_reason !== 'stop') continue;
+    const v = JSON.parse(r.choices[0].message.content);
+    assert.ok(['small', 'big'].includes(v.size) && typeof v.ok === 'boolean', r.choices[0].message.content);
+    assert.ok(v.count === undefined || Number.isInteger(v.count));
+    assert.deepEqual(Object.keys(v), ['size', 'count', 'ok'].filter((k) => k in v));
+    ++closed;
+  }
+  assert.ok(closed > 0, 'no structured reply ended on its own');
+
   // A wrong key is refused with the API's error.
   const bad = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'wrong', maxRetries: 0 });
   await assert.rejects(bad.models.list(), (e) => e.status === 401);
-  console.log('openai client: streaming chat, tool exchange, completion: ok');
+  console.log('openai client: streaming chat, tool exchange, completion, structured output: ok');
 } catch (e) {
   failed = true;
   console.error(e);

@@ -19,6 +19,7 @@
 #include "runtime/scheduler.h"
 #include "runtime/teacher_forcing.h"
 #include "sampling/json_prefix.h"
+#include "sampling/json_schema.h"
 #include "server/reply.h"
 #include "server/server.h"
 #include "tiny_model.h"
@@ -83,7 +84,8 @@ public:
     c.set_read_timeout(120, 0);
     return c;
   }
-  json post(const std::string& path, const json& body, int want_status = 200) const {
+  // Bodies are sent with their keys in the order built (a json's sorted, an ordered_json's as written).
+  json post(const std::string& path, const nlohmann::ordered_json& body, int want_status = 200) const {
     auto r = client().Post(path, body.dump(), "application/json");
     EXPECT_TRUE(r) << path << ": " << httplib::to_string(r.error());
     if (!r) return {};
@@ -91,7 +93,7 @@ public:
     return json::parse(r->body);
   }
   // A streamed request's events (the JSON of each data line, [DONE] excluded); *done: it ended with [DONE].
-  std::vector<json> stream(const std::string& path, json body, bool* done = nullptr) const {
+  std::vector<json> stream(const std::string& path, nlohmann::ordered_json body, bool* done = nullptr) const {
     body["stream"] = true;
     std::string all;
     auto r = client().Post(path, httplib::Headers{}, body.dump(), "application/json");
@@ -210,8 +212,8 @@ TEST(Serve, ChatLogprobsOfGreedyTokensAreTheirTopAlternatives) {
 
 // JSON mode (response_format json_object) on the random-weight model, whose replies are not
 // JSON without it: every reply, greedy and sampled, chat and completions, is a JSON object
-// when it ends on its own, and the start of one when max_tokens cuts it. A schema, or JSON
-// mode with thinking, is refused.
+// when it ends on its own, and the start of one when max_tokens cuts it. JSON mode with
+// thinking is refused.
 TEST(Serve, JsonModeRepliesAreJsonObjects) {
   TestServer s(test::tiny_model_dir());
   int whole = 0, plain_json = 0;
@@ -238,13 +240,73 @@ TEST(Serve, JsonModeRepliesAreJsonObjects) {
   }
   EXPECT_GT(whole, 0) << "no reply ended on its own";
   EXPECT_EQ(plain_json, 0) << "the model's replies are JSON anyway: this tests nothing";
-  json schema = chat_body("x", 4);
-  schema["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}};
-  s.post("/v1/chat/completions", schema, 400);
   json thinking = chat_body("x", 4);
   thinking["response_format"] = {{"type", "json_object"}};
   thinking["chat_template_kwargs"] = {{"thinking", true}};
   s.post("/v1/chat/completions", thinking, 400);
+}
+
+// response_format json_schema on the random-weight model: every reply that ends on its own
+// is JSON that follows the schema, its keys in the schema's order (not sorted, as a JSON
+// object's keys would be on the way); one cut by max_tokens is the start of such a text; a
+// streamed reply too; vLLM's guided_json gives the same replies; a schema outside the
+// supported subset is refused with 400 naming the keyword.
+TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
+  TestServer s(test::tiny_model_dir());
+  const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+      "name": {"enum": ["ann", "bob"]}, "age": {"type": "integer"}, "ok": {"type": ["boolean", "null"]},
+      "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2}}, "required": ["name", "ok"]})");
+  const JsonSchema compiled(schema);
+  auto check = [&](const std::string& text, const json& finish) {
+    if (finish != "stop") {
+      EXPECT_EQ(finish, "length");
+      JsonSchemaPrefix p(compiled);
+      EXPECT_TRUE(p.feed(text)) << text;
+      return 0;
+    }
+    const auto v = nlohmann::ordered_json::parse(text, nullptr, false);
+    EXPECT_TRUE(v.is_object()) << text;
+    if (!v.is_object()) return 0;
+    EXPECT_TRUE(v["name"] == "ann" || v["name"] == "bob") << text;
+    EXPECT_TRUE(v["ok"].is_boolean() || v["ok"].is_null()) << text;
+    EXPECT_TRUE(!v.contains("age") || v["age"].is_number_integer()) << text;
+    EXPECT_TRUE(!v.contains("tags") || (v["tags"].is_array() && v["tags"].size() <= 2)) << text;
+    std::vector<std::string> keys, order = {"name", "age", "ok", "tags"};
+    for (const auto& [k, x] : v.items()) keys.push_back(k);
+    EXPECT_TRUE(std::includes(order.begin(), order.end(), keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) {
+      return std::find(order.begin(), order.end(), a) < std::find(order.begin(), order.end(), b);
+    })) << text;
+    return 1;
+  };
+  int whole = 0;
+  for (int k = 0; k < 6; ++k) {
+    nlohmann::ordered_json chat = chat_body("Describe a person " + std::to_string(k), 120, k == 0 ? 0.0 : 1.0, k);
+    chat["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "person"}, {"schema", schema}, {"strict", true}}}};
+    const json c = s.post("/v1/chat/completions", chat)["choices"][0];
+    whole += check(c["message"]["content"], c["finish_reason"]);
+    nlohmann::ordered_json vllm = chat;
+    vllm.erase("response_format");
+    vllm["guided_json"] = schema;
+    EXPECT_EQ(s.post("/v1/chat/completions", vllm)["choices"][0]["message"]["content"], c["message"]["content"]);
+    nlohmann::ordered_json comp = {{"prompt", "Person " + std::to_string(k)}, {"max_tokens", 120}, {"temperature", 1.0}, {"seed", k},
+                                   {"response_format", chat["response_format"]}};
+    const json d = s.post("/v1/completions", comp)["choices"][0];
+    whole += check(d["text"], d["finish_reason"]);
+    std::string streamed;
+    json finish;
+    for (const json& e : s.stream("/v1/completions", comp)) {
+      streamed += e["choices"][0]["text"].get<std::string>();
+      if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(streamed, d["text"]);
+    check(streamed, finish);
+  }
+  EXPECT_GT(whole, 0) << "no reply ended on its own";
+  nlohmann::ordered_json bad = chat_body("x", 4);
+  bad["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "^a"}}}}}};
+  const json e = s.post("/v1/chat/completions", bad, 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("'pattern' is not supported"), std::string::npos) << e.dump();
+  EXPECT_EQ(e["error"]["param"], "response_format");
 }
 
 // Without max_tokens a completion stops at 16 tokens (the OpenAI completions default) and a
