@@ -3,13 +3,16 @@
 // (`dsa serve` or llama.cpp's `llama-server`). Prints one JSON line: requests/s, output
 // tokens/s and p50 / p99 of time to first token and time per output token.
 //   node bench/serve.mjs --url http://127.0.0.1:8080 --concurrency 16 [--requests 32]
-//        [--prompt-tokens 128] [--max-tokens 64] [--label dsa] [--vocab 1000]
+//        [--prompt-tokens 128] [--max-tokens 64] [--label dsa] [--vocab 1000] [--first 1000*C]
 //   node bench/serve.mjs --url ... --prefix-ttft 2048   (TTFT of a cached vs an uncached prefix)
 const arg = (k, d) => { const i = process.argv.indexOf('--' + k); return i >= 0 ? process.argv[i + 1] : d; };
 const url = arg('url', 'http://127.0.0.1:8080');
 const C = Number(arg('concurrency', 1)), N = Number(arg('requests', Math.max(2 * C, 8)));
 const P = Number(arg('prompt-tokens', 128)), T = Number(arg('max-tokens', 64)), V = Number(arg('vocab', 1000));
 const label = arg('label', url);
+// Requests use prompts first, first+1, ...: by default a range of its own per concurrency, so
+// that a server run at several levels never meets a prompt it has cached from an earlier one.
+const first = Number(arg('first', 1000 * C));
 
 // Prompt i: deterministic ids, different for every request (no prefix shared past the first).
 const prompt = (i, n = P, salt = 0) => Array.from({ length: n }, (_, k) => 100 + ((i * 7919 + k * 104729 + salt) % (V - 100)));
@@ -41,7 +44,7 @@ async function load() {
   const res = [];
   const t0 = performance.now();
   await Promise.all(Array.from({ length: C }, async () => {
-    while (next < N) { const i = next++; res.push(await one(prompt(i), T)); }
+    while (next < N) { const i = next++; res.push(await one(prompt(first + i), T)); }
   }));
   const s = (performance.now() - t0) / 1000;
   return { label, concurrency: C, requests: N, prompt_tokens: P, max_tokens: T, seconds: +s.toFixed(2),

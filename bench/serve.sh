@@ -13,7 +13,9 @@ ctx=$((P + T + 16))
 dsa_port=18181 llama_port=18182
 ./build/tools/dsa serve --model "$model" --port $dsa_port --ctx 4096 --max-seqs "$maxc" --max-batch-tokens 512 2>/tmp/dsa_serve_bench.log &
 dsa_pid=$!
-"$llama" -m "$gguf" --port $llama_port -t 2 --parallel "$maxc" -c $((ctx * maxc)) >/tmp/llama_server_bench.log 2>&1 &
+# --threads-http: llama-server's HTTP pool must hold every client's connection; with its
+# default, some of 64 streaming clients were dropped ("other side closed").
+"$llama" -m "$gguf" --port $llama_port -t 2 --parallel "$maxc" --threads-http $((maxc + 8)) -c $((ctx * maxc)) >/tmp/llama_server_bench.log 2>&1 &
 llama_pid=$!
 # Wait for both to exit: a server still shutting down would hold its port and answer the
 # next run's health check.
