@@ -43,6 +43,8 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   is_eos_.assign(size_t(V), 0);
   for (int id : g.eos_ids.empty() ? std::vector<int32_t>(m.config.eos_token_ids.begin(), m.config.eos_token_ids.end()) : g.eos_ids)
     if (id >= 0 && id < V) is_eos_[size_t(id)] = 1;
+  for (int32_t id : g.stop_ids)
+    if (id >= 0 && id < V) is_eos_[size_t(id)] = 2;
   if (tok) dec_.emplace(*tok);
   if (g.json) json_.emplace(*json_vocab, g_.json_schema ? *g_.json_schema : JsonSchema::any_object(), is_eos_, g.stop_on_eos);
   piece_.reserve(256);
@@ -70,7 +72,7 @@ bool Completion::emit(int32_t id, bool context_full) {
     r_.reason = StopReason::Callback;
     return true;
   }
-  if (g_.stop_on_eos && is_eos_[size_t(id)]) {
+  if (is_eos_[size_t(id)] == 2 || (g_.stop_on_eos && is_eos_[size_t(id)])) {
     r_.reason = StopReason::Eos;
     return true;
   }

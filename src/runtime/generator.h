@@ -39,6 +39,9 @@ struct GenerateOptions {
   std::vector<std::string> stop;  // stop strings (need a tokenizer)
   bool stop_on_eos = true;        // stop after sampling one of eos_ids (it is reported, not decoded)
   std::vector<int32_t> eos_ids;   // empty: the model config's eos_token_ids
+  // Tokens that end generation as an end-of-sequence token does, stop_on_eos or not
+  // (vLLM's stop_token_ids).
+  std::vector<int32_t> stop_ids;
   // Proposes the token after `tokens` (the prompt and everything generated so far) for the
   // main model to verify, in place of the MTP layer's draft (prompt lookup, or a test's
   // oracle). Verified as a point-mass proposal, so the output distribution is unchanged.
@@ -93,7 +96,7 @@ private:
   GenerateOptions g_;
   Sampler sampler_;
   std::optional<JsonMode> json_;
-  std::vector<uint8_t> is_eos_;
+  std::vector<uint8_t> is_eos_;  // 1: an end-of-sequence token, 2: one of stop_ids
   StopMatcher stop_;
   std::optional<StreamDecoder> dec_;
   std::string piece_;

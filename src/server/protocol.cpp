@@ -93,7 +93,8 @@ void check_model(const json& body, const ModelInfo& m) {
 }
 
 // Sampling, stops, n, streaming and max_tokens (once the prompt length is known).
-void parse_common(const json& b, const ServeLimits& lim, Job& j) {
+void parse_common(const json& b, const ModelInfo& m, const ServeLimits& lim, Job& j) {
+  const int64_t vocab = m.vocab_size;
   SamplerParams& s = j.gen.sampling;
   s.temperature = float(number(b, "temperature", 0, 2).value_or(1.0));
   s.top_p = float(number(b, "top_p", 0, 1).value_or(1.0));
@@ -131,6 +132,15 @@ void parse_common(const json& b, const ServeLimits& lim, Job& j) {
   if (!so.is_null()) {
     if (!so.is_object()) bad("stream_options", "expected an object");
     j.include_usage = boolean(so, "include_usage").value_or(false);
+  }
+  const json& ids = field(b, "stop_token_ids");
+  if (!ids.is_null()) {
+    if (!ids.is_array()) bad("stop_token_ids", "expected a list of token ids");
+    for (const json& x : ids) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)
+        bad("stop_token_ids", "expected token ids in [0, " + std::to_string(vocab) + ")");
+      j.gen.stop_ids.push_back(x.get<int32_t>());
+    }
   }
   j.return_token_ids = boolean(b, "return_token_ids").value_or(false);
   if (const auto ign = boolean(b, "ignore_eos")) j.gen.stop_on_eos = !*ign;
@@ -355,7 +365,7 @@ Job parse_chat_request(const nlohmann::ordered_json& b, const ModelInfo& m, cons
   check_model(b, m);
   Job j;
   j.chat = true;
-  parse_common(b, lim, j);
+  parse_common(b, m, lim, j);
   parse_logit_bias(b, m, j);
   parse_logprobs_chat(b, lim, j);
   j.thinking = thinking_switch(b);
@@ -376,7 +386,7 @@ Job parse_completion_request(const nlohmann::ordered_json& b, const ModelInfo& m
   if (!b.is_object()) throw ApiError(400, "the request body must be a JSON object");
   check_model(b, m);
   Job j;
-  parse_common(b, lim, j);
+  parse_common(b, m, lim, j);
   parse_logit_bias(b, m, j);
   parse_response_format(b, m, j);
   if (const auto lp = integer(b, "logprobs", 0, lim.max_top_logprobs)) j.logprobs = int(*lp);

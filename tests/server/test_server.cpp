@@ -309,6 +309,28 @@ TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
   EXPECT_EQ(e["error"]["param"], "response_format");
 }
 
+// stop_token_ids (vLLM's): the reply ends at the first of them it samples, ignore_eos or not,
+// with finish_reason stop and the tokens before it unchanged; ids outside the vocabulary get 400.
+TEST(Serve, StopTokenIdsEndTheReply) {
+  TestServer s(test::tiny_model_dir());
+  json body = {{"prompt", {5, 6, 7, 8}}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+  const std::vector<int32_t> all = ids_of(s.post("/v1/completions", body)["choices"][0]);
+  ASSERT_EQ(all.size(), 12u);
+  const int32_t stop = all[5];
+  const size_t k = size_t(std::find(all.begin(), all.end(), stop) - all.begin());
+  body["stop_token_ids"] = {stop};
+  const json r = s.post("/v1/completions", body);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["completion_tokens"], k + 1);
+  const std::vector<int32_t> got = ids_of(r["choices"][0]);
+  ASSERT_GE(got.size(), k);
+  EXPECT_TRUE(std::equal(all.begin(), all.begin() + ptrdiff_t(k), got.begin()));
+  for (const json& bad : {json{-1}, json{"7"}, json(7), json{1 << 30}}) {
+    body["stop_token_ids"] = bad;
+    s.post("/v1/completions", body, 400);
+  }
+}
+
 // Without max_tokens a completion stops at 16 tokens (the OpenAI completions default) and a
 // chat runs on (to the context or a stop).
 TEST(Serve, UnsetMaxTokensFollowsOpenAIDefaults) {
