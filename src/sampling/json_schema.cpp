@@ -24,6 +24,12 @@ std::bitset<256> bytes_of(std::string_view s) {
   return b;
 }
 
+// Bounds on what one request may ask for: compiling recurses once per nested schema, and
+// a mask scans a key's candidates for an allowed one, so without them a body of a few MB
+// could overflow a stack or stall the engine thread that every request shares.
+constexpr int kMaxNesting = 128;       // schemas within schemas, through $ref and anyOf too
+constexpr size_t kMaxProperties = 1024, kMaxValues = 4096, kMaxAlternatives = 32;
+
 const std::set<std::string, std::less<>> kKeywords = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
                                                      "properties", "required", "additionalProperties", "items",
                                                      "minItems", "maxItems"};
@@ -55,6 +61,7 @@ struct SchemaCompiler {
   std::map<std::string, const Node*> refs;  // resolved $refs (a node is registered before it is filled)
   std::set<std::string> resolving;          // $refs being followed to another $ref
   std::map<const Node*, std::string> where;
+  int nesting = 0;  // compile() calls open
 
   [[noreturn]] static void fail(const std::string& path, const std::string& what) {
     throw Error("json_schema at '" + path + "': " + what);
@@ -71,6 +78,7 @@ struct SchemaCompiler {
   }
 
   const Node* compile(const ojson& s, const std::string& path);
+  const Node* compile_nested(const ojson& s, const std::string& path);
   const Node* resolve(const ojson& ref, const std::string& path);
   void fill(Node& n, const ojson& s, const std::string& path);
   void fill_literals(Node& n, const ojson& s, const std::string& path);
@@ -85,6 +93,13 @@ struct SchemaCompiler {
 };
 
 const Node* SchemaCompiler::compile(const ojson& s, const std::string& path) {
+  if (++nesting > kMaxNesting) fail(path, "schemas nest deeper than " + std::to_string(kMaxNesting));
+  const Node* n = compile_nested(s, path);
+  --nesting;
+  return n;
+}
+
+const Node* SchemaCompiler::compile_nested(const ojson& s, const std::string& path) {
   if (s.is_boolean()) {
     if (!s.get<bool>()) fail(path, "the schema false admits no value");
     return any(path);
@@ -139,7 +154,7 @@ void SchemaCompiler::fill_literals(Node& n, const ojson& s, const std::string& p
   if (s.contains("enum") && s.contains("const")) fail(path, "both enum and const");
   const ojson values = s.contains("const") ? ojson::array({s["const"]}) : s["enum"];
   if (!values.is_array() || values.empty()) fail(path + "/enum", "expected a non-empty list of values");
-  if (values.size() > UINT16_MAX) fail(path + "/enum", "more than 65535 values");
+  if (values.size() > kMaxValues) fail(path + "/enum", "more than " + std::to_string(kMaxValues) + " values");
   const std::vector<std::string> ts = s.contains("type") ? types(s, path) : std::vector<std::string>{};
   for (const ojson& v : values) {
     if (!ts.empty() && std::none_of(ts.begin(), ts.end(), [&](const std::string& t) { return of_type(v, t); }))
@@ -156,6 +171,7 @@ void SchemaCompiler::fill_alternatives(Node& n, const ojson& s, const std::strin
   const ojson& a = s[key];
   if (!a.is_array() || a.empty()) fail(path + "/" + key, "expected a non-empty list of schemas");
   if (key == "allOf" && a.size() != 1) fail(path + "/allOf", "only an allOf of one schema is supported");
+  if (a.size() > kMaxAlternatives) fail(path + "/" + key, "more than " + std::to_string(kMaxAlternatives) + " alternatives");
   for (size_t i = 0; i < a.size(); ++i) n.alts.push_back(compile(a[i], path + "/" + key + "/" + std::to_string(i)));
 }
 
@@ -210,7 +226,7 @@ void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& pat
   // Keys beyond the declared ones would leave the rest of the reply unconstrained in its shape.
   if (s.contains("additionalProperties") && !(extra.is_boolean() && !extra.get<bool>()))
     fail(path + "/additionalProperties", "only the declared properties can be generated: leave it out or set it to false");
-  if (props.size() > UINT16_MAX - 1) fail(path + "/properties", "more than 65534 properties");
+  if (props.size() > kMaxProperties) fail(path + "/properties", "more than " + std::to_string(kMaxProperties) + " properties");
   for (const auto& [k, v] : props.items()) {
     const std::string text = ojson(k).dump();
     n.props.push_back({text.substr(1, text.size() - 2), compile(v, path + "/properties/" + pointer_token(k)), required.erase(k) > 0});
@@ -245,6 +261,7 @@ std::bitset<256> SchemaCompiler::first(const Node& n, std::map<const Node*, std:
   std::bitset<256> b;
   if (!n.alts.empty()) {
     if (!visiting.insert(&n).second) fail(where[&n], "the alternatives refer back to themselves before a value begins");
+    if (visiting.size() > size_t(kMaxNesting)) fail(where[&n], "alternatives nest deeper than " + std::to_string(kMaxNesting));
     for (const Node* a : n.alts) b |= first(*a, memo, visiting);
     visiting.erase(&n);
   }
@@ -315,14 +332,21 @@ const Node* pick(const Node& n, unsigned char c) {
 }
 
 // Within [lo, hi) of strings sorted and sharing their first `at` bytes, those whose next
-// byte is c (a run of them).
+// byte is c: a run, found by binary search (the ones that end at `at` sort first, the rest by
+// that byte).
 template <class Str>
 std::pair<uint16_t, uint16_t> narrow(Str str, uint16_t lo, uint16_t hi, uint16_t at, unsigned char c) {
-  auto goes_on = [&](uint16_t i) { const std::string& s = str(i); return s.size() > at && static_cast<unsigned char>(s[at]) == c; };
-  while (lo < hi && !goes_on(lo)) ++lo;
-  uint16_t end = lo;
-  while (end < hi && goes_on(end)) ++end;
-  return {lo, end};
+  auto next = [&](uint16_t i) { const std::string& s = str(i); return s.size() > at ? int(static_cast<unsigned char>(s[at])) : -1; };
+  auto first = [&](int v) {  // the first i in [lo, hi) with next(i) >= v
+    uint16_t a = lo, b = hi;
+    while (a < b) {
+      const uint16_t m = uint16_t(a + (b - a) / 2);
+      if (next(m) < v) a = uint16_t(m + 1);
+      else b = m;
+    }
+    return a;
+  };
+  return {first(c), first(c + 1)};
 }
 
 }  // namespace

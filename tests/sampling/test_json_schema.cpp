@@ -239,7 +239,15 @@ TEST(JsonSchema, RefusesWhatItCannotConstrain) {
       {R"(false)", "admits no value"},
       {R"({"allOf": [{"type": "string"}, {"type": "string"}]})", "allOf of one schema"},
   };
-  for (const auto& [schema, want] : bad) {
+  std::vector<std::pair<std::string, std::string>> cases(std::begin(bad), std::end(bad));
+  ojson many_values = {{"enum", ojson::array()}}, many_props = {{"properties", ojson::object()}}, many_alts = {{"anyOf", ojson::array()}};
+  for (int i = 0; i < 5000; ++i) many_values["enum"].push_back(i);
+  for (int i = 0; i < 1100; ++i) many_props["properties"][std::to_string(i)] = ojson::object();
+  for (int i = 0; i < 40; ++i) many_alts["anyOf"].push_back({{"type", "integer"}});
+  cases.emplace_back(many_values.dump(), "more than 4096 values");
+  cases.emplace_back(many_props.dump(), "more than 1024 properties");
+  cases.emplace_back(many_alts.dump(), "more than 32 alternatives");
+  for (const auto& [schema, want] : cases) {
     try {
       JsonSchema s(ojson::parse(schema));
       ADD_FAILURE() << "compiled: " << schema;
