@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include "core/error.h"
+#include "io/json.h"
 #include "server/chat_page.h"
 #include "server/exchange.h"
 
@@ -28,9 +29,11 @@ bool same_secret(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// Bounded: copying, printing or compiling a JSON value recurses once per level, and a body of
+// a few MB could otherwise nest deep enough to overflow the handler's stack.
 nlohmann::ordered_json parse_body(const httplib::Request& req) {
   try {
-    return nlohmann::ordered_json::parse(req.body);
+    return parse_json_bounded<nlohmann::ordered_json>(req.body);
   } catch (const json::exception& e) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }

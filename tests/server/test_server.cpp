@@ -603,6 +603,33 @@ TEST(Serve, PreemptionKeepsEachRequestsPromptLogprobs) {
   EXPECT_GT(r.preemptions, 0);
 }
 
+// A schema of n levels, nesting through `via` (items: schema within schema, n levels of the
+// body too; anyOf: a chain of n $defs, each an anyOf of the next, a flat body).
+std::string deep_schema(int n, const std::string& via) {
+  std::string s;  // built by appending: GCC 12 warns (-Wrestrict) on chains of + here
+  if (via == "items") {
+    for (int i = 0; i < n; ++i) s += R"({"type": "array", "items": )";
+    s += "{}";
+    s.append(size_t(n), '}');
+    return s;
+  }
+  s += R"({"$defs": {)";
+  for (int i = 0; i < n; ++i) {
+    s += i ? ", \"d" : "\"d";
+    s += std::to_string(i);
+    s += "\": ";
+    if (i + 1 < n) {
+      s += R"({"anyOf": [{"$ref": "#/$defs/d)";
+      s += std::to_string(i + 1);
+      s += "\"}]}";
+    } else {
+      s += R"({"type": "null"})";
+    }
+  }
+  s += R"(}, "$ref": "#/$defs/d0"})";
+  return s;
+}
+
 TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
   Options o;
   o.api_key = "sekrit";
@@ -639,6 +666,18 @@ TEST(Serve, BadRequestsGetTheirStatusAndTheServerKeepsServing) {
   expect(404, "/v1/chat/completions", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})", auth, "unknown model");
   expect(404, "/v1/nothing", "{}", auth, "unknown path");
   expect(413, "/v1/chat/completions", std::string(64u << 20, ' '), auth, "64 MiB body");
+  // 200,000 levels in a tool's parameters: copying or printing them would overflow a stack.
+  std::string deep = R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": )";
+  deep.append(200000, '[');
+  deep.append(200000, ']');
+  deep += "}}]}";
+  expect(400, "/v1/chat/completions", deep, auth, "a body nested 200,000 deep");
+  for (const std::string& schema : {deep_schema(200, "items"), deep_schema(1000, "anyOf")}) {
+    std::string body = R"({"prompt": [1, 2], "guided_json": )";
+    body += schema;
+    body += '}';
+    expect(400, "/v1/completions", body, auth, "a schema nested deep");
+  }
   auto ok_r = c.Post("/v1/chat/completions", auth, ok, "application/json");
   ASSERT_TRUE(ok_r);
   EXPECT_EQ(ok_r->status, 200);
