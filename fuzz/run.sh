@@ -32,7 +32,7 @@ build="${DSA_FUZZ_BUILD:-$repo/build-fuzz}"
 export DSA_SHARED_DIR="${DSA_SHARED_DIR:-$repo/../shared}"
 export DSA_TOKENIZER_DIR="${DSA_TOKENIZER_DIR:-$DSA_SHARED_DIR/tokenizer}"
 all=(fuzz_safetensors fuzz_safetensors_index fuzz_config fuzz_tokenizer fuzz_tokenizer_deepseek
-     fuzz_dsv32_parser fuzz_dsv32_encoding fuzz_glm5_template)
+     fuzz_dsv32_parser fuzz_dsv32_encoding fuzz_glm5_template fuzz_json_schema)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
@@ -45,6 +45,7 @@ dict_of() {
     fuzz_tokenizer_deepseek) echo tokenizer_text ;;
     fuzz_dsv32_parser) echo dsv32_parser ;;
     fuzz_dsv32_encoding | fuzz_glm5_template) echo chat ;;
+    fuzz_json_schema) echo json_schema ;;
   esac
 }
 
@@ -55,7 +56,7 @@ if [ "${FUZZ_SKIP_BUILD:-0}" != 1 ]; then
   mkdir -p "$build"
   CC=clang CXX=clang++ cmake -S "$repo" -B "$build" -DDSA_FUZZ=ON -DDSA_WERROR=ON \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-    -DDSA_COMPONENTS="core;io;kernels;model;tokenizer" >"$build/configure.log" 2>&1 \
+    -DDSA_COMPONENTS="core;io;kernels;model;tokenizer;sampling" >"$build/configure.log" 2>&1 \
     || { cat "$build/configure.log"; echo "configure failed"; exit 1; }
   cmake --build "$build" --target fuzz -j"${FUZZ_JOBS:-2}" || { echo "build failed"; exit 1; }
   echo "   built in $((SECONDS - t0)) s"

@@ -17,7 +17,7 @@ tool="$build/fuzz/dsa_fuzz_seeds"
 [ -x "$tool" ] || { echo "seeds.sh: $tool not built (cmake --build $build --target fuzz)" >&2; exit 1; }
 out="$build/fuzz-seeds"
 rm -rf "$out"
-for t in safetensors safetensors_index config tokenizer tokenizer_deepseek dsv32_parser dsv32_encoding glm5_template; do
+for t in safetensors safetensors_index config tokenizer tokenizer_deepseek dsv32_parser dsv32_encoding glm5_template json_schema; do
   mkdir -p "$out/fuzz_$t"
 done
 [ -d "$shared" ] || echo "seeds.sh: no shared fixtures at $shared (set DSA_SHARED_DIR); hand-made seeds only" >&2
@@ -80,5 +80,12 @@ printf '\0\2\1\5%s' 'no eos here' > "$p/hand-noeos"
 # Chat requests by hand.
 printf '%s' '{"messages":[{"role":"system","content":"s","tools":[{"type":"function","function":{"name":"f","parameters":{}}}]},{"role":"user","content":"hi"},{"role":"assistant","content":"","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}]},{"role":"tool","content":"r"}],"encode_args":{"thinking_mode":"thinking"}}' > "$out/fuzz_dsv32_encoding/hand-0"
 printf '%s' '{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":"<think>r</think>a","tool_calls":[{"function":{"name":"f","arguments":{"k":[1]}}}]},{"role":"tool","content":[{"output":"o"}]}],"tools":[{"name":"f"}],"template_kwargs":{"clear_thinking":false}}' > "$out/fuzz_glm5_template/hand-0"
+
+# Schemas by hand (schema, NUL, a reply): the shapes OpenAI's strict mode and pydantic emit.
+j="$out/fuzz_json_schema"
+printf '%s\0%s' '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"enum":["a","ab",1,12]},"minItems":1,"maxItems":3}},"required":["name"],"additionalProperties":false}' '{"name": "x\"y", "age": -12, "tags": ["ab", 12]}' > "$j/hand-object"
+printf '%s\0%s' '{"$defs":{"N":{"type":"object","properties":{"v":{"anyOf":[{"type":"number"},{"type":"null"}]},"kids":{"type":"array","items":{"$ref":"#/$defs/N"}}},"required":["v"]}},"$ref":"#/$defs/N"}' '{"v": 1.5, "kids": [{"v": null}]}' > "$j/hand-recursive"
+printf '%s\0%s' '{"anyOf":[{"type":"object","additionalProperties":{"type":"boolean"}},{"const":[1,{"k":"v"}]},{"type":["string","integer"]}]}' '[1, {"k": "v"}]' > "$j/hand-alternatives"
+printf '%s\0%s' '{"type":"object"}' '{"a": [1, {"b": null}], "c": "\u00e9"}' > "$j/hand-any"
 
 for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done
