@@ -298,21 +298,25 @@ std::vector<int32_t> encode_text(const std::string& text, const ModelInfo& m, co
   }
 }
 
-// response_format: "text"; "json_object" (JSON mode: the reply is one JSON object); or
-// "json_schema" with {"schema"} (the reply is a JSON text the schema admits; name and strict
-// are read past: the schema is always kept). vLLM's guided_json and llama-server's json_schema
-// fields give a schema the same way. A schema outside the subset sampling/json_schema.h lists
-// is refused rather than answered with JSON that may not follow it; so is JSON output with
-// thinking, whose reasoning comes before the reply in the same text.
+// response_format: "text"; "json_object" (JSON mode: the reply is one JSON object, or with
+// llama-server's "schema" beside the type a text that schema admits); or "json_schema" with
+// {"schema"} (name and strict are read past: the schema is always kept). vLLM's guided_json
+// and llama-server's json_schema fields give a schema the same way. A schema outside the
+// subset sampling/json_schema.h lists is refused rather than answered with JSON that may not
+// follow it; so is JSON output with thinking, whose reasoning comes before the reply in the
+// same text.
 void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
   const json& rf = field(b, "response_format");
   const json* schema = nullptr;
   std::string where = "response_format";
+  bool json_out = false;
   if (!rf.is_null()) {
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string()) bad(where, "expected an object with a type");
     const std::string type = rf["type"].get<std::string>();
-    if (type == "text") return;
-    if (type != "json_object" && type != "json_schema") bad(where, "'" + type + "' is not supported: the types are text, json_object and json_schema");
+    if (type != "text" && type != "json_object" && type != "json_schema")
+      bad(where, "'" + type + "' is not supported: the types are text, json_object and json_schema");
+    json_out = type != "text";
+    if (type == "json_object" && rf.contains("schema")) schema = &rf["schema"];
     if (type == "json_schema") {
       const json& js = field(rf, "json_schema");
       if (!js.is_object() || !js.contains("schema")) bad(where, "expected json_schema with a schema");
@@ -322,9 +326,9 @@ void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
   for (const char* key : {"guided_json", "json_schema"})
     if (!field(b, key).is_null()) {
       if (schema) bad(key, "a second schema beside response_format's");
-      schema = &b[key], where = key;
+      schema = &b[key], where = key, json_out = true;
     }
-  if (rf.is_null() && !schema) return;
+  if (!json_out) return;
   if (!m.tok) bad(where, "JSON output needs the model's tokenizer");
   if (j.thinking) bad(where, "JSON output does not run with thinking mode");
   j.gen.json = true;

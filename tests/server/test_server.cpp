@@ -249,7 +249,8 @@ TEST(Serve, JsonModeRepliesAreJsonObjects) {
 // response_format json_schema on the random-weight model: every reply that ends on its own
 // is JSON that follows the schema, its keys in the schema's order (not sorted, as a JSON
 // object's keys would be on the way); one cut by max_tokens is the start of such a text; a
-// streamed reply too; vLLM's guided_json gives the same replies; a schema outside the
+// streamed reply too; vLLM's guided_json (also beside a text response_format) and
+// llama-server's json_object with a schema give the same replies; a schema outside the
 // supported subset is refused with 400 naming the keyword.
 TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
   TestServer s(test::tiny_model_dir());
@@ -288,6 +289,11 @@ TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
     vllm.erase("response_format");
     vllm["guided_json"] = schema;
     EXPECT_EQ(s.post("/v1/chat/completions", vllm)["choices"][0]["message"]["content"], c["message"]["content"]);
+    vllm["response_format"] = {{"type", "text"}};  // a client's default beside the schema
+    EXPECT_EQ(s.post("/v1/chat/completions", vllm)["choices"][0]["message"]["content"], c["message"]["content"]);
+    nlohmann::ordered_json llama = chat;  // llama-server's form: the schema beside json_object
+    llama["response_format"] = {{"type", "json_object"}, {"schema", schema}};
+    EXPECT_EQ(s.post("/v1/chat/completions", llama)["choices"][0]["message"]["content"], c["message"]["content"]);
     nlohmann::ordered_json comp = {{"prompt", "Person " + std::to_string(k)}, {"max_tokens", 120}, {"temperature", 1.0}, {"seed", k},
                                    {"response_format", chat["response_format"]}};
     const json d = s.post("/v1/completions", comp)["choices"][0];
