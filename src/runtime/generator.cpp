@@ -74,6 +74,7 @@ bool Completion::emit(int32_t id, bool context_full) {
   }
   if (is_eos_[size_t(id)] == 2 || (g_.stop_on_eos && is_eos_[size_t(id)])) {
     r_.reason = StopReason::Eos;
+    if (is_eos_[size_t(id)] == 2) r_.stop_token = id;
     return true;
   }
   if (dec_) {
@@ -82,6 +83,7 @@ bool Completion::emit(int32_t id, bool context_full) {
     text(piece_);
     if (stop_.stopped()) {
       r_.reason = StopReason::StopString;
+      r_.stop_string = stop_.matched();
       return true;
     }
   }

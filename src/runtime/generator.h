@@ -61,6 +61,8 @@ struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids, the EOS id included when it stopped there
   std::string text;             // streamed text (stop string and what follows excluded)
   StopReason reason = StopReason::MaxTokens;
+  std::string stop_string;      // the stop string that ended it (StopString)
+  int32_t stop_token = -1;      // the one of GenerateOptions::stop_ids that ended it (Eos)
   int prompt_tokens = 0;        // tokens of the prompt
   int reused_tokens = 0;        // of which were already in the cache
   double prefill_s = 0, decode_s = 0;

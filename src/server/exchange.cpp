@@ -97,6 +97,14 @@ std::string Exchange::finish_reason(const Choice& c) const {
   return server::finish_reason(c.result.reason);
 }
 
+// vLLM's stop_reason: the stop string or stop token id that ended the choice (null for an
+// end-of-sequence token or a length limit).
+json Exchange::stop_reason(const Choice& c) const {
+  if (!c.result.stop_string.empty()) return c.result.stop_string;
+  if (c.result.stop_token >= 0) return c.result.stop_token;
+  return nullptr;
+}
+
 std::string Exchange::token_text(int32_t id) const { return model_.tok ? model_.tok->decode_bytes(std::span<const int32_t>(&id, 1)) : ""; }
 
 json Exchange::logprobs_chat(const Choice& c, size_t from) const {
@@ -173,6 +181,7 @@ json Exchange::response() const {
       ch["logprobs"] = job_.logprobs >= 0 ? logprobs_completion(c, 0, prompt_entries(c), 0, offset) : json(nullptr);
     }
     ch["finish_reason"] = finish_reason(c);
+    ch["stop_reason"] = stop_reason(c);
     if (job_.return_token_ids) {
       json ids = json::array();
       for (const TokenOut& t : c.tokens) ids.push_back(t.id);
@@ -234,7 +243,7 @@ std::string Exchange::take_chunks() {
     c.new_text.clear();
     c.started = true;
     if (c.done && !c.finish_sent) {
-      json ch = {{"index", c.index}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c)}};
+      json ch = {{"index", c.index}, {"logprobs", nullptr}, {"finish_reason", finish_reason(c)}, {"stop_reason", stop_reason(c)}};
       if (job_.chat) ch["delta"] = json::object();
       else ch["text"] = "";
       if (job_.return_token_ids && !job_.chat) {

@@ -57,6 +57,7 @@ private:
 
   void absorb(Choice& c, Request::Output& out);
   std::string finish_reason(const Choice& c) const;
+  nlohmann::json stop_reason(const Choice& c) const;
   nlohmann::json chunk(const nlohmann::json& choice) const;
   nlohmann::json logprobs_chat(const Choice& c, size_t from) const;
   bool prompt_logprobs() const { return !job_.chat && job_.echo && job_.logprobs >= 0; }

@@ -316,7 +316,9 @@ TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
 }
 
 // stop_token_ids (vLLM's): the reply ends at the first of them it samples, ignore_eos or not,
-// with finish_reason stop and the tokens before it unchanged; ids outside the vocabulary get 400.
+// with finish_reason stop, vLLM's stop_reason naming it and the tokens before it unchanged;
+// ids outside the vocabulary get 400. A stop string is named in stop_reason too, streamed or
+// not; an end-of-sequence token or the length limit leaves it null.
 TEST(Serve, StopTokenIdsEndTheReply) {
   TestServer s(test::tiny_model_dir());
   json body = {{"prompt", {5, 6, 7, 8}}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
@@ -331,6 +333,18 @@ TEST(Serve, StopTokenIdsEndTheReply) {
   const std::vector<int32_t> got = ids_of(r["choices"][0]);
   ASSERT_GE(got.size(), k);
   EXPECT_TRUE(std::equal(all.begin(), all.begin() + ptrdiff_t(k), got.begin()));
+  EXPECT_EQ(r["choices"][0]["stop_reason"], stop);
+  json plain = body;
+  plain.erase("stop_token_ids");
+  const json p = s.post("/v1/completions", plain)["choices"][0];
+  EXPECT_TRUE(p["stop_reason"].is_null()) << p.dump();
+  const std::string text = p["text"];
+  const std::string stop_string = text.substr(text.size() / 2, 2);
+  plain["stop"] = {stop_string};
+  EXPECT_EQ(s.post("/v1/completions", plain)["choices"][0]["stop_reason"], stop_string);
+  json last;
+  for (const json& e : s.stream("/v1/completions", plain)) last = e;
+  EXPECT_EQ(last["choices"][0]["stop_reason"], stop_string);
   for (const json& bad : {json{-1}, json{"7"}, json(7), json{1 << 30}}) {
     body["stop_token_ids"] = bad;
     s.post("/v1/completions", body, 400);
