@@ -45,6 +45,14 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
     if (id >= 0 && id < V) is_eos_[size_t(id)] = 1;
   for (int32_t id : g.stop_ids)
     if (id >= 0 && id < V) is_eos_[size_t(id)] = 2;
+  if (g.min_tokens > 0) {
+    if (g.json) throw Error("generate: min_tokens does not run with JSON output");
+    std::vector<int32_t> held;
+    for (int32_t id = 0; id < V; ++id)
+      if (is_eos_[size_t(id)] == 2 || (g.stop_on_eos && is_eos_[size_t(id)])) held.push_back(id);
+    sampler_.set_suppressed(held);
+    sampler_.set_suppressing(true);
+  }
   if (tok) dec_.emplace(*tok);
   if (g.json) json_.emplace(*json_vocab, g_.json_schema ? *g_.json_schema : JsonSchema::any_object(), is_eos_, g.stop_on_eos);
   piece_.reserve(256);
@@ -68,6 +76,10 @@ bool Completion::emit(int32_t id, bool context_full) {
   sampler_.accept(id);
   if (json_) json_->accept(id);
   r_.tokens.push_back(id);
+  // vLLM's order: the draw after the min_tokens-th token may end the reply; stop strings are
+  // matched in the text of the tokens after it.
+  if (int(r_.tokens.size()) >= g_.min_tokens) sampler_.set_suppressing(false);
+  const bool early = int(r_.tokens.size()) <= g_.min_tokens;
   if (on_token_ && !on_token_(id)) {
     r_.reason = StopReason::Callback;
     return true;
@@ -79,7 +91,8 @@ bool Completion::emit(int32_t id, bool context_full) {
   }
   if (dec_) {
     piece_.clear();
-    stop_.push(dec_->push(id), piece_);
+    if (early) piece_ = dec_->push(id);
+    else stop_.push(dec_->push(id), piece_);
     text(piece_);
     if (stop_.stopped()) {
       r_.reason = StopReason::StopString;
@@ -196,7 +209,8 @@ GenerateResult Generator::generate(std::span<const int32_t> prompt, const Genera
     history_.push_back(id);
     return comp.emit(id, engine_.length(seq_) >= max_ctx);
   };
-  if (g.json && (opt_.mtp || g.propose)) throw Error("generate: JSON mode does not run with speculative decoding");
+  if ((g.json || g.min_tokens > 0) && (opt_.mtp || g.propose))
+    throw Error("generate: JSON output and min_tokens do not run with speculative decoding");
   const bool speculate = opt_.mtp || bool(g.propose);
   bool mtp_live = opt_.mtp && !g.propose;  // the MTP layer drafts (until the cache is too full to verify two)
   const size_t H = size_t(engine_.model().config.hidden_size);

@@ -42,6 +42,10 @@ struct GenerateOptions {
   // Tokens that end generation as an end-of-sequence token does, stop_on_eos or not
   // (vLLM's stop_token_ids).
   std::vector<int32_t> stop_ids;
+  // vLLM's min_tokens: until this many tokens are out, no end-of-sequence (when it would
+  // stop) or stop id is drawn and no stop string is matched. Not with JSON output or
+  // speculative decoding.
+  int min_tokens = 0;
   // Proposes the token after `tokens` (the prompt and everything generated so far) for the
   // main model to verify, in place of the MTP layer's draft (prompt lookup, or a test's
   // oracle). Verified as a point-mass proposal, so the output distribution is unchanged.

@@ -184,7 +184,8 @@ void Scheduler::admit() {
     if (fresh) {
       w.feed = w.req->prompt;
       w.prompt_n = int(w.feed.size());
-      w.mtp = opt_.mtp && !w.req->gen.json;  // JSON mode's constraint follows one token at a time
+      // JSON output's constraint and min_tokens' suppression follow one token at a time.
+      w.mtp = opt_.mtp && !w.req->gen.json && w.req->gen.min_tokens == 0;
       if (w.mtp) {
         w.h.resize(2 * size_t(engine_.model().config.hidden_size));
         w.hist.reserve(size_t(engine_.options().max_ctx) + 2);

@@ -74,7 +74,12 @@ void Sampler::reset() {
 
 void Sampler::set_banned(std::span<const int32_t> ids) {
   for (int32_t id : ids)
-    if (id >= 0 && id < vocab_) banned_[size_t(id)] = 1;
+    if (id >= 0 && id < vocab_) banned_[size_t(id)] |= 1;
+}
+
+void Sampler::set_suppressed(std::span<const int32_t> ids) {
+  for (int32_t id : ids)
+    if (id >= 0 && id < vocab_) banned_[size_t(id)] |= 2;
 }
 
 void Sampler::forget(int32_t id) {

@@ -54,6 +54,10 @@ public:
   // Tokens that may never be sampled (their logits are treated as -inf), e.g. ids the
   // checkpoint has but the tokenizer does not. Call during setup.
   void set_banned(std::span<const int32_t> ids);
+  // Tokens excluded only while set_suppressing(true): the end-of-sequence and stop ids
+  // before a request's min_tokens. Call set_suppressed during setup.
+  void set_suppressed(std::span<const int32_t> ids);
+  void set_suppressing(bool on) { suppressing_ = on; }
   // Tokens allowed at the next draw, for a constraint that changes with each token (JSON
   // mode): allowed[id] != 0, [vocab], read by every later draw; null: all (but the banned).
   void set_allowed(const uint8_t* allowed) { allowed_ = allowed; }
@@ -98,10 +102,14 @@ private:
   std::vector<Candidate> cand_;         // [vocab]
   std::vector<float> q_;                // [vocab] the last draft()'s distribution (0 elsewhere)
   std::vector<int32_t> q_ids_;          // ids where q_ is non-zero, to clear it
-  std::vector<uint8_t> banned_;         // [vocab]
+  std::vector<uint8_t> banned_;         // [vocab] bit 0: banned; bit 1: suppressed
   const uint8_t* allowed_ = nullptr;    // [vocab] or null (set_allowed)
+  bool suppressing_ = false;
   static size_t nucleus(Candidate* c, size_t n, double mass);
-  bool excluded(int32_t id) const { return banned_[size_t(id)] || (allowed_ && !allowed_[size_t(id)]); }
+  bool excluded(int32_t id) const {
+    const uint8_t b = banned_[size_t(id)];
+    return (b & 1) || ((b & 2) && suppressing_) || (allowed_ && !allowed_[size_t(id)]);
+  }
   // Penalty history: counts per token, the distinct tokens with count > 0 (and each
   // one's slot in that list, for O(1) removal) and a ring of the last penalty_last_n ids.
   std::vector<int32_t> count_, distinct_, slot_, ring_;

@@ -168,6 +168,10 @@ void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
   // Unset: chat runs to the context (OpenAI's chat default); the legacy completions stop
   // at 16 tokens, that API's documented default (vLLM's too).
   j.gen.max_new_tokens = int(std::min<int64_t>(mt.value_or(j.chat ? lim.max_tokens : kCompletionsDefaultMaxTokens), room));
+  const int64_t least = integer(b, "min_tokens", 0, INT32_MAX).value_or(0);
+  if (mt && least > *mt) bad("min_tokens", "above max_tokens (" + std::to_string(*mt) + ")");
+  if (least > 0 && j.gen.json) bad("min_tokens", "JSON output does not run with min_tokens");
+  j.gen.min_tokens = int(least);
 }
 
 void parse_logprobs_chat(const json& b, const ServeLimits& lim, Job& j) {

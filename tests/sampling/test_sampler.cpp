@@ -239,6 +239,23 @@ TEST(Sampler, BannedNeverSampled) {
   }
 }
 
+// Suppressed ids (min_tokens' end-of-sequence and stop ids) are excluded only while
+// suppressing: greedy falls to the second best, and back once released; banned stays banned.
+TEST(Sampler, SuppressedOnlyWhileSuppressing) {
+  SamplerParams p = plain();
+  p.greedy = true;
+  Sampler s(8, p);
+  const auto o = order(softmax(kLogits));
+  const int32_t held[] = {o[0]}, ban[] = {o[1]};
+  s.set_suppressed(held);
+  s.set_banned(ban);
+  EXPECT_EQ(s.sample(kLogits.data()), o[0]);
+  s.set_suppressing(true);
+  EXPECT_EQ(s.sample(kLogits.data()), o[2]);
+  s.set_suppressing(false);
+  EXPECT_EQ(s.sample(kLogits.data()), o[0]);
+}
+
 std::vector<int32_t> draw(uint64_t seed, int n) {
   SamplerParams p = plain();
   p.seed = seed;

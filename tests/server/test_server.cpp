@@ -351,6 +351,39 @@ TEST(Serve, StopTokenIdsEndTheReply) {
   }
 }
 
+// min_tokens (vLLM's): before that many tokens are out, a stop id is never drawn (greedy
+// takes the next best where it stood) and a stop string is not matched; the tokens before
+// the first stop are the same. With JSON output, above max_tokens or negative: 400.
+TEST(Serve, MinTokensHoldsStopsBack) {
+  TestServer s(test::tiny_model_dir());
+  json body = {{"prompt", {5, 6, 7, 8}}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+  const json plain = s.post("/v1/completions", body)["choices"][0];
+  const std::vector<int32_t> all = ids_of(plain);
+  ASSERT_EQ(all.size(), 12u);
+  const int32_t stop = all[2];
+  const size_t k = size_t(std::find(all.begin(), all.end(), stop) - all.begin());
+  body["stop_token_ids"] = {stop};
+  EXPECT_EQ(s.post("/v1/completions", body)["usage"]["completion_tokens"], k + 1);
+  body["min_tokens"] = 8;
+  const json held = s.post("/v1/completions", body);
+  const std::vector<int32_t> got = ids_of(held["choices"][0]);
+  ASSERT_GE(got.size(), 8u) << held.dump();
+  EXPECT_TRUE(std::equal(all.begin(), all.begin() + ptrdiff_t(k), got.begin()));
+  for (size_t i = 0; i < 8; ++i) EXPECT_NE(got[i], stop) << i;
+  const std::string first = plain["text"];  // its first character as the stop string
+  const unsigned char c0 = static_cast<unsigned char>(first[0]);
+  const size_t len = c0 < 0x80 ? 1 : c0 >= 0xF0 ? 4 : c0 >= 0xE0 ? 3 : 2;
+  json text = {{"prompt", {5, 6, 7, 8}}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}, {"stop", {first.substr(0, len)}}};
+  EXPECT_LT(s.post("/v1/completions", text)["usage"]["completion_tokens"], 6);
+  text["min_tokens"] = 6;
+  EXPECT_GE(s.post("/v1/completions", text)["usage"]["completion_tokens"], 6);
+  for (const json& bad : {json{{"min_tokens", 13}}, json{{"min_tokens", -1}}, json{{"min_tokens", 2}, {"response_format", {{"type", "json_object"}}}}}) {
+    json b = body;
+    b.update(bad);
+    s.post("/v1/completions", b, 400);
+  }
+}
+
 // Without max_tokens a completion stops at 16 tokens (the OpenAI completions default) and a
 // chat runs on (to the context or a stop).
 TEST(Serve, UnsetMaxTokensFollowsOpenAIDefaults) {
