@@ -93,6 +93,7 @@ bool Completion::emit(int32_t id, bool context_full) {
     piece_.clear();
     if (early) piece_ = dec_->push(id);
     else stop_.push(dec_->push(id), piece_);
+    if (stop_.stopped() && g_.include_stop_str) piece_ += stop_.matched();
     text(piece_);
     if (stop_.stopped()) {
       r_.reason = StopReason::StopString;

@@ -37,6 +37,7 @@ struct GenerateOptions {
   int max_new_tokens = 256;
   SamplerParams sampling;
   std::vector<std::string> stop;  // stop strings (need a tokenizer)
+  bool include_stop_str = false;  // the stop string that ended the text ends it (vLLM's include_stop_str_in_output)
   bool stop_on_eos = true;        // stop after sampling one of eos_ids (it is reported, not decoded)
   std::vector<int32_t> eos_ids;   // empty: the model config's eos_token_ids
   // Tokens that end generation as an end-of-sequence token does, stop_on_eos or not

@@ -126,6 +126,7 @@ void parse_common(const json& b, const ModelInfo& m, const ServeLimits& lim, Job
   }
   for (const std::string& x : j.gen.stop)
     if (x.empty()) bad("stop", "stop strings must not be empty");
+  j.gen.include_stop_str = boolean(b, "include_stop_str_in_output").value_or(false);
   j.n = int(integer(b, "n", 1, lim.max_n).value_or(1));
   j.stream = boolean(b, "stream").value_or(false);
   const json& so = field(b, "stream_options");

@@ -318,7 +318,8 @@ TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
 // stop_token_ids (vLLM's): the reply ends at the first of them it samples, ignore_eos or not,
 // with finish_reason stop, vLLM's stop_reason naming it and the tokens before it unchanged;
 // ids outside the vocabulary get 400. A stop string is named in stop_reason too, streamed or
-// not; an end-of-sequence token or the length limit leaves it null.
+// not, and ends the text with include_stop_str_in_output; an end-of-sequence token or the
+// length limit leaves stop_reason null.
 TEST(Serve, StopTokenIdsEndTheReply) {
   TestServer s(test::tiny_model_dir());
   json body = {{"prompt", {5, 6, 7, 8}}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
@@ -341,7 +342,11 @@ TEST(Serve, StopTokenIdsEndTheReply) {
   const std::string text = p["text"];
   const std::string stop_string = text.substr(text.size() / 2, 2);
   plain["stop"] = {stop_string};
-  EXPECT_EQ(s.post("/v1/completions", plain)["choices"][0]["stop_reason"], stop_string);
+  const json cut = s.post("/v1/completions", plain)["choices"][0];
+  EXPECT_EQ(cut["stop_reason"], stop_string);
+  plain["include_stop_str_in_output"] = true;  // vLLM's: the stop string ends the text
+  EXPECT_EQ(s.post("/v1/completions", plain)["choices"][0]["text"], cut["text"].get<std::string>() + stop_string);
+  plain.erase("include_stop_str_in_output");
   json last;
   for (const json& e : s.stream("/v1/completions", plain)) last = e;
   EXPECT_EQ(last["choices"][0]["stop_reason"], stop_string);
