@@ -35,7 +35,7 @@ bool JsonMode::blank_ok(size_t id) const {
 
 const uint8_t* JsonMode::allowed() {
   const bool whole = state_.complete(), closed = state_.closed() && eos_ends_, in_string = state_.in_string();
-  const bool between = state_.between_tokens();
+  const bool between = state_.between_tokens(), limit_blanks = !state_.closed();
   // The first bytes the recognizer takes from here.
   uint8_t first[256];
   for (int c = 0; c < 256; ++c) {
@@ -45,7 +45,7 @@ const uint8_t* JsonMode::allowed() {
   const size_t V = vocab_.size();
   for (size_t id = 0; id < V; ++id) {
     uint8_t ok = 0;
-    if (vocab_.lead(id) != 0 && !state_.closed() && !blank_ok(id)) {
+    if (vocab_.lead(id) != 0 && limit_blanks && !blank_ok(id)) {
       allowed_[id] = 0;
       continue;
     }

@@ -11,7 +11,6 @@ namespace dsa::server {
 // Request bodies keep their keys' order: tools' and response formats' schemas are rendered and
 // generated in the order the client wrote them.
 using json = nlohmann::ordered_json;
-using ojson = nlohmann::ordered_json;
 
 ApiError::ApiError(int s, std::string message, std::string p, std::string t, std::string c)
     : std::runtime_error(std::move(message)), status(s), type(std::move(t)), param(std::move(p)), code(std::move(c)) {
@@ -92,9 +91,20 @@ void check_model(const json& body, const ModelInfo& m) {
   if (v.get<std::string>() != m.name) throw model_not_found(v.get<std::string>(), m);
 }
 
+// A list of token ids of the model's vocabulary.
+std::vector<int32_t> token_ids(const json& a, const ModelInfo& m, const std::string& where) {
+  std::vector<int32_t> ids;
+  for (const json& x : a) {
+    if (!x.is_number_integer()) bad(where, "expected token ids (integers)");
+    const int64_t v = x.get<int64_t>();
+    if (v < 0 || v >= m.vocab_size) bad(where, "token id " + std::to_string(v) + " out of range [0, " + std::to_string(m.vocab_size) + ")");
+    ids.push_back(int32_t(v));
+  }
+  return ids;
+}
+
 // Sampling, stops, n, streaming and max_tokens (once the prompt length is known).
 void parse_common(const json& b, const ModelInfo& m, const ServeLimits& lim, Job& j) {
-  const int64_t vocab = m.vocab_size;
   SamplerParams& s = j.gen.sampling;
   s.temperature = float(number(b, "temperature", 0, 2).value_or(1.0));
   s.top_p = float(number(b, "top_p", 0, 1).value_or(1.0));
@@ -135,14 +145,8 @@ void parse_common(const json& b, const ModelInfo& m, const ServeLimits& lim, Job
     j.include_usage = boolean(so, "include_usage").value_or(false);
   }
   const json& ids = field(b, "stop_token_ids");
-  if (!ids.is_null()) {
-    if (!ids.is_array()) bad("stop_token_ids", "expected a list of token ids");
-    for (const json& x : ids) {
-      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)
-        bad("stop_token_ids", "expected token ids in [0, " + std::to_string(vocab) + ")");
-      j.gen.stop_ids.push_back(x.get<int32_t>());
-    }
-  }
+  if (!ids.is_null() && !ids.is_array()) bad("stop_token_ids", "expected a list of token ids");
+  if (ids.is_array()) j.gen.stop_ids = token_ids(ids, m, "stop_token_ids");
   j.return_token_ids = boolean(b, "return_token_ids").value_or(false);
   if (const auto ign = boolean(b, "ignore_eos")) j.gen.stop_on_eos = !*ign;
 }
@@ -194,9 +198,9 @@ std::string content_text(const json& c, const std::string& where) {
 }
 
 // The messages as the encoders take them: content as text, "reasoning" as reasoning_content.
-ojson normalize_messages(const json& msgs) {
+json normalize_messages(const json& msgs) {
   if (!msgs.is_array() || msgs.empty()) bad("messages", "expected a non-empty list of messages");
-  ojson out = ojson::array();
+  json out = json::array();
   for (size_t i = 0; i < msgs.size(); ++i) {
     const json& m = msgs[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -206,7 +210,7 @@ ojson normalize_messages(const json& msgs) {
     const std::string r = role.get<std::string>();
     if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
       bad(where + ".role", "expected system, developer, user, assistant or tool, got '" + r + "'");
-    ojson o = {{"role", r}, {"content", content_text(field(m, "content"), where + ".content")}};
+    json o = {{"role", r}, {"content", content_text(field(m, "content"), where + ".content")}};
     if (r == "assistant") {
       const json& rc = field(m, "reasoning_content").is_null() ? field(m, "reasoning") : field(m, "reasoning_content");
       if (!rc.is_null()) {
@@ -229,25 +233,25 @@ ojson normalize_messages(const json& msgs) {
 }
 
 // The tools offered, after tool_choice: none offers none, a named function only that one.
-ojson offered_tools(const json& b) {
+json offered_tools(const json& b) {
   const json& tools = field(b, "tools");
-  if (tools.is_null()) return ojson::array();
+  if (tools.is_null()) return json::array();
   if (!tools.is_array()) bad("tools", "expected a list of tools");
   for (size_t i = 0; i < tools.size(); ++i) {
     const json& t = tools[i];
     if (!t.is_object() || field(t, "type") != "function" || !field(t, "function").is_object() || !field(t["function"], "name").is_string())
       bad("tools[" + std::to_string(i) + "]", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
-  // Re-read in the request's key order: the prompt shows the schemas as written.
-  ojson out = tools;
+  // The body keeps its key order, so the prompt shows the schemas as written.
+  json out = tools;
   const json& choice = field(b, "tool_choice");
   if (choice.is_null() || choice == "auto" || choice == "required") return out;
-  if (choice == "none") return ojson::array();
+  if (choice == "none") return json::array();
   if (choice.is_object() && field(choice, "type") == "function" && field(choice, "function").is_object() &&
       field(choice["function"], "name").is_string()) {
     const std::string name = choice["function"]["name"];
     for (const auto& t : out)
-      if (t["function"]["name"] == name) return ojson::array({t});
+      if (t["function"]["name"] == name) return json::array({t});
     bad("tool_choice", "names the function '" + name + "', which is not in 'tools'");
   }
   bad("tool_choice", "expected \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
@@ -261,11 +265,11 @@ bool thinking_switch(const json& b) {
   return boolean(k, "enable_thinking").value_or(false);
 }
 
-std::string render(const ModelInfo& m, ojson msgs, const ojson& tools, bool thinking) {
+std::string render(const ModelInfo& m, json msgs, const json& tools, bool thinking) {
   try {
     if (m.family == Family::DeepseekV32) {
       if (!tools.empty()) {  // tools sit in a system message (the encoding's convention)
-        if (msgs[0]["role"] != "system" && msgs[0]["role"] != "developer") msgs.insert(msgs.begin(), ojson{{"role", "system"}, {"content", ""}});
+        if (msgs[0]["role"] != "system" && msgs[0]["role"] != "developer") msgs.insert(msgs.begin(), json{{"role", "system"}, {"content", ""}});
         msgs[0]["tools"] = tools;
       }
       chat::dsv32::EncodeOptions o;
@@ -274,20 +278,14 @@ std::string render(const ModelInfo& m, ojson msgs, const ojson& tools, bool thin
     }
     chat::glm5::RenderOptions o;
     o.enable_thinking = thinking;
-    return chat::glm5::render(msgs, tools.empty() ? ojson(nullptr) : tools, o);
+    return chat::glm5::render(msgs, tools.empty() ? json(nullptr) : tools, o);
   } catch (const Error& e) {
     bad("messages", e.what());
   }
 }
 
 std::vector<int32_t> checked_ids(const json& a, const ModelInfo& m, const std::string& where) {
-  std::vector<int32_t> ids;
-  for (const json& x : a) {
-    if (!x.is_number_integer()) bad(where, "expected token ids (integers)");
-    const int64_t v = x.get<int64_t>();
-    if (v < 0 || v >= m.vocab_size) bad(where, "token id " + std::to_string(v) + " out of range [0, " + std::to_string(m.vocab_size) + ")");
-    ids.push_back(int32_t(v));
-  }
+  std::vector<int32_t> ids = token_ids(a, m, where);
   if (ids.empty()) bad(where, "the prompt is empty");
   return ids;
 }
@@ -379,7 +377,7 @@ Job parse_chat_request(const nlohmann::ordered_json& b, const ModelInfo& m, cons
   parse_logprobs_chat(b, lim, j);
   j.thinking = thinking_switch(b);
   parse_response_format(b, m, j);
-  const ojson tools = offered_tools(b);
+  const json tools = offered_tools(b);
   j.tools = !tools.empty();
   const std::string prompt = render(m, normalize_messages(field(b, "messages")), tools, j.thinking);
   try {
