@@ -73,6 +73,8 @@ class JsonSchemaPrefix {
 public:
   static constexpr int kMaxFrames = 32;
   explicit JsonSchemaPrefix(const JsonSchema& schema) : root_(&schema.root()) {}
+  // A value of one node of a schema (a tool parameter's); the schema outlives the recognizer.
+  explicit JsonSchemaPrefix(const JsonSchemaNode& root) : root_(&root) {}
   // Copies copy only the frames in use: a mask tries thousands of tokens, each on a copy.
   JsonSchemaPrefix(const JsonSchemaPrefix& o) { *this = o; }
   JsonSchemaPrefix& operator=(const JsonSchemaPrefix& o);
@@ -85,6 +87,10 @@ public:
   bool in_string() const { return in_leaf_ && leaf_.in_string(); }
   // Between tokens of the text: whitespace leaves the state as it is.
   bool between_tokens() const;
+  // As ToolCallPrefix: no raw text, no markup to keep out, whitespace bounded everywhere.
+  static constexpr bool kGuardsMarkup = false;
+  bool in_raw() const { return false; }
+  bool bounded_blanks() const { return true; }
 
 private:
   enum class Phase : uint8_t { KeyOrClose, Key, InKey, Colon, Value, CommaOrClose, ValueOrClose, InLiteral };

@@ -1,0 +1,291 @@
+#include "sampling/tool_call_grammar.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dsa {
+namespace {
+
+constexpr std::string_view kOpen = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"";
+constexpr std::string_view kNameEnd = ">\n";  // after the name's closing quote
+constexpr std::string_view kFirstParam = "<｜DSML｜parameter name=\"";
+constexpr std::string_view kNextParam = "\n<｜DSML｜parameter name=\"";
+constexpr std::string_view kInvokeClose = "\n</｜DSML｜invoke>";
+constexpr std::string_view kStringAttr = " string=\"";  // after the key's closing quote
+constexpr std::string_view kRawValue = "true\">";
+constexpr std::string_view kJsonValue = "false\">";
+constexpr std::string_view kParamClose = "</｜DSML｜parameter>";
+constexpr std::string_view kNextInvoke = "\n<｜DSML｜invoke name=\"";
+constexpr std::string_view kCallsClose = "\n</｜DSML｜function_calls>";
+constexpr std::string_view kDsml = "｜DSML｜";
+// "</｜DSML｜" matched: the rest must be the close tag's.
+constexpr size_t kCloseMarkup = 2 + kDsml.size();
+
+// The longest prefix of `pat` that ends the text, when the text ended with pat[0, m) and
+// `c` follows (m <= pat.size(): a whole match is followed by its longest proper border).
+uint8_t advance(std::string_view pat, size_t m, char c) {
+  for (size_t k = std::min(m + 1, pat.size()); k > 0; --k) {
+    // pat[0, k) against the last k bytes of pat[0, m) + c
+    if (pat[k - 1] != c) continue;
+    if (pat.substr(0, k - 1) == pat.substr(m + 1 - k, k - 1)) return uint8_t(k);
+  }
+  return 0;
+}
+
+// A name as written between the quotes of name="...": the parser takes it up to the first
+// quote, and a line feed or markup in it would not survive the prompt's rendering.
+void check_name(const std::string& name, const std::string& what) {
+  if (name.empty() || name.find_first_of("\"<>\n\r") != std::string::npos || name.find(kDsml) != std::string::npos || name.size() > 256)
+    throw Error(what + ": '" + name + "' cannot be written in a DSML call (1-256 bytes, no quotes, angle brackets or line breaks)");
+}
+
+// The node of v that reads strings (by the first byte '"', as anyOf alternatives are told
+// apart), and what it admits as raw text.
+ToolCallGrammar::RawValues raw_values(const JsonSchemaNode& v) {
+  const JsonSchemaNode* m = &v;
+  for (int depth = 0; !m->alts.empty(); ++depth) {
+    const JsonSchemaNode* s = nullptr;
+    for (const JsonSchemaNode* a : m->alts)
+      if (a->first.test('"')) s = a;
+    if (!s || depth == 64) return {};
+    m = s;
+  }
+  ToolCallGrammar::RawValues r;
+  if (!m->first.test('"')) return r;
+  if (m->literals.empty()) {
+    r.any = (m->scalars & (JsonSchemaNode::kString | JsonSchemaNode::kAny)) != 0;
+    return r;
+  }
+  for (const std::string& lit : m->literals) {
+    if (lit.empty() || lit[0] != '"') continue;
+    const std::string s = nlohmann::json::parse(lit).get<std::string>();
+    if (s.find('<') == std::string::npos && s.find(kDsml) == std::string::npos) r.values.push_back(s);
+  }
+  std::sort(r.values.begin(), r.values.end());
+  return r;
+}
+
+ToolCallGrammar::Tool compile_tool(const nlohmann::ordered_json& t, size_t i) {
+  const std::string where = "tools[" + std::to_string(i) + "]";
+  if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+      !t["function"]["name"].is_string())
+    throw Error(where + ": expected {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  const nlohmann::ordered_json& f = t["function"];
+  ToolCallGrammar::Tool tool;
+  tool.name = f["name"].get<std::string>();
+  check_name(tool.name, where + ".function.name");
+  if (!f.contains("parameters") || f["parameters"].is_null()) return tool;
+  try {
+    tool.schema = std::make_unique<JsonSchema>(f["parameters"]);
+  } catch (const Error& e) {
+    throw Error(where + ".function.parameters: " + e.what());
+  }
+  const JsonSchemaNode& root = tool.schema->root();
+  if (!root.object) throw Error(where + ".function.parameters: expected an object schema");
+  tool.params = &root;
+  for (const JsonSchemaNode::Property& p : root.props) {
+    // Property keys are kept JSON-escaped; the DSML attribute holds the name itself.
+    const std::string key = nlohmann::json::parse("\"" + p.key + "\"").get<std::string>();
+    check_name(key, where + ".function.parameters: the property name");
+    tool.keys.push_back(key);
+    tool.raw.push_back(raw_values(*p.value));
+  }
+  return tool;
+}
+
+}  // namespace
+
+ToolCallGrammar::ToolCallGrammar(const nlohmann::ordered_json& tools, bool several) : several_(several) {
+  if (!tools.is_array() || tools.empty()) throw Error("tools: expected a non-empty list of tools to call");
+  for (size_t i = 0; i < tools.size(); ++i) tools_.push_back(compile_tool(tools[i], i));
+  std::sort(tools_.begin(), tools_.end(), [](const Tool& a, const Tool& b) { return a.name < b.name; });
+  for (size_t i = 1; i < tools_.size(); ++i)
+    if (tools_[i].name == tools_[i - 1].name) throw Error("tools: the name '" + tools_[i].name + "' is given twice");
+}
+
+ToolCallPrefix::ToolCallPrefix(const ToolCallGrammar& g) : g_(&g), json_(JsonSchema::any_object()) {
+  alts_[0] = {kOpen, Then::ToolName};
+  n_alts_ = 1, alive_ = 1;
+}
+
+bool ToolCallPrefix::feed(std::string_view s) {
+  for (char c : s)
+    if (!feed(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+bool ToolCallPrefix::feed(unsigned char c) {
+  switch (phase_) {
+    case Phase::Lit: return feed_lit(c);
+    case Phase::Name: return feed_name(c);
+    case Phase::Key: return feed_key(c);
+    case Phase::Raw: return feed_raw(c);
+    case Phase::RawEnum: return feed_raw_enum(c);
+    case Phase::Json: return feed_json(c);
+    case Phase::Done: return false;
+  }
+  return false;
+}
+
+void ToolCallPrefix::offer(std::initializer_list<Alt> alts) {
+  n_alts_ = 0;
+  for (const Alt& a : alts)
+    if (!a.text.empty()) alts_[n_alts_++] = a;
+  alive_ = uint8_t((1u << n_alts_) - 1);
+  at_ = 0;
+  phase_ = Phase::Lit;
+}
+
+// Both patterns need an 0xEF byte (the first of "｜") after any tail short of their last "｜":
+// only a tail past it can be completed, or the close tag's strict part reached, without one.
+bool ToolCallPrefix::markup_pending() const {
+  return dsml_ > kDsml.rfind('\xEF') || close_ > kParamClose.substr(0, kCloseMarkup).rfind('\xEF');
+}
+
+uint32_t ToolCallPrefix::last_key() const {
+  const JsonSchemaNode& p = *tool().params;
+  return std::min<uint32_t>(p.required_from[next_], uint32_t(p.props.size()) - 1);
+}
+
+// Sets up what follows a finished piece. An alternative that cannot be taken is offered as
+// empty text (offer() drops it); the grammar never leaves none.
+void ToolCallPrefix::enter(Then t) {
+  const size_t n_keys = tool().keys.size();
+  const bool more_keys = next_ < n_keys;
+  const bool none_required = n_keys == 0 || tool().params->required_from[next_] == n_keys;
+  switch (t) {
+    case Then::ToolName:
+      phase_ = Phase::Name, cand_ = 0, at_ = 0;
+      return;
+    case Then::InvokeBody:
+      offer({{more_keys ? kFirstParam : "", Then::KeyName}, {none_required ? kInvokeClose : "", Then::AfterInvoke}});
+      return;
+    case Then::KeyName:
+      phase_ = Phase::Key, cand_ = next_, at_ = 0;
+      return;
+    case Then::StringAttr: {
+      const ToolCallGrammar::RawValues& r = tool().raw[prop_];
+      offer({{r.any || !r.values.empty() ? kRawValue : "", Then::Raw}, {kJsonValue, Then::Json}});
+      return;
+    }
+    case Then::Raw:
+      phase_ = tool().raw[prop_].any ? Phase::Raw : Phase::RawEnum;
+      close_ = dsml_ = 0, cand_ = 0, at_ = 0;
+      return;
+    case Then::Json:
+      phase_ = Phase::Json, close_ = dsml_ = 0, at_ = 0;
+      json_ = JsonSchemaPrefix(*tool().params->props[prop_].value);
+      return;
+    case Then::AfterValue:
+      offer({{more_keys ? kNextParam : "", Then::KeyName}, {none_required ? kInvokeClose : "", Then::AfterInvoke}});
+      return;
+    case Then::AfterInvoke:
+      offer({{g_->several() ? kNextInvoke : "", Then::ToolName}, {kCallsClose, Then::Done}});
+      return;
+    case Then::Done:
+      phase_ = Phase::Done;
+      return;
+  }
+}
+
+// The offered alternatives are prefix-free, so the one that completes is the only one left.
+bool ToolCallPrefix::feed_lit(unsigned char c) {
+  uint8_t alive = 0;
+  for (uint8_t i = 0; i < n_alts_; ++i)
+    if ((alive_ >> i & 1) && at_ < alts_[i].text.size() && static_cast<unsigned char>(alts_[i].text[at_]) == c) alive |= uint8_t(1u << i);
+  if (!alive) return false;
+  alive_ = alive, ++at_;
+  for (uint8_t i = 0; i < n_alts_; ++i)
+    if ((alive >> i & 1) && alts_[i].text.size() == at_) enter(alts_[i].then);
+  return true;
+}
+
+// Tool names are sorted, so the ones that begin with the bytes so far are a run from cand_.
+bool ToolCallPrefix::feed_name(unsigned char c) {
+  const auto& tools = g_->tools();
+  const std::string_view typed = std::string_view(tools[cand_].name).substr(0, at_);
+  for (uint32_t t = cand_; t < tools.size() && tools[t].name.compare(0, at_, typed) == 0; ++t) {
+    const std::string& n = tools[t].name;
+    if (c == '"' && n.size() == at_) {
+      tool_ = t, next_ = 0;
+      offer({{kNameEnd, Then::InvokeBody}});
+      return true;
+    }
+    if (n.size() > at_ && static_cast<unsigned char>(n[at_]) == c) {
+      cand_ = t, ++at_;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The keys that may come next, [next_, last_key()], in schema order: the first one that
+// begins with the bytes so far is cand_.
+bool ToolCallPrefix::feed_key(unsigned char c) {
+  const std::vector<std::string>& keys = tool().keys;
+  const std::string_view typed = std::string_view(keys[cand_]).substr(0, at_);
+  const uint32_t last = last_key();
+  for (uint32_t p = cand_; p <= last; ++p) {
+    const std::string& k = keys[p];
+    if (k.compare(0, at_, typed) != 0) continue;
+    if (c == '"' && k.size() == at_) {
+      prop_ = p, next_ = p + 1;
+      offer({{kStringAttr, Then::StringAttr}});
+      return true;
+    }
+    if (k.size() > at_ && static_cast<unsigned char>(k[at_]) == c) {
+      cand_ = p, ++at_;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ToolCallPrefix::feed_raw(unsigned char c) {
+  const uint8_t close = advance(kParamClose, close_, char(c)), dsml = advance(kDsml, dsml_, char(c));
+  if (close_ >= kCloseMarkup && close != close_ + 1) return false;  // "</｜DSML｜" begins only the close tag
+  if (close == kParamClose.size()) {
+    enter(Then::AfterValue);
+    return true;
+  }
+  if (dsml == kDsml.size() && close != kCloseMarkup) return false;
+  close_ = close, dsml_ = dsml;
+  return true;
+}
+
+// One of the enum's strings (sorted: those that begin with the bytes so far are a run from
+// cand_), then the close tag.
+bool ToolCallPrefix::feed_raw_enum(unsigned char c) {
+  const std::vector<std::string>& vals = tool().raw[prop_].values;
+  const std::string_view typed = std::string_view(vals[cand_]).substr(0, at_);
+  for (uint32_t v = cand_; v < vals.size() && vals[v].compare(0, at_, typed) == 0; ++v) {
+    if (c == '<' && vals[v].size() == at_) {  // no value holds '<'
+      offer({{kParamClose, Then::AfterValue}});
+      return feed_lit(c);
+    }
+    if (vals[v].size() > at_ && static_cast<unsigned char>(vals[v][at_]) == c) {
+      cand_ = v, ++at_;
+      return true;
+    }
+  }
+  return false;
+}
+
+// A JSON value ends where its close tag begins: '<' never continues a whole value. As the
+// encoder writes it, no whitespace comes before or after the value (the arguments are
+// rebuilt from the value's text as written).
+bool ToolCallPrefix::feed_json(unsigned char c) {
+  if (c == '<' && json_.complete()) {
+    offer({{kParamClose, Then::AfterValue}});
+    return feed_lit(c);
+  }
+  const bool space = c == ' ' || c == '\t' || c == '\n' || c == '\r';
+  if (space && (at_ == 0 || json_.complete())) return false;
+  const uint8_t dsml = advance(kDsml, dsml_, char(c));
+  if (dsml == kDsml.size() || !json_.feed(c)) return false;
+  dsml_ = dsml, at_ = 1;  // at_: the value has begun
+  return true;
+}
+
+}  // namespace dsa
