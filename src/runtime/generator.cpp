@@ -35,7 +35,8 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
                        std::span<const int32_t> banned, TextFn on_text, TokenFn on_token, const JsonVocab* json_vocab)
     : g_(g), sampler_(m.config.vocab_size, g.sampling), stop_(g.stop), on_text_(std::move(on_text)), on_token_(std::move(on_token)) {
   if (!g.stop.empty() && !tok) throw Error("generate: stop strings need a tokenizer");
-  if (g.json && (!tok || !json_vocab)) throw Error("generate: JSON mode needs a tokenizer");
+  if (g.constrained() && (!tok || !json_vocab)) throw Error("generate: JSON mode and forced tool calls need a tokenizer");
+  if (g.json && g.tool_calls) throw Error("generate: JSON output and forced tool calls exclude each other");
   if (g.max_new_tokens < 0) throw Error("generate: max_new_tokens must be >= 0");
   const int V = m.config.vocab_size;
   sampler_.set_banned(banned);
@@ -46,7 +47,7 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   for (int32_t id : g.stop_ids)
     if (id >= 0 && id < V) is_eos_[size_t(id)] = 2;
   if (g.min_tokens > 0) {
-    if (g.json) throw Error("generate: min_tokens does not run with JSON output");
+    if (g.constrained()) throw Error("generate: min_tokens does not run with JSON output or forced tool calls");
     std::vector<int32_t> held;
     for (int32_t id = 0; id < V; ++id)
       if (is_eos_[size_t(id)] == 2 || (g.stop_on_eos && is_eos_[size_t(id)])) held.push_back(id);
@@ -55,6 +56,7 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   }
   if (tok) dec_.emplace(*tok);
   if (g.json) json_.emplace(*json_vocab, g_.json_schema ? *g_.json_schema : JsonSchema::any_object(), is_eos_, g.stop_on_eos);
+  if (g.tool_calls) tool_calls_.emplace(*json_vocab, *g_.tool_calls, is_eos_, g.stop_on_eos);
   piece_.reserve(256);
   r_.prompt_tokens = int(prompt.size());
   r_.tokens.reserve(size_t(g.max_new_tokens));
@@ -69,12 +71,14 @@ void Completion::text(const std::string& s) {
 
 int32_t Completion::sample(const float* logits) {
   if (json_) sampler_.set_allowed(json_->allowed());
+  if (tool_calls_) sampler_.set_allowed(tool_calls_->allowed());
   return sampler_.sample(logits);
 }
 
 bool Completion::emit(int32_t id, bool context_full) {
   sampler_.accept(id);
   if (json_) json_->accept(id);
+  if (tool_calls_) tool_calls_->accept(id);
   r_.tokens.push_back(id);
   // vLLM's order: the draw after the min_tokens-th token may end the reply; stop strings are
   // matched in the text of the tokens after it.
@@ -100,6 +104,10 @@ bool Completion::emit(int32_t id, bool context_full) {
       r_.stop_string = stop_.matched();
       return true;
     }
+  }
+  if (tool_calls_ && tool_calls_->closed()) {  // the call block is whole: the reply ends as at an end-of-sequence token
+    r_.reason = StopReason::Eos;
+    return true;
   }
   if (int(r_.tokens.size()) == g_.max_new_tokens) {
     r_.reason = StopReason::MaxTokens;
@@ -195,7 +203,7 @@ int32_t Generator::mtp_draft(Sampler& sampler, std::span<const int32_t> history)
 GenerateResult Generator::generate(std::span<const int32_t> prompt, const GenerateOptions& g, const TextFn& on_text,
                                    const TokenFn& on_token) {
   const int V = engine_.model().config.vocab_size, max_ctx = engine_.options().max_ctx;
-  if (g.json && tok_ && !json_vocab_) json_vocab_ = std::make_unique<JsonVocab>(*tok_, V);
+  if (g.constrained() && tok_ && !json_vocab_) json_vocab_ = std::make_unique<JsonVocab>(*tok_, V);
   Completion comp(engine_.model(), tok_, prompt, g, banned_, on_text, on_token, json_vocab_.get());
   GenerateResult& r = comp.result();
   history_.assign(prompt.begin(), prompt.end());
@@ -210,8 +218,8 @@ GenerateResult Generator::generate(std::span<const int32_t> prompt, const Genera
     history_.push_back(id);
     return comp.emit(id, engine_.length(seq_) >= max_ctx);
   };
-  if ((g.json || g.min_tokens > 0) && (opt_.mtp || g.propose))
-    throw Error("generate: JSON output and min_tokens do not run with speculative decoding");
+  if ((g.constrained() || g.min_tokens > 0) && (opt_.mtp || g.propose))
+    throw Error("generate: JSON output, forced tool calls and min_tokens do not run with speculative decoding");
   const bool speculate = opt_.mtp || bool(g.propose);
   bool mtp_live = opt_.mtp && !g.propose;  // the MTP layer drafts (until the cache is too full to verify two)
   const size_t H = size_t(engine_.model().config.hidden_size);

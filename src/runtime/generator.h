@@ -57,6 +57,11 @@ struct GenerateOptions {
   // ends (an end-of-sequence token; with stop_on_eos off, spaces).
   bool json = false;
   std::shared_ptr<const JsonSchema> json_schema;
+  // Forced tool calls (tool_choice "required" or a named function, DeepSeek-V3.2's DSML;
+  // needs a tokenizer): every token is drawn among those that keep the reply the start of a
+  // call block these tools admit (sampling/tool_call_grammar.h); the block's end ends it.
+  std::shared_ptr<const ToolCallGrammar> tool_calls;
+  bool constrained() const { return json || tool_calls; }
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, ContextFull, Callback };
@@ -103,6 +108,7 @@ private:
   GenerateOptions g_;
   Sampler sampler_;
   std::optional<JsonMode> json_;
+  std::optional<ToolCallMode> tool_calls_;
   std::vector<uint8_t> is_eos_;  // 1: an end-of-sequence token, 2: one of stop_ids
   StopMatcher stop_;
   std::optional<StreamDecoder> dec_;

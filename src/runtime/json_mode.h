@@ -1,13 +1,16 @@
 #pragma once
-// JSON mode (GenerateOptions::json): before each draw, the mask of the tokens whose bytes keep
-// the reply the start of a JSON text its schema admits (any object without one).
+// Constrained replies: JSON mode (GenerateOptions::json) and forced tool calls
+// (GenerateOptions::tool_calls). Before each draw, the mask of the tokens whose bytes keep
+// the reply the start of a JSON text its schema admits (any object without one), or of a
+// tool-call block the tools admit.
 //
 // JsonVocab is the vocabulary as JSON mode reads it, the same for every request: each
 // token's bytes back to back, its class and its leading whitespace. Whoever holds the
 // tokenizer (the scheduler, the generator) builds it once and hands it to each request.
-// JsonMode is one request's state: the recognizer over its reply and its mask. A mask is
+// GrammarMode is one request's state: the recognizer over its reply and its mask. A mask is
 // one pass over the table: inside a string most tokens need no feed (no quote, backslash or
-// control byte); elsewhere a token whose first byte the recognizer refuses needs none either
+// control byte; in a tool call also no markup byte), in a tool call's raw text neither (no
+// markup byte); elsewhere a token whose first byte the recognizer refuses needs none either
 // (between tokens of the text, its first byte past leading whitespace, which changes nothing
 // there); only the rest are fed to a copy of the state.
 #include <cstdint>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "sampling/json_schema.h"
+#include "sampling/tool_call_grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsa {
@@ -25,11 +29,12 @@ class JsonVocab {
 public:
   // vocab: the model's (ids past the tokenizer's are never allowed).
   JsonVocab(const Tokenizer& tok, int vocab);
-  // kNever: special tokens (markup, never reply text), unknown or empty ones;
-  // kStringSafe: bytes that keep a string open (no quote, backslash or control byte).
-  enum Kind : uint8_t { kNever, kStringSafe, kOther };
-  size_t size() const { return kind_.size(); }
-  Kind kind(size_t id) const { return Kind(kind_[id]); }
+  // Token classes, as bits: kText: reply text (not a special token, unknown or empty);
+  // kStringSafe: bytes that keep a JSON string open (no quote, backslash or control byte);
+  // kNoMarkup: no byte that could begin DSML markup ('<' or 0xEF, the first byte of "｜").
+  enum Flag : uint8_t { kText = 1, kStringSafe = 2, kNoMarkup = 4 };
+  size_t size() const { return flags_.size(); }
+  uint8_t flags(size_t id) const { return flags_[id]; }
   uint8_t lead(size_t id) const { return lead_[id]; }  // leading whitespace bytes (at most 254; all: 255)
   std::string_view token(size_t id) const {
     const uint32_t b = id > 0 ? end_[id - 1] : 0;
@@ -39,36 +44,50 @@ public:
 private:
   std::string bytes_;          // every token's bytes, back to back
   std::vector<uint32_t> end_;  // token id's bytes end at end_[id] (start: end_[id - 1])
-  std::vector<uint8_t> kind_, lead_;
+  std::vector<uint8_t> flags_, lead_;
 };
 
-class JsonMode {
+// One request's constrained reply: the recognizer over its text (JsonSchemaPrefix for JSON
+// output, ToolCallPrefix for forced tool calls) and its mask.
+template <class Prefix>
+class GrammarMode {
 public:
-  // schema: what the reply must be (JsonSchema::any_object() for OpenAI's JSON mode);
-  // is_eos [vocab]; eos_ends: an end-of-sequence token ends the reply (else it is never
-  // allowed: it would land in the text). `vocab` and `schema` outlive the JsonMode.
-  JsonMode(const JsonVocab& vocab, const JsonSchema& schema, std::span<const uint8_t> is_eos, bool eos_ends);
+  // grammar: what the reply must be (a JsonSchema, JsonSchema::any_object() for OpenAI's
+  // JSON mode, or a ToolCallGrammar); is_eos [vocab]; eos_ends: an end-of-sequence token ends
+  // the reply (else it is never allowed: it would land in the text). `vocab` and `grammar`
+  // outlive the mode.
+  template <class Grammar>
+  GrammarMode(const JsonVocab& vocab, const Grammar& grammar, std::span<const uint8_t> is_eos, bool eos_ends)
+      : vocab_(vocab), eos_ends_(eos_ends), state_(grammar), allowed_(vocab.size()) {
+    for (size_t id = 0; id < is_eos.size(); ++id)
+      if (is_eos[id]) eos_.push_back(int32_t(id));
+  }
   // The tokens allowed at the next draw ([vocab], valid until the next call): those the
   // recognizer takes from here; an end-of-sequence token once the text is whole, and
   // nothing else once it is closed (spaces, when an end-of-sequence token would not end it).
   const uint8_t* allowed();
   void accept(int32_t id);  // an emitted token's bytes (not an end-of-sequence token's)
+  bool closed() const { return state_.closed(); }  // the text is whole and nothing may follow
 
   // A run of whitespace in the reply (between tokens of the text, or spaces in a string)
   // holds at most kMaxBlank bytes and kMaxBreaks line feeds until the text is closed: room
   // for any indentation, none for a model to spin in. Every place that takes whitespace
-  // also takes a byte that is not whitespace, so the limit closes no way out.
+  // also takes a byte that is not whitespace, so the limit closes no way out. (Raw text in
+  // a tool call is not bounded: Prefix::bounded_blanks().)
   static constexpr size_t kMaxBlank = 32, kMaxBreaks = 2;
 
 private:
   const JsonVocab& vocab_;
   std::vector<int32_t> eos_;
   bool eos_ends_;
-  JsonSchemaPrefix state_;
+  Prefix state_;
   std::vector<uint8_t> allowed_;
   size_t blank_ = 0, breaks_ = 0;  // the whitespace run the reply ends with
   bool is_eos(int32_t id) const;
   bool blank_ok(size_t id) const;
 };
+
+using JsonMode = GrammarMode<JsonSchemaPrefix>;
+using ToolCallMode = GrammarMode<ToolCallPrefix>;
 
 }  // namespace dsa

@@ -185,7 +185,7 @@ void Scheduler::admit() {
       w.feed = w.req->prompt;
       w.prompt_n = int(w.feed.size());
       // JSON output's constraint and min_tokens' suppression follow one token at a time.
-      w.mtp = opt_.mtp && !w.req->gen.json && w.req->gen.min_tokens == 0;
+      w.mtp = opt_.mtp && !w.req->gen.constrained() && w.req->gen.min_tokens == 0;
       if (w.mtp) {
         w.h.resize(2 * size_t(engine_.model().config.hidden_size));
         w.hist.reserve(size_t(engine_.options().max_ctx) + 2);
@@ -197,7 +197,7 @@ void Scheduler::admit() {
     if (fresh) {
       Request* req = w.req.get();
       try {
-        if (w.req->gen.json && tok_ && !json_vocab_) json_vocab_ = std::make_unique<JsonVocab>(*tok_, engine_.model().config.vocab_size);
+        if (w.req->gen.constrained() && tok_ && !json_vocab_) json_vocab_ = std::make_unique<JsonVocab>(*tok_, engine_.model().config.vocab_size);
         w.comp = std::make_unique<Completion>(engine_.model(), tok_, w.req->prompt, w.req->gen, banned_,
                                               [req](std::string_view s) { req->push_text(s); }, TokenFn{}, json_vocab_.get());
       } catch (const std::exception& e) {

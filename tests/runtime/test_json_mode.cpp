@@ -1,8 +1,9 @@
-// JsonMode's mask against the definition: with the DeepSeek-V3.2 tokenizer, after prefixes
-// that leave the recognizer in each kind of state, a token is allowed exactly when its bytes
-// fed to a copy of the state are all taken and it does not stretch a whitespace run past the
-// limit (end-of-sequence tokens once the text is whole, special tokens never). JSON mode
-// against JsonPrefix, a schema against JsonSchemaPrefix.
+// The constrained modes' masks against the definition: with the DeepSeek-V3.2 tokenizer, after
+// prefixes that leave the recognizer in each kind of state, a token is allowed exactly when
+// its bytes fed to a copy of the state are all taken and it does not stretch a whitespace run
+// past the limit where runs are bounded (end-of-sequence tokens once the text is whole,
+// special tokens never). JSON mode against JsonPrefix, a schema against JsonSchemaPrefix,
+// forced tool calls against ToolCallPrefix.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,10 +25,17 @@ bool blank_ok(std::string_view reply, std::string_view token) {
   return t == 0 || (run.size() <= JsonMode::kMaxBlank && size_t(std::count(run.begin(), run.end(), '\n')) <= JsonMode::kMaxBreaks);
 }
 
+// Whitespace runs are bounded everywhere in JSON, outside raw text in a tool call.
+template <class Ref>
+bool bounded_here(const Ref& r) {
+  if constexpr (requires { r.bounded_blanks(); }) return r.bounded_blanks();
+  else return true;
+}
+
 // The mask after each reply against feeding every token to `ref` (a recognizer of the same
 // texts, fed the reply).
-template <class Ref>
-void check_masks(const Tokenizer& tok, const JsonSchema& schema, const Ref& fresh, const std::vector<std::string>& replies) {
+template <class Mode = JsonMode, class Grammar, class Ref>
+void check_masks(const Tokenizer& tok, const Grammar& grammar, const Ref& fresh, const std::vector<std::string>& replies) {
   const int V = tok.vocab_size() + 3;  // a model vocabulary past the tokenizer's, as checkpoints pad it
   std::vector<uint8_t> is_eos(size_t(V), 0);
   is_eos[size_t(tok.eos_id())] = 1;
@@ -35,7 +43,7 @@ void check_masks(const Tokenizer& tok, const JsonSchema& schema, const Ref& fres
   for (const bool eos_ends : {true, false})
     for (const std::string& reply : replies) {
       SCOPED_TRACE(reply + (eos_ends ? "" : " (eos does not end)"));
-      JsonMode jm(vocab, schema, is_eos, eos_ends);
+      Mode jm(vocab, grammar, is_eos, eos_ends);
       Ref ref = fresh;
       ASSERT_TRUE(ref.feed(reply));
       for (int32_t id : tok.encode(reply)) jm.accept(id);
@@ -47,7 +55,8 @@ void check_masks(const Tokenizer& tok, const JsonSchema& schema, const Ref& fres
           want = ref.complete() && eos_ends;
         } else if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty() && !(ref.closed() && eos_ends)) {
           Ref next = ref;
-          want = next.feed(tok.token_bytes(id)) && (ref.closed() || blank_ok(reply, tok.token_bytes(id)));
+          const bool bounded = !ref.closed() && bounded_here(ref);
+          want = next.feed(tok.token_bytes(id)) && (!bounded || blank_ok(reply, tok.token_bytes(id)));
         }
         allowed += want;
         wrong += bool(got[id]) != want;
@@ -71,6 +80,26 @@ TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
   check_masks(tok, schema, JsonSchemaPrefix(schema),
               {"", "{", "{\"na", "{\"name\": \"Al", "{\"name\": \"Al\", ", "{\"name\": \"Al\", \"kind\": \"cat", "{\"name\": \"Al\", \"kind\": {\"a\": [1,",
                "{\"name\": \"Al\", \"age\": 4", "{\"name\": \"Al\", \"tags\": [{\"x\": ", "{\"name\": \"Al\"}"});
+}
+
+// Forced tool calls: the block's markup, names and keys, a raw value (where '<' and 0xEF
+// could begin markup, and whitespace is not bounded), a JSON value and its end, the close.
+TEST(ToolCallMode, MaskIsEveryTokenTheRecognizerTakes) {
+  const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "fields": {"type": "array",
+      "items": {"enum": ["temp", "wind"]}}}, "required": ["city"]}}}, {"type": "function", "function": {"name": "get_time"}}])");
+  const ToolCallGrammar grammar(tools, true);
+  const std::string open = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"";
+  const std::string city = open + "get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"";
+  const std::string days = city + "true\">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">";
+  const std::string fields = city + "true\">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name=\"fields\" string=\"false\">";
+  check_masks<ToolCallMode>(tok, grammar, ToolCallPrefix(grammar),
+                            {"", "\n\n<｜DSML｜func", open, open + "get_", open + "get_weather\">\n", open + "get_weather\">\n<｜DSML｜parameter name=\"ci",
+                             city, city + "true\">Par", city + "true\">Paris\n\n\n" + std::string(40, ' '), city + "true\">a ｜DS",
+                             city + "true\">a <", city + "true\">a</｜DSML", city + "true\">a</｜DSML｜", city + "true\">a</｜DSML｜par", city + "false\">\"Par", days + "3", fields + "[\"temp\", ",
+                             days + "3</｜DSML｜parameter>", days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>",
+                             days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n"});
 }
 
 }  // namespace
