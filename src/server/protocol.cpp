@@ -175,7 +175,7 @@ void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
   j.gen.max_new_tokens = int(std::min<int64_t>(mt.value_or(j.chat ? lim.max_tokens : kCompletionsDefaultMaxTokens), room));
   const int64_t least = integer(b, "min_tokens", 0, INT32_MAX).value_or(0);
   if (mt && least > *mt) bad("min_tokens", "above max_tokens (" + std::to_string(*mt) + ")");
-  if (least > 0 && j.gen.json) bad("min_tokens", "JSON output does not run with min_tokens");
+  if (least > 0 && j.gen.constrained()) bad("min_tokens", "JSON output and forced tool calls do not run with min_tokens");
   j.gen.min_tokens = int(least);
 }
 
@@ -343,6 +343,25 @@ void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
   }
 }
 
+// tool_choice "required" or a named function, on DeepSeek-V3.2 in chat mode: the reply is
+// drawn as a DSML call block of the offered tools (sampling/tool_call_grammar.h), one call
+// for a named function or with parallel_tool_calls false, more for "required". With thinking
+// the reasoning comes first, and there (as on GLM-5) the choice selects the tools offered.
+void parse_forced_tools(const json& b, const ModelInfo& m, const json& tools, Job& j) {
+  const json& choice = field(b, "tool_choice");
+  const bool named = choice.is_object(), required = choice == "required";
+  if (required && tools.empty()) bad("tool_choice", "\"required\" needs tools to call");
+  if (!named && !required) return;
+  if (m.family != Family::DeepseekV32 || j.thinking) return;
+  if (j.gen.json) bad("tool_choice", "a forced tool call does not run with JSON output (response_format)");
+  const bool several = required && boolean(b, "parallel_tool_calls").value_or(true);
+  try {
+    j.gen.tool_calls = std::make_shared<const ToolCallGrammar>(tools, several);
+  } catch (const Error& e) {
+    bad("tools", e.what());
+  }
+}
+
 // logit_bias: {"token id": bias in [-100, 100]}, added to those logits before sampling.
 void parse_logit_bias(const json& b, const ModelInfo& m, Job& j) {
   const json& lb = field(b, "logit_bias");
@@ -379,6 +398,7 @@ Job parse_chat_request(const nlohmann::ordered_json& b, const ModelInfo& m, cons
   parse_response_format(b, m, j);
   const json tools = offered_tools(b);
   j.tools = !tools.empty();
+  parse_forced_tools(b, m, tools, j);
   const std::string prompt = render(m, normalize_messages(field(b, "messages")), tools, j.thinking);
   try {
     j.prompts.push_back(m.tok->encode(prompt));  // the encoding carries BOS

@@ -896,6 +896,89 @@ TEST(Serve, ToolsAndToolResultsAreEncodedAsTheModelExpects) {
          400);
 }
 
+// tool_choice "required" or a named function on the random-weight model: every reply is a
+// call block (finish_reason tool_calls) of the offered tools, the named one alone, with
+// arguments that follow the tool's schema, streamed or not; without the choice the model
+// writes no calls. Choices that cannot be kept get 400.
+TEST(Serve, ForcedToolCallsFollowTheTools) {
+  Options o;
+  o.ctx = 2048;
+  TestServer s(test::tiny_model_dir(), o);
+  const auto tools = nlohmann::ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "unit": {"enum": ["celsius", "fahrenheit"]}, "hourly": {"type": "boolean"},
+        "fields": {"type": "array", "items": {"enum": ["temp", "wind"]}, "maxItems": 2}}, "required": ["unit"]}}},
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"anyOf": [{"enum": ["utc", "local"]}, {"type": "null"}]}}, "required": ["zone"]}}}])");
+  auto check_call = [](const json& call) {
+    const json args = json::parse(call["function"]["arguments"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(args.is_object()) << call.dump();
+    if (call["function"]["name"] == "get_weather") {
+      EXPECT_TRUE(args["unit"] == "celsius" || args["unit"] == "fahrenheit") << call.dump();
+      EXPECT_TRUE(!args.contains("hourly") || args["hourly"].is_boolean()) << call.dump();
+      EXPECT_TRUE(!args.contains("fields") || (args["fields"].is_array() && args["fields"].size() <= 2)) << call.dump();
+    } else {
+      EXPECT_EQ(call["function"]["name"], "get_time");
+      EXPECT_TRUE(args["zone"] == "utc" || args["zone"] == "local" || args["zone"].is_null()) << call.dump();
+    }
+  };
+  int free_calls = 0, whole = 0;
+  for (int k = 0; k < 4; ++k) {
+    nlohmann::ordered_json body = chat_body("What is the weather? " + std::to_string(k), 400, k == 0 ? 0.0 : 1.0, k);
+    body["tools"] = tools;
+    const json plain = s.post("/v1/chat/completions", body)["choices"][0];
+    free_calls += plain["finish_reason"] == "tool_calls";
+    for (const nlohmann::ordered_json& choice : {nlohmann::ordered_json("required"),
+                                                 nlohmann::ordered_json{{"type", "function"}, {"function", {{"name", "get_time"}}}}}) {
+      body["tool_choice"] = choice;
+      SCOPED_TRACE(choice.dump());
+      // A reply cut by max_tokens ("required" may go on calling) still lists its whole calls.
+      const json c = s.post("/v1/chat/completions", body)["choices"][0];
+      EXPECT_TRUE(c["finish_reason"] == "tool_calls" || c["finish_reason"] == "length") << c.dump();
+      whole += c["finish_reason"] == "tool_calls";
+      const json& calls = c["message"]["tool_calls"];
+      ASSERT_TRUE(c["finish_reason"] == "length" || (calls.is_array() && !calls.empty())) << c.dump();
+      EXPECT_TRUE(!choice.is_object() || calls.size() == 1u) << c.dump();
+      EXPECT_TRUE(c["message"]["content"].is_null() || c["message"]["content"] == "") << c.dump();
+      for (const json& call : calls) {
+        check_call(call);
+        EXPECT_TRUE(!choice.is_object() || call["function"]["name"] == "get_time") << call.dump();
+      }
+      std::string args;
+      json finish;
+      for (const json& e : s.stream("/v1/chat/completions", body)) {
+        const json& d = e["choices"][0]["delta"];
+        if (d.contains("tool_calls"))
+          for (const json& t : d["tool_calls"])
+            if (t.contains("function") && t["function"].contains("arguments")) args += t["function"]["arguments"].get<std::string>();
+        if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+      }
+      std::string all;
+      for (const json& call : calls) all += call["function"]["arguments"].get<std::string>();
+      EXPECT_EQ(args.substr(0, all.size()), all);
+      EXPECT_EQ(finish, c["finish_reason"]);
+    }
+  }
+  EXPECT_GT(whole, 4) << "few replies ended on their own";
+  EXPECT_EQ(free_calls, 0) << "the model calls tools anyway: this tests nothing";
+  nlohmann::ordered_json bad = chat_body("x", 4);
+  bad["tool_choice"] = "required";
+  s.post("/v1/chat/completions", bad, 400);  // no tools
+  bad["tools"] = tools;
+  bad["response_format"] = {{"type", "json_object"}};
+  s.post("/v1/chat/completions", bad, 400);
+  bad.erase("response_format");
+  bad["min_tokens"] = 2;
+  s.post("/v1/chat/completions", bad, 400);
+  bad.erase("min_tokens");
+  bad["tools"][0]["function"]["parameters"]["properties"]["unit"] = {{"type", "string"}, {"pattern", "^c"}};
+  const json e = s.post("/v1/chat/completions", bad, 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("'pattern' is not supported"), std::string::npos) << e.dump();
+  EXPECT_EQ(e["error"]["param"], "tools");
+  bad["chat_template_kwargs"] = {{"thinking", true}};  // with thinking the choice offers the tools, as before
+  s.post("/v1/chat/completions", bad, 200);
+}
+
 // The reply parser on the model's own markup: thinking into reasoning_content, DSML into
 // tool calls whose arguments stream in pieces, nothing of the markup in content.
 TEST(Serve, ReplyStreamSplitsThinkingAndToolCalls) {
