@@ -17,7 +17,7 @@ tool="$build/fuzz/dsa_fuzz_seeds"
 [ -x "$tool" ] || { echo "seeds.sh: $tool not built (cmake --build $build --target fuzz)" >&2; exit 1; }
 out="$build/fuzz-seeds"
 rm -rf "$out"
-for t in safetensors safetensors_index config tokenizer tokenizer_deepseek dsv32_parser dsv32_encoding glm5_template json_schema; do
+for t in safetensors safetensors_index config tokenizer tokenizer_deepseek dsv32_parser dsv32_encoding glm5_template json_schema tool_calls; do
   mkdir -p "$out/fuzz_$t"
 done
 [ -d "$shared" ] || echo "seeds.sh: no shared fixtures at $shared (set DSA_SHARED_DIR); hand-made seeds only" >&2
@@ -87,5 +87,12 @@ printf '%s\0%s' '{"type":"object","properties":{"name":{"type":"string"},"age":{
 printf '%s\0%s' '{"$defs":{"N":{"type":"object","properties":{"v":{"anyOf":[{"type":"number"},{"type":"null"}]},"kids":{"type":"array","items":{"$ref":"#/$defs/N"}}},"required":["v"]}},"$ref":"#/$defs/N"}' '{"v": 1.5, "kids": [{"v": null}]}' > "$j/hand-recursive"
 printf '%s\0%s' '{"anyOf":[{"type":"object","additionalProperties":{"type":"boolean"}},{"const":[1,{"k":"v"}]},{"type":["string","integer"]}]}' '[1, {"k": "v"}]' > "$j/hand-alternatives"
 printf '%s\0%s' '{"type":"object"}' '{"a": [1, {"b": null}], "c": "\u00e9"}' > "$j/hand-any"
+
+# Tool lists by hand (tools, NUL, a reply): a block the encoder writes, and one that stops short.
+j="$out/fuzz_tool_calls"
+w='{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"},"unit":{"anyOf":[{"enum":["c","f"]},{"type":"null"}]},"fields":{"type":"array","items":{"enum":["temp","wind"]}}},"required":["city"]}}}'
+n='{"type":"function","function":{"name":"now"}}'
+printf '%s\0%s' "[$w,$n]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="city" string="true">Paris</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="unit" string="true">c</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="fields" string="false">["temp", "wind"]</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-two-calls"
+printf '%s\0%s' "[$w]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="days" string="false">3' > "$j/hand-cut"
 
 for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done
