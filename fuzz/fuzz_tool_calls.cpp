@@ -1,9 +1,10 @@
 // Forced tool calls (sampling/tool_call_grammar.h) on fuzzed tool lists, and type-confused
 // variants of them (fuzz_util.h), fed fuzzed text. The input is a tools document (OpenAI's
-// list), a NUL, then the text a model might write. The tools compile or throw dsa::Error;
-// the recognizer then takes the text byte by byte, and after every byte it takes some byte
-// still goes on or the block is whole (no dead end for a masked sampler); a whole block in
-// valid UTF-8 parses (the reference parser's rules) into calls of the offered tools whose
+// list), a NUL, then the text a model might write, run with several calls in chat mode and
+// with one after reasoning in thinking mode. The tools compile or throw dsa::Error; the
+// recognizer then takes the text byte by byte, and after every byte it takes some byte still
+// goes on or the block is whole (no dead end for a masked sampler); a whole block in valid
+// UTF-8 parses (the reference parser's rules) into calls of the offered tools whose
 // arguments are JSON objects.
 #include <regex>
 #include <set>
@@ -29,8 +30,8 @@ bool goes_on(const dsa::ToolCallPrefix& p) {
   return false;
 }
 
-void check(const ojson& tools, std::string_view text, bool several) {
-  const dsa::ToolCallGrammar g(tools, several);
+void check(const ojson& tools, std::string_view text, bool several, bool thinking) {
+  const dsa::ToolCallGrammar g(tools, several, thinking);
   dsa::ToolCallPrefix p(g);
   FUZZ_CHECK(goes_on(p), "a fresh recognizer takes no byte");
   size_t taken = 0;
@@ -45,7 +46,7 @@ void check(const ojson& tools, std::string_view text, bool several) {
   for (const auto& t : g.tools()) names.insert(t.name);
   dsa::chat::dsv32::ParsedMessage m;
   try {
-    m = dsa::chat::dsv32::parse_completion(whole, dsa::chat::ThinkingMode::Chat);
+    m = dsa::chat::dsv32::parse_completion(whole, thinking ? dsa::chat::ThinkingMode::Thinking : dsa::chat::ThinkingMode::Chat);
   } catch (const dsa::Error& e) {
     FUZZ_CHECK(false, std::string("taken whole but not parsed (") + e.what() + "): " + whole);
   }
@@ -73,8 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   dsa::fuzz::run_with_variants(j, doc, 32, [&](const ojson& d) {
-    check(d, text, true);
-    check(d, text, false);
+    check(d, text, true, false);
+    check(d, text, false, true);
   });
   return 0;
 }

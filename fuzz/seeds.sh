@@ -88,11 +88,13 @@ printf '%s\0%s' '{"$defs":{"N":{"type":"object","properties":{"v":{"anyOf":[{"ty
 printf '%s\0%s' '{"anyOf":[{"type":"object","additionalProperties":{"type":"boolean"}},{"const":[1,{"k":"v"}]},{"type":["string","integer"]}]}' '[1, {"k": "v"}]' > "$j/hand-alternatives"
 printf '%s\0%s' '{"type":"object"}' '{"a": [1, {"b": null}], "c": "\u00e9"}' > "$j/hand-any"
 
-# Tool lists by hand (tools, NUL, a reply): a block the encoder writes, and one that stops short.
+# Tool lists by hand (tools, NUL, a reply): a block the encoder writes, one that stops short,
+# and one after reasoning.
 j="$out/fuzz_tool_calls"
 w='{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"},"unit":{"anyOf":[{"enum":["c","f"]},{"type":"null"}]},"fields":{"type":"array","items":{"enum":["temp","wind"]}}},"required":["city"]}}}'
 n='{"type":"function","function":{"name":"now"}}'
 printf '%s\0%s' "[$w,$n]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="city" string="true">Paris</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="unit" string="true">c</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="fields" string="false">["temp", "wind"]</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-two-calls"
 printf '%s\0%s' "[$w]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="days" string="false">3' > "$j/hand-cut"
+printf '%s\0%s' "[$n]" $'Think <b> first.</think>\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-thinking"
 
 for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done

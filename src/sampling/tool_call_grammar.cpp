@@ -19,6 +19,10 @@ constexpr std::string_view kParamClose = "</｜DSML｜parameter>";
 constexpr std::string_view kNextInvoke = "\n<｜DSML｜invoke name=\"";
 constexpr std::string_view kCallsClose = "\n</｜DSML｜function_calls>";
 constexpr std::string_view kDsml = "｜DSML｜";
+constexpr std::string_view kThinkEnd = "</think>", kThinkStart = "<think>";
+// "<｜" opens the BOS, EOS and DSML markup: the parser refuses the first two in reasoning and
+// content, and free text never opens the third.
+constexpr std::string_view kBarOpen = "<｜";
 // "</｜DSML｜" matched: the rest must be the close tag's.
 constexpr size_t kCloseMarkup = 2 + kDsml.size();
 
@@ -96,7 +100,8 @@ ToolCallGrammar::Tool compile_tool(const nlohmann::ordered_json& t, size_t i) {
 
 }  // namespace
 
-ToolCallGrammar::ToolCallGrammar(const nlohmann::ordered_json& tools, bool several) : several_(several) {
+ToolCallGrammar::ToolCallGrammar(const nlohmann::ordered_json& tools, bool several, bool thinking)
+    : several_(several), thinking_(thinking) {
   if (!tools.is_array() || tools.empty()) throw Error("tools: expected a non-empty list of tools to call");
   for (size_t i = 0; i < tools.size(); ++i) tools_.push_back(compile_tool(tools[i], i));
   std::sort(tools_.begin(), tools_.end(), [](const Tool& a, const Tool& b) { return a.name < b.name; });
@@ -105,8 +110,8 @@ ToolCallGrammar::ToolCallGrammar(const nlohmann::ordered_json& tools, bool sever
 }
 
 ToolCallPrefix::ToolCallPrefix(const ToolCallGrammar& g) : g_(&g), json_(JsonSchema::any_object()) {
-  alts_[0] = {kOpen, Then::ToolName};
-  n_alts_ = 1, alive_ = 1;
+  if (g.thinking()) phase_ = Phase::Think;
+  else offer({{kOpen, Then::ToolName}});
 }
 
 bool ToolCallPrefix::feed(std::string_view s) {
@@ -117,6 +122,7 @@ bool ToolCallPrefix::feed(std::string_view s) {
 
 bool ToolCallPrefix::feed(unsigned char c) {
   switch (phase_) {
+    case Phase::Think: return feed_think(c);
     case Phase::Lit: return feed_lit(c);
     case Phase::Name: return feed_name(c);
     case Phase::Key: return feed_key(c);
@@ -139,8 +145,11 @@ void ToolCallPrefix::offer(std::initializer_list<Alt> alts) {
 
 // Both patterns need an 0xEF byte (the first of "｜") after any tail short of their last "｜":
 // only a tail past it can be completed, or the close tag's strict part reached, without one.
+// In reasoning, "<think>" and "</think>" are completed without either byte once begun.
 bool ToolCallPrefix::markup_pending() const {
-  return dsml_ > kDsml.rfind('\xEF') || close_ > kParamClose.substr(0, kCloseMarkup).rfind('\xEF');
+  if (dsml_ > kDsml.rfind('\xEF') || bar_ > kBarOpen.rfind('\xEF')) return true;
+  if (phase_ == Phase::Think) return close_ > 0 || open_ > 0;
+  return close_ > kParamClose.substr(0, kCloseMarkup).rfind('\xEF');
 }
 
 uint32_t ToolCallPrefix::last_key() const {
@@ -171,10 +180,10 @@ void ToolCallPrefix::enter(Then t) {
     }
     case Then::Raw:
       phase_ = tool().raw[prop_].any ? Phase::Raw : Phase::RawEnum;
-      close_ = dsml_ = 0, cand_ = 0, at_ = 0;
+      close_ = dsml_ = bar_ = 0, cand_ = 0, at_ = 0;
       return;
     case Then::Json:
-      phase_ = Phase::Json, close_ = dsml_ = 0, at_ = 0;
+      phase_ = Phase::Json, close_ = dsml_ = bar_ = 0, at_ = 0;
       json_ = JsonSchemaPrefix(*tool().params->props[prop_].value);
       return;
     case Then::AfterValue:
@@ -242,15 +251,29 @@ bool ToolCallPrefix::feed_key(unsigned char c) {
   return false;
 }
 
+// Reasoning up to "</think>", after which the block begins.
+bool ToolCallPrefix::feed_think(unsigned char c) {
+  const uint8_t close = advance(kThinkEnd, close_, char(c)), open = advance(kThinkStart, open_, char(c));
+  const uint8_t dsml = advance(kDsml, dsml_, char(c)), bar = advance(kBarOpen, bar_, char(c));
+  if (close == kThinkEnd.size()) {
+    offer({{kOpen, Then::ToolName}});
+    return true;
+  }
+  if (open == kThinkStart.size() || dsml == kDsml.size() || bar == kBarOpen.size()) return false;
+  close_ = close, open_ = open, dsml_ = dsml, bar_ = bar;
+  return true;
+}
+
 bool ToolCallPrefix::feed_raw(unsigned char c) {
   const uint8_t close = advance(kParamClose, close_, char(c)), dsml = advance(kDsml, dsml_, char(c));
+  const uint8_t bar = advance(kBarOpen, bar_, char(c));
   if (close_ >= kCloseMarkup && close != close_ + 1) return false;  // "</｜DSML｜" begins only the close tag
   if (close == kParamClose.size()) {
     enter(Then::AfterValue);
     return true;
   }
-  if (dsml == kDsml.size() && close != kCloseMarkup) return false;
-  close_ = close, dsml_ = dsml;
+  if ((dsml == kDsml.size() && close != kCloseMarkup) || bar == kBarOpen.size()) return false;
+  close_ = close, dsml_ = dsml, bar_ = bar;
   return true;
 }
 
@@ -282,9 +305,9 @@ bool ToolCallPrefix::feed_json(unsigned char c) {
   }
   const bool space = c == ' ' || c == '\t' || c == '\n' || c == '\r';
   if (space && (at_ == 0 || json_.complete())) return false;
-  const uint8_t dsml = advance(kDsml, dsml_, char(c));
-  if (dsml == kDsml.size() || !json_.feed(c)) return false;
-  dsml_ = dsml, at_ = 1;  // at_: the value has begun
+  const uint8_t dsml = advance(kDsml, dsml_, char(c)), bar = advance(kBarOpen, bar_, char(c));
+  if (dsml == kDsml.size() || bar == kBarOpen.size() || !json_.feed(c)) return false;
+  dsml_ = dsml, bar_ = bar, at_ = 1;  // at_: the value has begun
   return true;
 }
 

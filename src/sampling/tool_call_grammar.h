@@ -12,8 +12,11 @@
 // string="true|false">VALUE</｜DSML｜parameter>'. A value with string="true" is raw text (only
 // where the parameter's schema admits a string); with string="false" it is JSON the schema
 // admits. Parameters come in the schema's order, each at most once, the required ones always
-// (as JsonSchemaPrefix takes an object's properties). No value contains "｜DSML｜": the
-// parser reads a value up to the next "/｜DSML｜parameter".
+// (as JsonSchemaPrefix takes an object's properties). In thinking mode the reasoning comes
+// first, free text up to "</think>", and the block follows it directly. No free text (the
+// reasoning, a value) holds "｜DSML｜" (the parser reads a value up to the next
+// "/｜DSML｜parameter") or "<｜" (which opens the BOS and EOS markup, refused in reasoning),
+// and the reasoning holds no "<think>".
 //
 // A tool's parameters are the properties its "parameters" schema declares (the subset
 // sampling/json_schema.h lists); a tool without declared properties takes none.
@@ -45,15 +48,16 @@ public:
     const JsonSchemaNode* params = nullptr;  // the schema's root (its props match keys)
   };
   // tools: OpenAI's list ({"type": "function", "function": {"name", "parameters"}}), the ones
-  // the reply may call; several: more than one call per reply. Throws Error naming the tool
-  // and what cannot be written or enforced.
-  ToolCallGrammar(const nlohmann::ordered_json& tools, bool several);
+  // the reply may call; several: more than one call per reply; thinking: the reply begins
+  // with reasoning. Throws Error naming the tool and what cannot be written or enforced.
+  ToolCallGrammar(const nlohmann::ordered_json& tools, bool several, bool thinking = false);
   const std::vector<Tool>& tools() const { return tools_; }  // sorted by name
   bool several() const { return several_; }
+  bool thinking() const { return thinking_; }
 
 private:
   std::vector<Tool> tools_;
-  bool several_;
+  bool several_, thinking_;
 };
 
 class ToolCallPrefix {
@@ -64,17 +68,17 @@ public:
   bool complete() const { return phase_ == Phase::Done; }
   bool closed() const { return complete(); }
   // Inside a JSON string, or raw text, where any bytes free of quotes, backslashes, control
-  // bytes (in JSON), '<' and 0xEF (kGuardsMarkup: either could begin markup) keep the state.
+  // bytes (in JSON), '<' and 0xEF (kGuardsMarkup: either could begin markup) keep the state; so do they in reasoning.
   static constexpr bool kGuardsMarkup = true;
   bool in_string() const { return phase_ == Phase::Json && json_.in_string() && !markup_pending(); }
-  bool in_raw() const { return phase_ == Phase::Raw && !markup_pending(); }
+  bool in_raw() const { return (phase_ == Phase::Raw || phase_ == Phase::Think) && !markup_pending(); }
   bool between_tokens() const { return phase_ == Phase::Json && json_.between_tokens(); }
   // Whitespace runs are bounded by the mask outside raw text (code in a string parameter
   // keeps its indentation).
-  bool bounded_blanks() const { return phase_ != Phase::Raw; }
+  bool bounded_blanks() const { return phase_ != Phase::Raw && phase_ != Phase::Think; }
 
 private:
-  enum class Phase : uint8_t { Lit, Name, Key, Raw, RawEnum, Json, Done };
+  enum class Phase : uint8_t { Think, Lit, Name, Key, Raw, RawEnum, Json, Done };
   enum class Then : uint8_t { ToolName, InvokeBody, KeyName, StringAttr, Raw, Json, AfterValue, AfterInvoke, Done };
   struct Alt {
     std::string_view text;
@@ -87,7 +91,8 @@ private:
   uint16_t at_ = 0;                 // Lit, Name, Key, RawEnum: bytes matched
   uint32_t tool_ = 0, cand_ = 0;    // the call's tool; Name / Key / RawEnum: the first candidate matching so far
   uint32_t next_ = 0, prop_ = 0;    // the first parameter not passed; the one whose value is read
-  uint8_t close_ = 0, dsml_ = 0;    // Raw / Json: the text's tail matching "</｜DSML｜parameter>" / "｜DSML｜"
+  uint8_t close_ = 0, dsml_ = 0;    // Raw / Json / Think: the text's tail matching the close tag / "｜DSML｜"
+  uint8_t open_ = 0, bar_ = 0;      // Think: the tail matching "<think>"; free text: "<｜"
   JsonSchemaPrefix json_;
 
   const ToolCallGrammar::Tool& tool() const { return g_->tools()[tool_]; }
@@ -96,6 +101,7 @@ private:
   bool feed_lit(unsigned char c);
   bool feed_name(unsigned char c);
   bool feed_key(unsigned char c);
+  bool feed_think(unsigned char c);
   bool feed_raw(unsigned char c);
   bool feed_raw_enum(unsigned char c);
   bool feed_json(unsigned char c);

@@ -343,20 +343,20 @@ void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
   }
 }
 
-// tool_choice "required" or a named function, on DeepSeek-V3.2 in chat mode: the reply is
-// drawn as a DSML call block of the offered tools (sampling/tool_call_grammar.h), one call
-// for a named function or with parallel_tool_calls false, more for "required". With thinking
-// the reasoning comes first, and there (as on GLM-5) the choice selects the tools offered.
+// tool_choice "required" or a named function, on DeepSeek-V3.2: the reply is drawn as a DSML
+// call block of the offered tools (sampling/tool_call_grammar.h), after the reasoning with
+// thinking; one call for a named function or with parallel_tool_calls false, more for
+// "required". On GLM-5 the choice selects the tools offered.
 void parse_forced_tools(const json& b, const ModelInfo& m, const json& tools, Job& j) {
   const json& choice = field(b, "tool_choice");
   const bool named = choice.is_object(), required = choice == "required";
   if (required && tools.empty()) bad("tool_choice", "\"required\" needs tools to call");
   if (!named && !required) return;
-  if (m.family != Family::DeepseekV32 || j.thinking) return;
+  if (m.family != Family::DeepseekV32) return;
   if (j.gen.json) bad("tool_choice", "a forced tool call does not run with JSON output (response_format)");
   const bool several = required && boolean(b, "parallel_tool_calls").value_or(true);
   try {
-    j.gen.tool_calls = std::make_shared<const ToolCallGrammar>(tools, several);
+    j.gen.tool_calls = std::make_shared<const ToolCallGrammar>(tools, several, j.thinking);
   } catch (const Error& e) {
     bad("tools", e.what());
   }

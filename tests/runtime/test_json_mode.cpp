@@ -100,6 +100,10 @@ TEST(ToolCallMode, MaskIsEveryTokenTheRecognizerTakes) {
                              city + "true\">a <", city + "true\">a</｜DSML", city + "true\">a</｜DSML｜", city + "true\">a</｜DSML｜par", city + "false\">\"Par", days + "3", fields + "[\"temp\", ",
                              days + "3</｜DSML｜parameter>", days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>",
                              days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n"});
+  const ToolCallGrammar thinking(tools, false, true);
+  check_masks<ToolCallMode>(tok, thinking, ToolCallPrefix(thinking),
+                            {"", "Let me see", "Let me see\n\n\n" + std::string(40, ' '), "a <", "a </thi", "a <thi", "a <think", "a </think", "a ｜DS", "a</think>",
+                             "a</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_t"});
 }
 
 }  // namespace

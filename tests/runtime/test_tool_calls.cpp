@@ -88,6 +88,8 @@ TEST(ToolCalls, WhatBreaksTheSchemaOrTheFormatIsRefused) {
   EXPECT_FALSE(takes(g, w + "city\" string=\"true\">a｜DSML｜")) << "markup inside a value";
   EXPECT_FALSE(takes(g, w + "city\" string=\"true\">a</｜DSML｜invoke>")) << "an invoke closed inside a value";
   EXPECT_FALSE(takes(g, w + "city\" string=\"false\">\"｜DSML｜")) << "markup inside a JSON string";
+  EXPECT_FALSE(takes(g, w + "city\" string=\"true\">a<｜")) << "markup opened inside a value";
+  EXPECT_FALSE(takes(g, w + "city\" string=\"false\">\"<｜")) << "markup opened inside a JSON string";
   EXPECT_FALSE(takes(g, w + "city\" string=\"true\">a ｜DSML\xEF\xBD" + "\x9C")) << "markup completed by a lone byte";
   EXPECT_FALSE(takes(g, w + "city\" string=\"true\">a</｜DSML｜x")) << "a close tag begun and left";
   EXPECT_TRUE(takes(g, w + "city\" string=\"true\">a < b ｜ DSML | </ c\n\n\"\\</｜DSML｜parameter>"));
@@ -96,6 +98,27 @@ TEST(ToolCalls, WhatBreaksTheSchemaOrTheFormatIsRefused) {
   EXPECT_TRUE(takes(g, done, &whole));
   EXPECT_TRUE(whole);
   EXPECT_FALSE(takes(g, done + " ")) << "text after the block";
+}
+
+// Thinking mode: reasoning (free text, markup-like bytes included) up to "</think>", then the
+// block at once.
+TEST(ToolCalls, ThinkingReasonsFirst) {
+  const ToolCallGrammar g(weather_tools(), true, true);
+  const std::string block = rendered_block(ojson::parse(R"([["now", {}]])"));
+  bool whole = false;
+  EXPECT_TRUE(takes(g, "Check <b>now</b>: a < b, ｜ DS\n\n</think>" + block, &whole));
+  EXPECT_TRUE(whole);
+  EXPECT_TRUE(takes(g, "</think>" + block, &whole));
+  EXPECT_TRUE(whole);
+  EXPECT_FALSE(takes(g, block)) << "no reasoning end";
+  EXPECT_FALSE(takes(g, "a<think>")) << "a second think tag";
+  EXPECT_FALSE(takes(g, "a｜DSML｜")) << "markup in reasoning";
+  EXPECT_FALSE(takes(g, "a<｜end▁of▁sentence｜>")) << "an end-of-sequence text in reasoning";
+  EXPECT_FALSE(takes(g, "a</think>Sure." + block)) << "content before the block";
+  chat::dsv32::ParsedMessage m;
+  ASSERT_NO_THROW(m = chat::dsv32::parse_completion("Check.</think>" + block, chat::ThinkingMode::Thinking));
+  EXPECT_EQ(m.reasoning_content, "Check.");
+  ASSERT_EQ(m.tool_calls.size(), 1u);
 }
 
 TEST(ToolCalls, ToolsThatCannotBeWrittenOrEnforcedAreErrors) {

@@ -898,8 +898,8 @@ TEST(Serve, ToolsAndToolResultsAreEncodedAsTheModelExpects) {
 
 // tool_choice "required" or a named function on the random-weight model: every reply is a
 // call block (finish_reason tool_calls) of the offered tools, the named one alone, with
-// arguments that follow the tool's schema, streamed or not; without the choice the model
-// writes no calls. Choices that cannot be kept get 400.
+// arguments that follow the tool's schema, streamed or not, also after reasoning in thinking
+// mode; without the choice the model writes no calls. Choices that cannot be kept get 400.
 TEST(Serve, ForcedToolCallsFollowTheTools) {
   Options o;
   o.ctx = 2048;
@@ -975,8 +975,25 @@ TEST(Serve, ForcedToolCallsFollowTheTools) {
   const json e = s.post("/v1/chat/completions", bad, 400);
   EXPECT_NE(e["error"]["message"].get<std::string>().find("'pattern' is not supported"), std::string::npos) << e.dump();
   EXPECT_EQ(e["error"]["param"], "tools");
-  bad["chat_template_kwargs"] = {{"thinking", true}};  // with thinking the choice offers the tools, as before
-  s.post("/v1/chat/completions", bad, 200);
+  bad["chat_template_kwargs"] = {{"thinking", true}};
+  s.post("/v1/chat/completions", bad, 400);
+  // With thinking the reasoning comes first, free, and the block follows "</think>" (nudged
+  // by a logit bias: the random weights would take long to write it).
+  const int32_t think_end = s.post("/tokenize", {{"prompt", "</think>"}})["tokens"].back().get<int32_t>();
+  int reasoned = 0;
+  for (int k = 0; k < 3; ++k) {
+    nlohmann::ordered_json body = chat_body("Think, then call. " + std::to_string(k), 600, 1.0, k);
+    body["tools"] = tools;
+    body["tool_choice"] = "required";
+    body["chat_template_kwargs"] = {{"thinking", true}};
+    body["logit_bias"] = {{std::to_string(think_end), 4}};
+    const json c = s.post("/v1/chat/completions", body)["choices"][0];
+    ASSERT_EQ(c["finish_reason"], "tool_calls") << c.dump();
+    EXPECT_TRUE(c["message"]["content"].is_null() || c["message"]["content"] == "") << c.dump();
+    reasoned += c["message"].contains("reasoning_content") && !c["message"]["reasoning_content"].get<std::string>().empty();
+    for (const json& call : c["message"]["tool_calls"]) check_call(call);
+  }
+  EXPECT_GT(reasoned, 0) << "no reply reasoned before its calls";
 }
 
 // The reply parser on the model's own markup: thinking into reasoning_content, DSML into
