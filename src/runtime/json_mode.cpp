@@ -4,7 +4,8 @@
 
 namespace dsa {
 
-JsonVocab::JsonVocab(const Tokenizer& tok, int vocab) : end_(size_t(vocab)), flags_(size_t(vocab), 0), lead_(size_t(vocab), 0) {
+JsonVocab::JsonVocab(const Tokenizer& tok, int vocab)
+    : end_(size_t(vocab)), flags_(size_t(vocab), 0), blank_len_(size_t(vocab), 0), blank_breaks_(size_t(vocab), 0) {
   for (int32_t id = 0; id < vocab; ++id) {
     if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty()) {
       const std::string& b = tok.token_bytes(id);
@@ -15,60 +16,75 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int vocab) : end_(size_t(vocab)), fla
         plain &= c != '<' && c != 0xEF;
       }
       flags_[size_t(id)] = uint8_t(kText | (safe ? kStringSafe : 0) | (plain ? kNoMarkup : 0));
-      const size_t lead = b.find_first_not_of(" \t\n\r");
-      lead_[size_t(id)] = uint8_t(lead == std::string::npos || lead > 254 ? 255 : lead);
+      const size_t lead = std::min(b.find_first_not_of(" \t\n\r"), b.size());
+      blank_len_[size_t(id)] = uint8_t(std::min<size_t>(lead, 255));
+      blank_breaks_[size_t(id)] = uint8_t(std::min<ptrdiff_t>(std::count(b.begin(), b.begin() + ptrdiff_t(lead), '\n'), 255));
     }
     end_[size_t(id)] = uint32_t(bytes_.size());
   }
+  build_index(false);
+  build_index(true);
+}
+
+void JsonVocab::build_index(bool past_blank) {
+  Index& x = index_[past_blank];
+  auto key = [&](size_t id) {
+    const std::string_view b = token(id);
+    const size_t at = past_blank && blank_len_[id] < b.size() ? blank_len_[id] : 0;
+    return static_cast<unsigned char>(b[at]);
+  };
+  for (size_t id = 0; id < size(); ++id)
+    if (flags_[id] & kText) ++x.at[key(id) + 1];
+  for (int c = 0; c < 256; ++c) x.at[c + 1] += x.at[c];
+  x.ids.resize(x.at[256]);
+  uint32_t fill[256];
+  std::copy(x.at, x.at + 256, fill);
+  for (size_t id = 0; id < size(); ++id)
+    if (flags_[id] & kText) x.ids[fill[key(id)]++] = int32_t(id);
 }
 
 template <class Prefix>
 bool GrammarMode<Prefix>::is_eos(int32_t id) const { return std::find(eos_.begin(), eos_.end(), id) != eos_.end(); }
 
 template <class Prefix>
-bool GrammarMode<Prefix>::blank_ok(size_t id) const {
-  const std::string_view b = vocab_.token(id);
-  const size_t n = vocab_.lead(id) == 255 ? b.size() : vocab_.lead(id);
-  return blank_ + n <= kMaxBlank && breaks_ + size_t(std::count(b.begin(), b.begin() + ptrdiff_t(n), '\n')) <= kMaxBreaks;
-}
-
-template <class Prefix>
 const uint8_t* GrammarMode<Prefix>::allowed() {
+  std::fill(allowed_.begin(), allowed_.end(), uint8_t(0));
   const bool whole = state_.complete(), closed = state_.closed() && eos_ends_;
-  const bool between = state_.between_tokens(), limit_blanks = !state_.closed() && state_.bounded_blanks();
-  // Tokens taken whole without a feed: inside a string those of string-safe bytes (in a tool
-  // call, also free of markup bytes), in raw text those free of markup bytes.
-  constexpr uint8_t kMarkup = Prefix::kGuardsMarkup ? JsonVocab::kNoMarkup : 0;
-  const uint8_t safe = state_.in_string() ? uint8_t(JsonVocab::kStringSafe | kMarkup) : state_.in_raw() ? JsonVocab::kNoMarkup : 0;
-  // The first bytes the recognizer takes from here.
-  uint8_t first[256];
-  for (int c = 0; c < 256; ++c) {
-    Prefix next = state_;
-    first[c] = next.feed(static_cast<unsigned char>(c));
-  }
-  const size_t V = vocab_.size();
-  for (size_t id = 0; id < V; ++id) {
-    uint8_t ok = 0;
-    if (vocab_.lead(id) != 0 && limit_blanks && !blank_ok(id)) {
-      allowed_[id] = 0;
-      continue;
+  if (!closed) {
+    const bool limit = !state_.closed() && state_.bounded_blanks();
+    auto blank_ok = [&](size_t id) {
+      return !limit || (blank_ + vocab_.blank_len(id) <= kMaxBlank && breaks_ + vocab_.blank_breaks(id) <= kMaxBreaks);
+    };
+    // Tokens taken whole without a feed: inside a string those of string-safe bytes (in a tool
+    // call, also free of markup bytes), in raw text those free of markup bytes.
+    constexpr uint8_t kMarkup = Prefix::kGuardsMarkup ? JsonVocab::kNoMarkup : 0;
+    const uint8_t safe = state_.in_string() ? uint8_t(JsonVocab::kStringSafe | kMarkup) : state_.in_raw() ? JsonVocab::kNoMarkup : 0;
+    if (safe) {
+      const uint8_t want = safe | JsonVocab::kText;
+      for (size_t id = 0; id < allowed_.size(); ++id) allowed_[id] = (vocab_.flags(id) & want) == want && blank_ok(id);
     }
-    const uint8_t f = vocab_.flags(id);
-    if (!(f & JsonVocab::kText) || closed) {
-      allowed_[id] = 0;
-      continue;
-    }
-    if (safe && (f & safe) == safe) {
-      ok = 1;
-    } else {
-      const std::string_view b = vocab_.token(id);
-      const size_t at = between && vocab_.lead(id) != 255 ? vocab_.lead(id) : 0;  // all whitespace: its first byte
-      if (first[static_cast<unsigned char>(b[at])]) {
+    // The rest, fed to a copy of the state where the recognizer takes their first byte. Where
+    // that byte is whitespace after which the text is between tokens (a number it ended, say),
+    // the rest of a token's leading whitespace changes nothing, so its first other byte must
+    // be taken there too: most tokens that begin with a space are refused without a feed.
+    const bool between = state_.between_tokens();
+    for (int c = 0; c < 256; ++c) {
+      Prefix first = state_;
+      if (!first.feed(static_cast<unsigned char>(c))) continue;
+      const bool past_blank = (c == ' ' || c == '\t' || c == '\n' || c == '\r') && first.between_tokens();
+      uint8_t then[256];
+      for (int d = 0; d < 256 && past_blank; ++d) {
+        Prefix next = first;
+        then[d] = next.feed(static_cast<unsigned char>(d));
+      }
+      for (int32_t id : vocab_.starting_with(static_cast<unsigned char>(c), between)) {
+        if (allowed_[size_t(id)] || !blank_ok(size_t(id))) continue;
+        const std::string_view b = vocab_.token(size_t(id));
+        if (past_blank && vocab_.blank_len(size_t(id)) < b.size() && !then[static_cast<unsigned char>(b[vocab_.blank_len(size_t(id))])]) continue;
         Prefix next = state_;
-        ok = next.feed(b);
+        allowed_[size_t(id)] = next.feed(b);
       }
     }
-    allowed_[id] = ok;
   }
   for (int32_t id : eos_) allowed_[size_t(id)] = whole && eos_ends_;
   return allowed_.data();

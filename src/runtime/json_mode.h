@@ -7,12 +7,12 @@
 // JsonVocab is the vocabulary as JSON mode reads it, the same for every request: each
 // token's bytes back to back, its class and its leading whitespace. Whoever holds the
 // tokenizer (the scheduler, the generator) builds it once and hands it to each request.
-// GrammarMode is one request's state: the recognizer over its reply and its mask. A mask is
-// one pass over the table: inside a string most tokens need no feed (no quote, backslash or
-// control byte; in a tool call also no markup byte), in a tool call's raw text neither (no
-// markup byte); elsewhere a token whose first byte the recognizer refuses needs none either
-// (between tokens of the text, its first byte past leading whitespace, which changes nothing
-// there); only the rest are fed to a copy of the state.
+// GrammarMode is one request's state: the recognizer over its reply and its mask. Inside a
+// string most tokens need no feed (no quote, backslash or control byte; in a tool call also no
+// markup byte), in a tool call's raw text neither (no markup byte): one pass over the flags
+// takes them. Of the rest, only the tokens whose first byte the recognizer takes are fed, each
+// to a copy of the state, found through the table's index by first byte (between tokens of
+// the text, the first byte past leading whitespace, which changes nothing there).
 #include <cstdint>
 #include <span>
 #include <string>
@@ -35,16 +35,31 @@ public:
   enum Flag : uint8_t { kText = 1, kStringSafe = 2, kNoMarkup = 4 };
   size_t size() const { return flags_.size(); }
   uint8_t flags(size_t id) const { return flags_[id]; }
-  uint8_t lead(size_t id) const { return lead_[id]; }  // leading whitespace bytes (at most 254; all: 255)
+  // The token's leading whitespace (all of it when it is only whitespace): its bytes (at most
+  // 255) and its line feeds.
+  uint8_t blank_len(size_t id) const { return blank_len_[id]; }
+  uint8_t blank_breaks(size_t id) const { return blank_breaks_[id]; }
   std::string_view token(size_t id) const {
     const uint32_t b = id > 0 ? end_[id - 1] : 0;
     return std::string_view(bytes_).substr(b, end_[id] - b);
   }
+  // The text tokens whose first byte is c, or (past_blank) whose first byte past their
+  // leading whitespace is c (a token of whitespace only: its first byte).
+  std::span<const int32_t> starting_with(unsigned char c, bool past_blank) const {
+    const Index& x = index_[past_blank];
+    return std::span<const int32_t>(x.ids).subspan(x.at[c], x.at[c + 1] - x.at[c]);
+  }
 
 private:
+  struct Index {
+    std::vector<int32_t> ids;  // grouped by the byte
+    uint32_t at[257] = {};     // byte c's group: ids[at[c], at[c + 1])
+  };
   std::string bytes_;          // every token's bytes, back to back
   std::vector<uint32_t> end_;  // token id's bytes end at end_[id] (start: end_[id - 1])
-  std::vector<uint8_t> flags_, lead_;
+  std::vector<uint8_t> flags_, blank_len_, blank_breaks_;
+  Index index_[2];
+  void build_index(bool past_blank);
 };
 
 // One request's constrained reply: the recognizer over its text (JsonSchemaPrefix for JSON
@@ -84,7 +99,6 @@ private:
   std::vector<uint8_t> allowed_;
   size_t blank_ = 0, breaks_ = 0;  // the whitespace run the reply ends with
   bool is_eos(int32_t id) const;
-  bool blank_ok(size_t id) const;
 };
 
 using JsonMode = GrammarMode<JsonSchemaPrefix>;
