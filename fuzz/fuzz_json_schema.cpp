@@ -19,23 +19,14 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-bool goes_on(const dsa::JsonSchemaPrefix& p) {
-  if (p.complete()) return true;
-  for (int c = 0; c < 256; ++c) {
-    dsa::JsonSchemaPrefix q = p;
-    if (q.feed(static_cast<unsigned char>(c))) return true;
-  }
-  return false;
-}
-
 void check(const ojson& schema, std::string_view text) {
   const dsa::JsonSchema s(schema);
   dsa::JsonSchemaPrefix p(s);
-  FUZZ_CHECK(goes_on(p), "a fresh recognizer takes no byte");
+  FUZZ_CHECK(dsa::fuzz::goes_on(p), "a fresh recognizer takes no byte");
   size_t taken = 0;
   for (; taken < text.size() && taken < 512; ++taken) {
     if (!p.feed(static_cast<unsigned char>(text[taken]))) return;
-    FUZZ_CHECK(goes_on(p), "dead end after " + std::string(text.substr(0, taken + 1)));
+    FUZZ_CHECK(dsa::fuzz::goes_on(p), "dead end after " + std::string(text.substr(0, taken + 1)));
   }
   if (!p.complete()) return;
   const std::string whole(text.substr(0, taken));

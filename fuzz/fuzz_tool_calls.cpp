@@ -21,23 +21,14 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-bool goes_on(const dsa::ToolCallPrefix& p) {
-  if (p.complete()) return true;
-  for (int c = 0; c < 256; ++c) {
-    dsa::ToolCallPrefix q = p;
-    if (q.feed(static_cast<unsigned char>(c))) return true;
-  }
-  return false;
-}
-
 void check(const ojson& tools, std::string_view text, bool several, bool thinking) {
   const dsa::ToolCallGrammar g(tools, several, thinking);
   dsa::ToolCallPrefix p(g);
-  FUZZ_CHECK(goes_on(p), "a fresh recognizer takes no byte");
+  FUZZ_CHECK(dsa::fuzz::goes_on(p), "a fresh recognizer takes no byte");
   size_t taken = 0;
   for (; taken < text.size() && taken < 1024; ++taken) {
     if (!p.feed(static_cast<unsigned char>(text[taken]))) return;
-    FUZZ_CHECK(goes_on(p), "dead end after " + std::string(text.substr(0, taken + 1)));
+    FUZZ_CHECK(dsa::fuzz::goes_on(p), "dead end after " + std::string(text.substr(0, taken + 1)));
   }
   if (!p.complete()) return;
   const std::string whole(text.substr(0, taken));

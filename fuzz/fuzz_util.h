@@ -57,6 +57,18 @@ inline uint64_t hash_bytes(std::string_view s) {  // FNV-1a
 // which replacements depend on a hash of the input, so every mutation tries new ones.
 // `run` gets each document; it may throw dsa::Error, anything else is reported with the
 // variant that caused it.
+// A byte recognizer (JsonSchemaPrefix, ToolCallPrefix) that is not at a dead end: its text is
+// whole, or some byte goes on with it.
+template <class Prefix>
+bool goes_on(const Prefix& p) {
+  if (p.complete()) return true;
+  for (int c = 0; c < 256; ++c) {
+    Prefix q = p;
+    if (q.feed(static_cast<unsigned char>(c))) return true;
+  }
+  return false;
+}
+
 template <class Json, class Run>
 void run_with_variants(const Json& doc, std::string_view input, size_t max_variants, Run&& run) {
   static const char* const kValues[] = {

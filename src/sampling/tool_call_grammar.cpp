@@ -107,6 +107,7 @@ ToolCallGrammar::ToolCallGrammar(const nlohmann::ordered_json& tools, bool sever
   std::sort(tools_.begin(), tools_.end(), [](const Tool& a, const Tool& b) { return a.name < b.name; });
   for (size_t i = 1; i < tools_.size(); ++i)
     if (tools_[i].name == tools_[i - 1].name) throw Error("tools: the name '" + tools_[i].name + "' is given twice");
+  for (const Tool& t : tools_) names_.push_back(t.name);
 }
 
 ToolCallPrefix::ToolCallPrefix(const ToolCallGrammar& g) : g_(&g), json_(JsonSchema::any_object()) {
@@ -210,45 +211,40 @@ bool ToolCallPrefix::feed_lit(unsigned char c) {
   return true;
 }
 
-// Tool names are sorted, so the ones that begin with the bytes so far are a run from cand_.
-bool ToolCallPrefix::feed_name(unsigned char c) {
-  const auto& tools = g_->tools();
-  const std::string_view typed = std::string_view(tools[cand_].name).substr(0, at_);
-  for (uint32_t t = cand_; t < tools.size() && tools[t].name.compare(0, at_, typed) == 0; ++t) {
-    const std::string& n = tools[t].name;
-    if (c == '"' && n.size() == at_) {
-      tool_ = t, next_ = 0;
-      offer({{kNameEnd, Then::InvokeBody}});
-      return true;
-    }
-    if (n.size() > at_ && static_cast<unsigned char>(n[at_]) == c) {
-      cand_ = t, ++at_;
-      return true;
+// Candidates [cand_, last] of which those that begin with the bytes so far (cand_'s first at_
+// bytes) may still be written: c goes on with one of them (cand_ becomes the first), or, as
+// `end`, ends one that is whole (its index is returned).
+int64_t ToolCallPrefix::narrow(const std::vector<std::string>& cands, size_t last, unsigned char c, unsigned char end) {
+  const std::string_view typed = std::string_view(cands[cand_]).substr(0, at_);
+  for (size_t i = cand_; i <= last; ++i) {
+    const std::string& s = cands[i];
+    if (s.compare(0, at_, typed) != 0) continue;
+    if (c == end && s.size() == at_) return int64_t(i);
+    if (s.size() > at_ && static_cast<unsigned char>(s[at_]) == c) {
+      cand_ = uint32_t(i), ++at_;
+      return kGoesOn;
     }
   }
-  return false;
+  return kRefused;
 }
 
-// The keys that may come next, [next_, last_key()], in schema order: the first one that
-// begins with the bytes so far is cand_.
-bool ToolCallPrefix::feed_key(unsigned char c) {
-  const std::vector<std::string>& keys = tool().keys;
-  const std::string_view typed = std::string_view(keys[cand_]).substr(0, at_);
-  const uint32_t last = last_key();
-  for (uint32_t p = cand_; p <= last; ++p) {
-    const std::string& k = keys[p];
-    if (k.compare(0, at_, typed) != 0) continue;
-    if (c == '"' && k.size() == at_) {
-      prop_ = p, next_ = p + 1;
-      offer({{kStringAttr, Then::StringAttr}});
-      return true;
-    }
-    if (k.size() > at_ && static_cast<unsigned char>(k[at_]) == c) {
-      cand_ = p, ++at_;
-      return true;
-    }
+bool ToolCallPrefix::feed_name(unsigned char c) {
+  const int64_t t = narrow(g_->names(), g_->names().size() - 1, c, '"');
+  if (t >= 0) {
+    tool_ = uint32_t(t), next_ = 0;
+    offer({{kNameEnd, Then::InvokeBody}});
   }
-  return false;
+  return t != kRefused;
+}
+
+// The keys that may come next are [next_, last_key()], in schema order.
+bool ToolCallPrefix::feed_key(unsigned char c) {
+  const int64_t p = narrow(tool().keys, last_key(), c, '"');
+  if (p >= 0) {
+    prop_ = uint32_t(p), next_ = uint32_t(p) + 1;
+    offer({{kStringAttr, Then::StringAttr}});
+  }
+  return p != kRefused;
 }
 
 // Reasoning up to "</think>", after which the block begins.
@@ -277,22 +273,13 @@ bool ToolCallPrefix::feed_raw(unsigned char c) {
   return true;
 }
 
-// One of the enum's strings (sorted: those that begin with the bytes so far are a run from
-// cand_), then the close tag.
+// One of the enum's strings (none holds '<'), then the close tag.
 bool ToolCallPrefix::feed_raw_enum(unsigned char c) {
   const std::vector<std::string>& vals = tool().raw[prop_].values;
-  const std::string_view typed = std::string_view(vals[cand_]).substr(0, at_);
-  for (uint32_t v = cand_; v < vals.size() && vals[v].compare(0, at_, typed) == 0; ++v) {
-    if (c == '<' && vals[v].size() == at_) {  // no value holds '<'
-      offer({{kParamClose, Then::AfterValue}});
-      return feed_lit(c);
-    }
-    if (vals[v].size() > at_ && static_cast<unsigned char>(vals[v][at_]) == c) {
-      cand_ = v, ++at_;
-      return true;
-    }
-  }
-  return false;
+  const int64_t v = narrow(vals, vals.size() - 1, c, '<');
+  if (v < 0) return v != kRefused;
+  offer({{kParamClose, Then::AfterValue}});
+  return feed_lit(c);
 }
 
 // A JSON value ends where its close tag begins: '<' never continues a whole value. As the

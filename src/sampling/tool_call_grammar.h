@@ -52,11 +52,13 @@ public:
   // with reasoning. Throws Error naming the tool and what cannot be written or enforced.
   ToolCallGrammar(const nlohmann::ordered_json& tools, bool several, bool thinking = false);
   const std::vector<Tool>& tools() const { return tools_; }  // sorted by name
+  const std::vector<std::string>& names() const { return names_; }  // the tools' names, in that order
   bool several() const { return several_; }
   bool thinking() const { return thinking_; }
 
 private:
   std::vector<Tool> tools_;
+  std::vector<std::string> names_;
   bool several_, thinking_;
 };
 
@@ -106,6 +108,8 @@ private:
   bool feed_raw_enum(unsigned char c);
   bool feed_json(unsigned char c);
   uint32_t last_key() const;
+  static constexpr int64_t kGoesOn = -1, kRefused = -2;
+  int64_t narrow(const std::vector<std::string>& cands, size_t last, unsigned char c, unsigned char end);
   bool markup_pending() const;  // bytes free of '<' and 0xEF could complete markup from here  // the last parameter that may come next (none required is skipped)
 };
 
