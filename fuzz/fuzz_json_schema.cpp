@@ -1,7 +1,7 @@
 // The JSON Schema compiler and recognizer (sampling/json_schema.h) on fuzzed schemas, and
 // type-confused variants of them (fuzz_util.h), fed fuzzed text. The input is a schema
 // document, a NUL, then the text a model might write. A schema compiles or throws
-// dsa::Error; the recognizer then takes the text byte by byte, and after every byte it takes
+// dsa::Error (leniently it compiles); the recognizer then takes the text byte by byte, and after every byte it takes
 // some byte still goes on or the text is whole (no dead end, which is what keeps a masked
 // sampler from being stuck); a whole text is JSON (nlohmann accepts it, where it reads the
 // numbers, escapes and bytes: it refuses exponents that overflow a double, lone surrogates
@@ -19,8 +19,8 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-void check(const ojson& schema, std::string_view text) {
-  const dsa::JsonSchema s(schema);
+void check(const ojson& schema, std::string_view text, dsa::JsonSchema::Lenient lenient) {
+  const dsa::JsonSchema s(schema, lenient);
   dsa::JsonSchemaPrefix p(s);
   FUZZ_CHECK(dsa::fuzz::goes_on(p), "a fresh recognizer takes no byte");
   size_t taken = 0;
@@ -45,6 +45,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const nlohmann::json::exception&) {
     return 0;
   }
-  dsa::fuzz::run_with_variants(j, doc, 32, [&](const ojson& d) { check(d, text); });
+  dsa::fuzz::run_with_variants(j, doc, 32, [&](const ojson& d) {
+    check(d, text, dsa::JsonSchema::Lenient::Yes);
+    check(d, text, dsa::JsonSchema::Lenient::No);
+  });
   return 0;
 }

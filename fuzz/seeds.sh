@@ -95,6 +95,8 @@ w='{"type":"function","function":{"name":"get_weather","parameters":{"type":"obj
 n='{"type":"function","function":{"name":"now"}}'
 printf '%s\0%s' "[$w,$n]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="city" string="true">Paris</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="unit" string="true">c</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="fields" string="false">["temp", "wind"]</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-two-calls"
 printf '%s\0%s' "[$w]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="days" string="false">3' > "$j/hand-cut"
+strict_tool='{"type":"function","function":{"name":"pick","strict":true,"parameters":{"type":"object","properties":{"k":{"type":"string","maxLength":3}}}}}'
+printf '%s\0%s' "[$strict_tool]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="pick">\n' > "$j/hand-strict"
 printf '%s\0%s' "[$n]" $'Think <b> first.</think>\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-thinking"
 
 for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done

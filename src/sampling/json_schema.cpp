@@ -58,6 +58,8 @@ bool of_type(const ojson& v, const std::string& t) {
 struct SchemaCompiler {
   JsonSchema& out;
   const ojson& doc;
+  bool lenient = false;        // a part outside the subset admits any value (JsonSchema::Lenient)
+  const Node* culprit = nullptr;  // the node a check in finish() failed at
   std::map<std::string, const Node*> refs;  // resolved $refs (a node is registered before it is filled)
   std::set<std::string> resolving;          // $refs being followed to another $ref
   std::map<const Node*, std::string> where;
@@ -87,14 +89,25 @@ struct SchemaCompiler {
   void fill_object(Node& n, const ojson& s, const std::string& path);
   void fill_array(Node& n, const ojson& s, const std::string& path);
   std::vector<std::string> types(const ojson& s, const std::string& path);
-  void finish();
+  void finish(Node& root);
   std::bitset<256> first(const Node& n, std::map<const Node*, std::bitset<256>>& memo, std::set<const Node*>& visiting);
   void check_alternatives(const Node& n, const std::map<const Node*, std::bitset<256>>& memo);
 };
 
 const Node* SchemaCompiler::compile(const ojson& s, const std::string& path) {
-  if (++nesting > kMaxNesting) fail(path, "schemas nest deeper than " + std::to_string(kMaxNesting));
-  const Node* n = compile_nested(s, path);
+  if (++nesting > kMaxNesting) {
+    --nesting;
+    if (lenient) return any(path);
+    fail(path, "schemas nest deeper than " + std::to_string(kMaxNesting));
+  }
+  const Node* n = nullptr;
+  try {
+    n = compile_nested(s, path);
+  } catch (const Error&) {
+    --nesting;
+    if (!lenient) throw;
+    return any(path);
+  }
   --nesting;
   return n;
 }
@@ -135,13 +148,19 @@ const Node* SchemaCompiler::resolve(const ojson& ref, const std::string& path) {
   if (!target->is_object()) return refs[r] = compile(*target, r);
   Node& n = make(r);
   refs[r] = &n;
-  fill(n, *target, r);
+  try {
+    fill(n, *target, r);
+  } catch (const Error&) {
+    if (!lenient) throw;
+    n = Node{};  // others may point at it already
+    n.scalars = Node::kAny;
+  }
   return &n;
 }
 
 void SchemaCompiler::fill(Node& n, const ojson& s, const std::string& path) {
   for (const auto& [k, v] : s.items())
-    if (!kKeywords.count(k) && !kAnnotations.count(k))
+    if (!kKeywords.count(k) && !kAnnotations.count(k) && !lenient)
       fail(path, "'" + k + "' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, $ref, properties, "
                            "required, additionalProperties, items, minItems, maxItems)");
   if (s.contains("enum") || s.contains("const")) return fill_literals(n, s, path);
@@ -219,19 +238,19 @@ void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& pat
   if (!props.is_object()) fail(path + "/properties", "expected an object of schemas");
   const ojson extra = s.contains("additionalProperties") ? s["additionalProperties"] : ojson(true);
   if (props.empty()) {
-    if (!required.empty()) fail(path + "/required", "'" + *required.begin() + "' is not among the properties");
+    if (!required.empty() && !lenient) fail(path + "/required", "'" + *required.begin() + "' is not among the properties");
     if (!(extra.is_boolean() && !extra.get<bool>())) n.extra = compile(extra, path + "/additionalProperties");
     return;
   }
   // Keys beyond the declared ones would leave the rest of the reply unconstrained in its shape.
-  if (s.contains("additionalProperties") && !(extra.is_boolean() && !extra.get<bool>()))
+  if (s.contains("additionalProperties") && !(extra.is_boolean() && !extra.get<bool>()) && !lenient)
     fail(path + "/additionalProperties", "only the declared properties can be generated: leave it out or set it to false");
   if (props.size() > kMaxProperties) fail(path + "/properties", "more than " + std::to_string(kMaxProperties) + " properties");
   for (const auto& [k, v] : props.items()) {
     const std::string text = ojson(k).dump();
     n.props.push_back({text.substr(1, text.size() - 2), compile(v, path + "/properties/" + pointer_token(k)), required.erase(k) > 0});
   }
-  if (!required.empty()) fail(path + "/required", "'" + *required.begin() + "' is not among the properties");
+  if (!required.empty() && !lenient) fail(path + "/required", "'" + *required.begin() + "' is not among the properties");
   const size_t P = n.props.size();
   n.by_key.resize(P);
   for (size_t i = 0; i < P; ++i) n.by_key[i] = uint16_t(i);
@@ -260,6 +279,7 @@ std::bitset<256> SchemaCompiler::first(const Node& n, std::map<const Node*, std:
   if (auto it = memo.find(&n); it != memo.end()) return it->second;
   std::bitset<256> b;
   if (!n.alts.empty()) {
+    culprit = &n;
     if (!visiting.insert(&n).second) fail(where[&n], "the alternatives refer back to themselves before a value begins");
     if (visiting.size() > size_t(kMaxNesting)) fail(where[&n], "alternatives nest deeper than " + std::to_string(kMaxNesting));
     for (const Node* a : n.alts) b |= first(*a, memo, visiting);
@@ -273,6 +293,7 @@ std::bitset<256> SchemaCompiler::first(const Node& n, std::map<const Node*, std:
   if (n.object) b.set('{');
   if (n.array) b.set('[');
   for (const std::string& l : n.literals) b.set(static_cast<unsigned char>(l[0]));
+  culprit = &n;
   if (b.none()) fail(where[&n], "the schema admits no value");
   return memo[&n] = b;
 }
@@ -296,17 +317,63 @@ void SchemaCompiler::check_alternatives(const Node& n, const std::map<const Node
     }
 }
 
-void SchemaCompiler::finish() {
-  std::map<const Node*, std::bitset<256>> memo;
-  std::set<const Node*> visiting;
-  for (Node& n : out.nodes_) n.first = first(n, memo, visiting);
-  for (const Node& n : out.nodes_) check_alternatives(n, memo);
+// The nodes a value of the root can reach (leniently, parts given up on are left behind).
+static std::vector<Node*> reachable(const Node* root) {
+  std::vector<Node*> out;
+  std::set<const Node*> seen;
+  std::vector<const Node*> todo = {root};
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    out.push_back(const_cast<Node*>(n));  // every node is one of JsonSchema::nodes_
+    for (const Node::Property& p : n->props) todo.push_back(p.value);
+    todo.insert(todo.end(), n->alts.begin(), n->alts.end());
+    todo.push_back(n->extra);
+    todo.push_back(n->items);
+  }
+  return out;
 }
 
-JsonSchema::JsonSchema(const ojson& schema) {
-  SchemaCompiler c{*this, schema, {}, {}, {}};
+// Leniently, a node that fails a check admits any value instead, and the checks run again:
+// a round turns every node whose alternatives begin alike, or the one node whose first bytes
+// could not be found; past 64 rounds the whole schema admits any value.
+void SchemaCompiler::finish(Node& root) {
+  auto give_up = [](const Node& at) {
+    Node& n = const_cast<Node&>(at);  // one of out.nodes_
+    n = Node{};
+    n.scalars = Node::kAny;
+  };
+  for (int round = 0;; ++round) {
+    const std::vector<Node*> nodes = reachable(&root);
+    std::map<const Node*, std::bitset<256>> memo;
+    std::set<const Node*> visiting;
+    bool again = false;
+    try {
+      for (Node* n : nodes) n->first = first(*n, memo, visiting);
+      for (const Node* n : nodes) {
+        try {
+          check_alternatives(*n, memo);
+        } catch (const Error&) {
+          if (!lenient) throw;
+          give_up(*n);
+          again = true;
+        }
+      }
+    } catch (const Error&) {
+      if (!lenient || !culprit) throw;
+      give_up(round < 64 ? *culprit : root);
+      again = true;
+    }
+    if (!again) return;
+    culprit = nullptr;
+  }
+}
+
+JsonSchema::JsonSchema(const ojson& schema, Lenient lenient) {
+  SchemaCompiler c{*this, schema, lenient == Lenient::Yes, nullptr, {}, {}, {}};
   root_ = c.resolve("#", "#");
-  c.finish();
+  c.finish(const_cast<Node&>(*root_));  // one of nodes_
 }
 
 const JsonSchema& JsonSchema::any_object() {

@@ -52,8 +52,13 @@ struct JsonSchemaNode {
 
 class JsonSchema {
 public:
-  // Throws Error naming the place in the schema (a JSON pointer) and what is not supported.
-  explicit JsonSchema(const nlohmann::ordered_json& schema);
+  // Lenient::Yes (a tool's parameters without "strict"): a part of the schema outside the
+  // subset admits any value there, and keywords outside it are read past (the output then
+  // keeps what the subset can say: the shape, the types, the declared keys, the enums).
+  enum class Lenient { No, Yes };
+  // Throws Error naming the place in the schema (a JSON pointer) and what is not supported
+  // (never leniently: there any part it cannot read admits any value).
+  explicit JsonSchema(const nlohmann::ordered_json& schema, Lenient lenient = Lenient::No);
   JsonSchema(const JsonSchema&) = delete;
   JsonSchema& operator=(const JsonSchema&) = delete;
   const JsonSchemaNode& root() const { return *root_; }

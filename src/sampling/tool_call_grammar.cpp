@@ -80,13 +80,16 @@ ToolCallGrammar::Tool compile_tool(const nlohmann::ordered_json& t, size_t i) {
   tool.name = f["name"].get<std::string>();
   check_name(tool.name, where + ".function.name");
   if (!f.contains("parameters") || f["parameters"].is_null()) return tool;
+  // OpenAI's "strict": the schema is kept exactly or refused; without it, best effort.
+  const bool strict = f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
   try {
-    tool.schema = std::make_unique<JsonSchema>(f["parameters"]);
+    tool.schema = std::make_unique<JsonSchema>(f["parameters"], strict ? JsonSchema::Lenient::No : JsonSchema::Lenient::Yes);
   } catch (const Error& e) {
     throw Error(where + ".function.parameters: " + e.what());
   }
   const JsonSchemaNode& root = tool.schema->root();
-  if (!root.object) throw Error(where + ".function.parameters: expected an object schema");
+  if (strict && !root.object && !(root.scalars & JsonSchemaNode::kAny)) throw Error(where + ".function.parameters: expected an object schema");
+  if (!root.object || root.props.empty()) return tool;  // no declared properties: none
   tool.params = &root;
   for (const JsonSchemaNode::Property& p : root.props) {
     // Property keys are kept JSON-escaped; the DSML attribute holds the name itself.

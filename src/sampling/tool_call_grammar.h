@@ -18,8 +18,10 @@
 // "/｜DSML｜parameter") or "<｜" (which opens the BOS and EOS markup, refused in reasoning),
 // and the reasoning holds no "<think>".
 //
-// A tool's parameters are the properties its "parameters" schema declares (the subset
-// sampling/json_schema.h lists); a tool without declared properties takes none.
+// A tool's parameters are the properties its "parameters" schema declares, read as
+// sampling/json_schema.h reads a schema: exactly, or refused, where the function says
+// "strict": true (OpenAI's structured outputs); otherwise leniently (what the subset cannot
+// say is not enforced). A tool without declared properties takes none.
 #include <memory>
 #include <string>
 #include <string_view>
@@ -42,10 +44,10 @@ public:
   };
   struct Tool {
     std::string name;
-    std::unique_ptr<JsonSchema> schema;  // null: no parameters
+    std::unique_ptr<JsonSchema> schema;  // the parameters schema (null: none given)
     std::vector<std::string> keys;       // the declared properties' names (unescaped), in order
     std::vector<RawValues> raw;          // per property
-    const JsonSchemaNode* params = nullptr;  // the schema's root (its props match keys)
+    const JsonSchemaNode* params = nullptr;  // the schema's root when it declares properties (keys match them)
   };
   // tools: OpenAI's list ({"type": "function", "function": {"name", "parameters"}}), the ones
   // the reply may call; several: more than one call per reply; thinking: the reply begins

@@ -130,9 +130,20 @@ TEST(ToolCalls, ToolsThatCannotBeWrittenOrEnforcedAreErrors) {
   EXPECT_THROW(ToolCallGrammar(ojson::array(), true), Error);
   EXPECT_THROW(ToolCallGrammar(tool("a\"b", obj), true), Error);
   EXPECT_THROW(ToolCallGrammar(tool("", obj), true), Error);
-  EXPECT_THROW(ToolCallGrammar(tool("f", {{"type", "string"}}), true), Error);
   EXPECT_THROW(ToolCallGrammar(tool("f", {{"type", "object"}, {"properties", {{"a\nb", {{"type", "string"}}}}}}), true), Error);
-  EXPECT_THROW(ToolCallGrammar(tool("f", {{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"pattern", "x"}}}}}}), true), Error);
+  // Without "strict" a schema outside the subset is kept as far as it can be; with it, refused.
+  const ojson pattern = {{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"pattern", "x"}}}}}};
+  for (const ojson& params : {pattern, ojson{{"type", "string"}}}) {
+    EXPECT_NO_THROW(ToolCallGrammar(tool("f", params), true)) << params.dump();
+    ojson strict = tool("f", params);
+    strict[0]["function"]["strict"] = true;
+    EXPECT_THROW(ToolCallGrammar(strict, true), Error) << params.dump();
+  }
+  const ToolCallGrammar loose(tool("f", pattern), true);
+  bool whole = false;
+  EXPECT_TRUE(takes(loose, "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">y</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", &whole));
+  EXPECT_TRUE(whole);
+  EXPECT_TRUE(ToolCallGrammar(tool("f", ojson::object()), true).tools()[0].keys.empty()) << "parameters {} take none";
   ojson twice = tool("f", obj);
   twice.push_back(twice[0]);
   EXPECT_THROW(ToolCallGrammar(twice, true), Error);

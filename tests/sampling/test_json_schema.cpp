@@ -257,4 +257,43 @@ TEST(JsonSchema, RefusesWhatItCannotConstrain) {
   }
 }
 
+// Leniently (a tool's parameters without "strict") every schema compiles: keywords outside the
+// subset are read past, a part it cannot say admits any value, and what it can say still holds.
+TEST(JsonSchema, LenientlyWhatItCannotSayIsNotEnforced) {
+  auto lenient = [](const char* schema) { return std::make_unique<JsonSchema>(ojson::parse(schema), JsonSchema::Lenient::Yes); };
+  auto s = lenient(R"({"type": "string", "pattern": "^a", "maxLength": 2})");
+  EXPECT_TRUE(accepts(*s, "\"bcd\""));
+  EXPECT_FALSE(accepts(*s, "5"));
+  s = lenient(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "e": {"enum": ["x"]}}, "required": ["e"]})");
+  EXPECT_TRUE(accepts(*s, R"({"n": -3, "e": "x"})"));
+  EXPECT_FALSE(accepts(*s, R"({"n": "3", "e": "x"})"));
+  EXPECT_FALSE(accepts(*s, R"({"n": 3})")) << "a required key";
+  EXPECT_FALSE(accepts(*s, R"({"e": "y"})")) << "the enum";
+  s = lenient(R"({"type": "object", "properties": {"u": {"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": {}}}]}}})");
+  EXPECT_TRUE(accepts(*s, R"({"u": {"z": [1]}})"));
+  EXPECT_TRUE(accepts(*s, R"({"u": 7})")) << "alternatives it cannot tell apart admit any value";
+  EXPECT_FALSE(accepts(*s, R"({"v": 7})"));
+  s = lenient(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": true})");
+  EXPECT_TRUE(accepts(*s, R"({"a": 1})"));
+  EXPECT_FALSE(accepts(*s, R"({"b": 1})")) << "only the declared keys are written";
+  s = lenient(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "gone"]})");
+  EXPECT_TRUE(accepts(*s, R"({"a": 1})")) << "a required key that is not declared is read past";
+  EXPECT_FALSE(accepts(*s, "{}"));
+  s = lenient(R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})");
+  EXPECT_TRUE(accepts(*s, "[1, {}]"));
+  ojson many = {{"type", "object"}, {"properties", ojson::object()}};  // more parts given up on than rounds
+  for (int i = 0; i < 200; ++i) {
+    std::string key = "p";  // built with += (GCC 12 warns falsely on "p" + std::to_string)
+    key += std::to_string(i);
+    many["properties"][key] = ojson::parse(R"({"anyOf": [{"type": "object"}, {"type": "object"}]})");
+  }
+  s = std::make_unique<JsonSchema>(many, JsonSchema::Lenient::Yes);
+  EXPECT_TRUE(accepts(*s, R"({"p3": [1], "p7": "x"})"));
+  EXPECT_FALSE(accepts(*s, R"({"q": 1})"));
+  for (const char* any : {R"({"type": "array", "items": [{"type": "string"}]})", R"({"type": "text"})", "false", R"({"$ref": "#/$defs/M"})"}) {
+    s = lenient(any);
+    EXPECT_TRUE(accepts(*s, R"({"k": [1, "x", null]})")) << any;
+  }
+}
+
 }  // namespace
