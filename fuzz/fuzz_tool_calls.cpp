@@ -12,7 +12,6 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "io/json.h"
 #include "sampling/tool_call_grammar.h"
 #include "tokenizer/dsv32_parser.h"
 #include "tokenizer/utf8.h"
@@ -56,15 +55,7 @@ void check(const ojson& tools, std::string_view text, bool several, bool thinkin
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto parts = dsa::fuzz::split_at_nul(dsa::fuzz::as_view(data, size));
-  const std::string_view doc = parts.first, text = parts.second;
-  ojson j;
-  try {
-    j = dsa::parse_json_bounded<ojson>(doc);
-  } catch (const nlohmann::json::exception&) {
-    return 0;
-  }
-  dsa::fuzz::run_with_variants(j, doc, 32, [&](const ojson& d) {
+  dsa::fuzz::run_document_and_text(data, size, 32, [](const ojson& d, std::string_view text) {
     check(d, text, true, false);
     check(d, text, false, true);
   });

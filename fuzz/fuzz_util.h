@@ -145,6 +145,22 @@ void run_json_text(std::string_view input, size_t max_variants, Check&& check) {
   run_with_variants(doc, input, max_variants, [&](const nlohmann::ordered_json& d) { check(d.dump()); });
 }
 
+// A target whose input is a JSON document, a NUL, then a text (a schema or tools and a reply):
+// check(document, text) on the parsed document and up to max_variants type-swapped variants
+// of it. A document that is not JSON is left.
+template <class Check>
+void run_document_and_text(const uint8_t* data, size_t size, size_t max_variants, Check&& check) {
+  const auto parts = split_at_nul(as_view(data, size));
+  const std::string_view doc = parts.first, text = parts.second;
+  nlohmann::ordered_json j;
+  try {
+    j = dsa::parse_json_bounded<nlohmann::ordered_json>(doc);
+  } catch (const nlohmann::json::exception&) {
+    return;
+  }
+  run_with_variants(j, doc, max_variants, [&](const nlohmann::ordered_json& d) { check(d, text); });
+}
+
 }  // namespace dsa::fuzz
 
 #define FUZZ_CHECK(cond, msg)                                                              \
