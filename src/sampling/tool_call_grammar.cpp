@@ -3,9 +3,13 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "tokenizer/dsv32_encoding.h"
 
 namespace dsa {
 namespace {
+
+// The markers the encoder writes and the parser reads (header constants only).
+using chat::dsv32::kDsml, chat::dsv32::kThinkEnd, chat::dsv32::kThinkStart;
 
 constexpr std::string_view kOpen = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"";
 constexpr std::string_view kNameEnd = ">\n";  // after the name's closing quote
@@ -18,8 +22,6 @@ constexpr std::string_view kJsonValue = "false\">";
 constexpr std::string_view kParamClose = "</｜DSML｜parameter>";
 constexpr std::string_view kNextInvoke = "\n<｜DSML｜invoke name=\"";
 constexpr std::string_view kCallsClose = "\n</｜DSML｜function_calls>";
-constexpr std::string_view kDsml = "｜DSML｜";
-constexpr std::string_view kThinkEnd = "</think>", kThinkStart = "<think>";
 // "<｜" opens the BOS, EOS and DSML markup: the parser refuses the first two in reasoning and
 // content, and free text never opens the third.
 constexpr std::string_view kBarOpen = "<｜";
