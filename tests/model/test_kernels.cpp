@@ -402,6 +402,49 @@ TEST_P(KernelTwins, IndexerScores) {
     }
 }
 
+TEST_P(KernelTwins, IndexerScoresThroughBlockTable) {
+  // The keys in 64-token blocks placed out of order in a larger pool: every score is the one
+  // the contiguous scan gives, bit for bit (a score depends on its key and the query only),
+  // on the tier's f32 scan and, where it runs, its bf16 one.
+  constexpr int kBlock = 64, kHeads = 16, kKeys = 1000;
+  const int n_blocks = (kKeys + kBlock - 1) / kBlock;
+  std::mt19937 rng(7);
+  std::vector<uint8_t> q8(size_t(kHeads) * 128), k8(size_t(kKeys) * 128);
+  for (auto& v : q8) { v = uint8_t(rng()); if ((v & 0x7f) == 0x7f) v = 0; }
+  for (auto& v : k8) { v = uint8_t(rng()); if ((v & 0x7f) == 0x7f) v = 0; }
+  const auto w = randv(size_t(kHeads), 21), ks = randv(size_t(kKeys), 22);
+  std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
+  for (int b = 0; b < n_blocks; ++b) blocks[size_t(b)] = 2 * b + 1;  // every other block of the pool
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  const size_t pool_slots = size_t(2 * n_blocks + 1) * kBlock;
+  std::vector<uint8_t> pool_k(pool_slots * 128, 0x7e);  // unused slots hold the largest code
+  std::vector<float> pool_s(pool_slots, 1e30f);
+  for (int t = 0; t < kKeys; ++t) {
+    const size_t slot = size_t(blocks[size_t(t / kBlock)]) * kBlock + size_t(t % kBlock);
+    std::copy_n(&k8[size_t(t) * 128], 128, &pool_k[slot * 128]);
+    pool_s[slot] = ks[size_t(t)];
+  }
+  kernels::IndexKeyView flat, paged;
+  flat.k8 = k8.data();
+  flat.k_scale = ks.data();
+  paged.k8 = pool_k.data();
+  paged.k_scale = pool_s.data();
+  paged.blocks = blocks.data();
+  paged.block_size = kBlock;
+  const bool bf16_before = kernels::bf16_dot();
+  for (bool bf16 : {false, true}) {
+    if (bf16 && !(GetParam().emulated || kernels::bf16_dot_supported())) continue;
+    if (GetParam().isa >= kernels::Isa::Avx512) kernels::cpu::force_bf16_dot(bf16);
+    for (int n : {kKeys, 130, 64, 17}) {
+      std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      kernels::cpu::indexer_scores(q8.data(), w.data(), kHeads, flat, n, a.data());
+      kernels::cpu::indexer_scores(q8.data(), w.data(), kHeads, paged, n, b.data());
+      EXPECT_TRUE(a == b) << n << " keys, bf16 " << bf16;
+    }
+  }
+  kernels::cpu::force_bf16_dot(bf16_before);
+}
+
 TEST_P(KernelTwins, TopkWithTiesGoesToLowerIndex) {
   std::mt19937 rng(1);
   for (int n : {1, 5, 64, 1000, 5000})

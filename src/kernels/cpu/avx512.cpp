@@ -831,45 +831,85 @@ inline __m512bh as_bh(__m512i v) {
   return b;
 }
 
-// dots for kIndexKeys keys against NG groups of 16 heads: per row pair i, one q load per
-// group and one broadcast of each key's pair (kb [key][128] bf16 bits).
-template <int NG>
-DSA_BF16_TARGET void index_dots_bf16(const uint32_t* qP, size_t ldq, const uint16_t (*kb)[128], float* s, size_t lds) {
-  __m512 a[kIndexKeys][NG];
-#pragma GCC unroll 12
-  for (int j = 0; j < kIndexKeys; ++j)
-    for (int g = 0; g < NG; ++g) a[j][g] = _mm512_setzero_ps();
+// Sixteen keys per block (a 64-token cache block is four whole ones): sixteen chains of
+// vdpbf16ps in flight, q and a broadcast beside them in the 32 registers.
+constexpr int kIndexKeysBf16 = 16;
+
+// a[j] = the dots of key j against one group of 16 heads: per row pair i, one q load and one
+// broadcast of each key's pair (kb [key][128] bf16 bits). With `next`, each step also widens
+// one of the 64 quarter rows of the next sixteen keys into kb_next, so that their loads and
+// integer work run beside the dot products instead of after them.
+DSA_BF16_TARGET inline void index_dots16_bf16(const uint32_t* qP, size_t ldq, const uint16_t (*kb)[128], __m512 (&a)[kIndexKeysBf16],
+                                              const uint8_t* const* next, uint16_t (*kb_next)[128], __m512i sub) {
+#pragma GCC unroll 16
+  for (int j = 0; j < kIndexKeysBf16; ++j) a[j] = _mm512_setzero_ps();
   for (int i = 0; i < 64; ++i, qP += ldq) {
-    __m512bh q[NG];
-    for (int g = 0; g < NG; ++g) q[g] = as_bh(_mm512_loadu_si512(qP + 16 * g));
-#pragma GCC unroll 12
-    for (int j = 0; j < kIndexKeys; ++j) {
+    if (next) _mm512_store_si512(&kb_next[i / 4][32 * (i % 4)], bf16x32_from_fp8(next[i / 4] + 32 * (i % 4), sub));
+    const __m512bh q = as_bh(_mm512_loadu_si512(qP));
+#pragma GCC unroll 16
+    for (int j = 0; j < kIndexKeysBf16; ++j) {
       uint32_t pair;
       std::memcpy(&pair, &kb[j][2 * i], sizeof pair);
-      const __m512bh kv = as_bh(_mm512_set1_epi32(int32_t(pair)));
-      for (int g = 0; g < NG; ++g) a[j][g] = _mm512_dpbf16_ps(a[j][g], q[g], kv);
+      a[j] = _mm512_dpbf16_ps(a[j], q, as_bh(_mm512_set1_epi32(int32_t(pair))));
     }
   }
-#pragma GCC unroll 12
-  for (int j = 0; j < kIndexKeys; ++j)
-    for (int g = 0; g < NG; ++g) _mm512_storeu_ps(s + size_t(j) * lds + 16 * size_t(g), a[j][g]);
 }
 
+// Lane j of the result is the sum of the 16 lanes of key j's vector, where slot s of x holds
+// key 4 (s % 4) + s / 4: four rounds of shuffles pair 128-bit lanes, then halves of them,
+// then elements, and each round's adds leave the keys in an order that the slot layout undoes
+// (the last round puts slot L + 4p at element 4L + p). Each key's sum is one fixed tree over
+// its own lanes, whatever the other keys hold.
+inline __m512 key_sums16(const __m512 (&x)[16]) {
+  __m512 s[8], t[4], u[2];
+  for (int k = 0; k < 8; ++k)
+    s[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x44), _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xEE));
+  for (int m = 0; m < 4; ++m)
+    t[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0x88), _mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0xDD));
+  for (int n = 0; n < 2; ++n)
+    u[n] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * n], t[2 * n + 1], 0x44), _mm512_shuffle_ps(t[2 * n], t[2 * n + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
+}
+
+// Keys [t0, t1) of one contiguous run against hp heads (a multiple of 16): sixteen keys at a
+// time widened to bf16, their dots per group of 16 heads, ReLU times the head weights summed
+// over the groups in lanes, then each key's 16 lanes by key_sums16, times its scale.
 DSA_BF16_TARGET void indexer_lanes_bf16(const uint32_t* qP, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1,
                         float* out) {
   const __m512i sub = _mm512_load_si512(kFp8SubnormalBf16.v);
-  alignas(64) uint16_t kb[kIndexKeys][128];
-  alignas(64) float dots[kIndexKeys * 64];  // [key][hp]
-  for (int t = t0; t < t1; t += kIndexKeys) {
-    const int cnt = std::min(kIndexKeys, t1 - t);
-    for (int j = 0; j < kIndexKeys; ++j) {
-      const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
-      for (int c = 0; c < 128; c += 32) _mm512_store_si512(&kb[j][c], bf16x32_from_fp8(src + c, sub));
+  const __m512 zero = _mm512_setzero_ps();
+  alignas(64) uint16_t kb[2][kIndexKeysBf16][128];  // this block's keys, the next block's
+  // Rows of the keys t .. t + 15 (padding keys repeat the first: computed, never used).
+  auto rows = [&](int t, const uint8_t** src) {
+    for (int j = 0; j < kIndexKeysBf16; ++j) src[j] = k8 + size_t(t + j < t1 ? t + j : t) * 128;
+  };
+  const uint8_t* src[kIndexKeysBf16];
+  rows(t0, src);
+  for (int j = 0; j < kIndexKeysBf16; ++j)
+    for (int c = 0; c < 128; c += 32) _mm512_store_si512(&kb[0][j][c], bf16x32_from_fp8(src[j] + c, sub));
+  for (int t = t0, cur = 0; t < t1; t += kIndexKeysBf16, cur ^= 1) {
+    const int cnt = std::min(kIndexKeysBf16, t1 - t);
+    const bool more = t + kIndexKeysBf16 < t1;
+    if (more) rows(t + kIndexKeysBf16, src);
+    __m512 r[kIndexKeysBf16];
+    for (int g = 0; g < hp; g += 16) {
+      __m512 a[kIndexKeysBf16];
+      // The next block's keys are widened during the first group of heads.
+      index_dots16_bf16(qP + g, size_t(hp), kb[cur], a, more && g == 0 ? src : nullptr, kb[cur ^ 1], sub);
+      const __m512 wv = _mm512_loadu_ps(w + g);
+      for (int j = 0; j < kIndexKeysBf16; ++j)
+        r[j] = g == 0 ? _mm512_mul_ps(_mm512_max_ps(a[j], zero), wv) : _mm512_fmadd_ps(_mm512_max_ps(a[j], zero), wv, r[j]);
     }
-    int g = 0;
-    for (; g + 32 <= hp; g += 32) index_dots_bf16<2>(qP + g, size_t(hp), kb, dots + g, size_t(hp));
-    if (g < hp) index_dots_bf16<1>(qP + g, size_t(hp), kb, dots + g, size_t(hp));
-    for (int j = 0; j < cnt; ++j) out[t + j] = relu_weighted_sum(dots + j * hp, w, hp) * k_scale[t + j];
+    __m512 x[16];
+    for (int s = 0; s < 16; ++s) x[s] = r[4 * (s % 4) + s / 4];
+    const __m512 sums = key_sums16(x);
+    if (cnt == kIndexKeysBf16) {
+      _mm512_storeu_ps(out + t, _mm512_mul_ps(sums, _mm512_loadu_ps(k_scale + t)));
+    } else {  // the run's last keys: the same products, one at a time
+      alignas(64) float part[kIndexKeysBf16];
+      _mm512_store_ps(part, sums);
+      for (int j = 0; j < cnt; ++j) out[t + j] = part[j] * k_scale[t + j];
+    }
   }
 }
 
