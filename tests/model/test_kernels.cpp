@@ -360,9 +360,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
 
 TEST_P(KernelTwins, IndexerScores) {
   // 1 head (one padded lane group), 16 (a pair), 24 (a pair and an odd group), 64; key counts
-  // that leave partial blocks.
+  // that leave partial blocks of every size the kernels take apart (1, 6, 8 and 4 keys past
+  // whole blocks of twelve; 600 runs as chunks of 256).
   for (int heads : {1, 16, 24, 64})
-    for (int keys : {1, 37, 600}) {
+    for (int keys : {1, 18, 20, 37, 600}) {
       std::mt19937 rng(heads * 1000 + keys);
       std::vector<uint8_t> q8(size_t(heads) * 128), k8(size_t(keys) * 128);
       for (auto& v : q8) { v = uint8_t(rng()); if ((v & 0x7f) == 0x7f) v = 0; }

@@ -766,27 +766,35 @@ void accumulate16(const float* p, size_t ldp, const float* const* k, int nj, int
 // k_j[d] as one FMA chain per (key, head) in d order, keys widened to 2^-120 times their
 // values with integer ops (fp8x8_bits), then each key's ReLU-weighted head sum
 // in the avx2 kernel's 8-lane order: every score is bitwise the avx2 tier's, so both tiers
-// select the same keys. Twelve keys per block: 12 x NG accumulators in flight.
+// select the same keys. Twelve keys per block (12 x NG accumulators in flight); a run's last
+// four or fewer (a 64-token cache block is five blocks and four keys) in a block of four.
 constexpr int kIndexKeys = 12;
 
-template <int NG>
+template <int NG, int NK>
 void index_dots(const float* qT, size_t ldq, const float (*kb)[128], float* s, size_t lds) {
-  __m512 a[kIndexKeys][NG];
+  __m512 a[NK][NG];
 #pragma GCC unroll 12
-  for (int j = 0; j < kIndexKeys; ++j)
+  for (int j = 0; j < NK; ++j)
     for (int g = 0; g < NG; ++g) a[j][g] = _mm512_setzero_ps();
   for (int d = 0; d < 128; ++d, qT += ldq) {
     __m512 q[NG];
     for (int g = 0; g < NG; ++g) q[g] = _mm512_loadu_ps(qT + 16 * g);
 #pragma GCC unroll 12
-    for (int j = 0; j < kIndexKeys; ++j) {
+    for (int j = 0; j < NK; ++j) {
       const __m512 kv = _mm512_set1_ps(kb[j][d]);
       for (int g = 0; g < NG; ++g) a[j][g] = _mm512_fmadd_ps(q[g], kv, a[j][g]);
     }
   }
 #pragma GCC unroll 12
-  for (int j = 0; j < kIndexKeys; ++j)
+  for (int j = 0; j < NK; ++j)
     for (int g = 0; g < NG; ++g) _mm512_storeu_ps(s + size_t(j) * lds + 16 * size_t(g), a[j][g]);
+}
+
+template <int NK>
+void index_dots_heads(const float* qT, int hp, const float (*kb)[128], float* dots) {
+  int g = 0;
+  for (; g + 32 <= hp; g += 32) index_dots<2, NK>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
+  if (g < hp) index_dots<1, NK>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
 }
 
 // Keys [t0, t1) of one contiguous run: qT [128][hp] (2^64 times q's e4m3 values, hp a
@@ -796,13 +804,13 @@ void indexer_lanes(const float* qT, const float* w, int hp, const uint8_t* k8, c
   alignas(64) float dots[kIndexKeys * 64];  // [key][hp]
   for (int t = t0; t < t1; t += kIndexKeys) {
     const int cnt = std::min(kIndexKeys, t1 - t);
-    for (int j = 0; j < kIndexKeys; ++j) {
+    const int nk = cnt <= 4 ? 4 : kIndexKeys;
+    for (int j = 0; j < nk; ++j) {
       const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
       for (int c = 0; c < 128; c += 8) _mm256_storeu_ps(&kb[j][c], fp8x8_bits(src + c));
     }
-    int g = 0;
-    for (; g + 32 <= hp; g += 32) index_dots<2>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
-    if (g < hp) index_dots<1>(qT + g, size_t(hp), kb, dots + g, size_t(hp));
+    if (nk == 4) index_dots_heads<4>(qT, hp, kb, dots);
+    else index_dots_heads<kIndexKeys>(qT, hp, kb, dots);
     for (int j = 0; j < cnt; ++j) out[t + j] = relu_weighted_sum(dots + j * hp, w, hp) * k_scale[t + j];
   }
 }

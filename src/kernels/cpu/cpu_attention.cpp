@@ -110,18 +110,27 @@ __attribute__((target("avx2,fma,f16c"))) void indexer_scores_lanes(const float* 
   const int g16 = hp / 16 * 2;  // lane groups taken in pairs, 6 keys at a time; an odd last one 8 keys at a time
   for (int t = t0; t < t1; t += kKeys) {
     const int cnt = std::min(kKeys, t1 - t);
-    for (int j = 0; j < kKeys; ++j) {
-      const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;  // padding keys repeat the first, unused
+    // A run's last keys (a 64-token cache block is five blocks and four keys) take only the
+    // kernels they need: four or six keys for a lane-group pair, eight for an odd group; the
+    // rows those kernels read are widened (padding keys repeat the first, unused).
+    const int pair_keys = cnt <= 4 ? 4 : cnt <= 6 ? 6 : kKeys, odd_keys = cnt <= 8 ? 8 : kKeys;
+    const int nw = std::max(g16 > 0 ? pair_keys : 0, g16 < hp / 8 ? odd_keys : 0);
+    for (int j = 0; j < nw; ++j) {
+      const uint8_t* src = k8 + size_t(j < cnt ? t + j : t) * 128;
       for (int c = 0; c < 128; c += 8) _mm256_store_ps(&kb[j][c], fp8x8_bits(src + c));
     }
     for (int g = 0; g < g16; g += 2) {
+      if (pair_keys == 4) {
+        scores_ntok_16h<4>(qT + 8 * g, size_t(hp), rows, 128, dots + 8 * g, size_t(hp));
+        continue;
+      }
       scores_ntok_16h<6>(qT + 8 * g, size_t(hp), rows, 128, dots + 8 * g, size_t(hp));
-      scores_ntok_16h<6>(qT + 8 * g, size_t(hp), rows + 6, 128, dots + 6 * hp + 8 * g, size_t(hp));
+      if (pair_keys > 6) scores_ntok_16h<6>(qT + 8 * g, size_t(hp), rows + 6, 128, dots + 6 * hp + 8 * g, size_t(hp));
     }
     if (g16 < hp / 8) {
       // Keys 0-7, then 4-11: keys 4-7 are computed twice, the same way, to the same values.
       scores_8tok(qT + 8 * g16, size_t(hp), rows, 128, dots + 8 * g16, size_t(hp));
-      scores_8tok(qT + 8 * g16, size_t(hp), rows + 4, 128, dots + 4 * hp + 8 * g16, size_t(hp));
+      if (odd_keys > 8) scores_8tok(qT + 8 * g16, size_t(hp), rows + 4, 128, dots + 4 * hp + 8 * g16, size_t(hp));
     }
     for (int j = 0; j < cnt; ++j) out[t + j] = relu_weighted_sum(dots + j * hp, w, hp) * k_scale[t + j];
   }
