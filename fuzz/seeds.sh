@@ -87,6 +87,7 @@ printf '%s\0%s' '{"type":"object","properties":{"name":{"type":"string"},"age":{
 printf '%s\0%s' '{"$defs":{"N":{"type":"object","properties":{"v":{"anyOf":[{"type":"number"},{"type":"null"}]},"kids":{"type":"array","items":{"$ref":"#/$defs/N"}}},"required":["v"]}},"$ref":"#/$defs/N"}' '{"v": 1.5, "kids": [{"v": null}]}' > "$j/hand-recursive"
 printf '%s\0%s' '{"anyOf":[{"type":"object","additionalProperties":{"type":"boolean"}},{"const":[1,{"k":"v"}]},{"type":["string","integer"]}]}' '[1, {"k": "v"}]' > "$j/hand-alternatives"
 printf '%s\0%s' '{"type":"object"}' '{"a": [1, {"b": null}], "c": "\u00e9"}' > "$j/hand-any"
+printf '%s\0%s' '{"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"n":{"type":"integer","minimum":-15,"exclusiveMaximum":120},"big":{"type":"integer","minimum":9223372036854775800}},"required":["code","n"]}' '{"code": "a\u00e9\n", "n": -15, "big": 9223372036854775807}' > "$j/hand-bounds"
 
 # Tool lists by hand (tools, NUL, a reply): a block the encoder writes, one that stops short,
 # and one after reasoning.
@@ -96,7 +97,9 @@ n='{"type":"function","function":{"name":"now"}}'
 printf '%s\0%s' "[$w,$n]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="city" string="true">Paris</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="unit" string="true">c</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="fields" string="false">["temp", "wind"]</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-two-calls"
 printf '%s\0%s' "[$w]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="get_weather">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="days" string="false">3' > "$j/hand-cut"
 strict_tool='{"type":"function","function":{"name":"pick","strict":true,"parameters":{"type":"object","properties":{"k":{"type":"string","maxLength":3}}}}}'
-printf '%s\0%s' "[$strict_tool]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="pick">\n' > "$j/hand-strict"
+printf '%s\0%s' "[$strict_tool]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="pick">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="k" string="true">a</\xef\xbd\x9cDSML\xef\xbd\x9cparameter>\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-strict"
+pin_tool='{"type":"function","function":{"name":"pin","parameters":{"type":"object","properties":{"p":{"type":"string","minLength":3,"maxLength":3},"n":{"type":"integer","minimum":1,"maximum":9}},"required":["p"]}}}'
+printf '%s\0%s' "[$pin_tool]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="pin">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="p" string="true"></\xef\xbd\x9cD' > "$j/hand-exact-length"
 printf '%s\0%s' "[$n]" $'Think <b> first.</think>\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-thinking"
 
 for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done

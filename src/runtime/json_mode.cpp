@@ -10,6 +10,7 @@ JsonVocab::JsonVocab(const Tokenizer& tok, int vocab)
     if (tok.is_valid_id(id) && !tok.is_special(id) && !tok.token_bytes(id).empty()) {
       const std::string& b = tok.token_bytes(id);
       bytes_ += b;
+      max_len_ = std::max(max_len_, b.size());
       bool safe = true, plain = true;
       for (unsigned char c : b) {
         safe &= c >= 0x20 && c != '"' && c != '\\';
@@ -56,9 +57,11 @@ const uint8_t* GrammarMode<Prefix>::allowed() {
       return !limit || (blank_ + vocab_.blank_len(id) <= kMaxBlank && breaks_ + vocab_.blank_breaks(id) <= kMaxBreaks);
     };
     // Tokens taken whole without a feed: inside a string those of string-safe bytes (in a tool
-    // call, also free of markup bytes), in raw text those free of markup bytes.
+    // call, also free of markup bytes), in raw text those free of markup bytes, unless a
+    // bound on the string's length could refuse one (a token has no more characters than bytes).
     constexpr uint8_t kMarkup = Prefix::kGuardsMarkup ? JsonVocab::kNoMarkup : 0;
-    const uint8_t safe = state_.in_string() ? uint8_t(JsonVocab::kStringSafe | kMarkup) : state_.in_raw() ? JsonVocab::kNoMarkup : 0;
+    const bool room = state_.string_room() >= vocab_.max_len();
+    const uint8_t safe = !room ? 0 : state_.in_string() ? uint8_t(JsonVocab::kStringSafe | kMarkup) : state_.in_raw() ? JsonVocab::kNoMarkup : 0;
     if (safe) {
       const uint8_t want = safe | JsonVocab::kText;
       for (size_t id = 0; id < allowed_.size(); ++id) allowed_[id] = (vocab_.flags(id) & want) == want && blank_ok(id);

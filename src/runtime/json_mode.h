@@ -39,6 +39,7 @@ public:
   // 255) and its line feeds.
   uint8_t blank_len(size_t id) const { return blank_len_[id]; }
   uint8_t blank_breaks(size_t id) const { return blank_breaks_[id]; }
+  size_t max_len() const { return max_len_; }  // the longest text token's bytes
   std::string_view token(size_t id) const {
     const uint32_t b = id > 0 ? end_[id - 1] : 0;
     return std::string_view(bytes_).substr(b, end_[id] - b);
@@ -58,6 +59,7 @@ private:
   std::string bytes_;          // every token's bytes, back to back
   std::vector<uint32_t> end_;  // token id's bytes end at end_[id] (start: end_[id - 1])
   std::vector<uint8_t> flags_, blank_len_, blank_breaks_;
+  size_t max_len_ = 0;
   Index index_[2];
   void build_index(bool past_blank);
 };

@@ -32,7 +32,10 @@ constexpr size_t kMaxProperties = 1024, kMaxValues = 4096, kMaxAlternatives = 32
 
 const std::set<std::string, std::less<>> kKeywords = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
                                                      "properties", "required", "additionalProperties", "items",
-                                                     "minItems", "maxItems"};
+                                                     "minItems", "maxItems", "minLength", "maxLength", "minimum",
+                                                     "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+constexpr const char* kLengthKeys[] = {"minLength", "maxLength"};
+constexpr const char* kIntKeys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const std::set<std::string, std::less<>> kAnnotations = {"title", "description", "default", "examples", "format",
                                                         "$schema", "$id", "$comment", "$defs", "definitions"};
 
@@ -41,6 +44,17 @@ std::string pointer_token(const std::string& k) {
   std::string out;
   for (char c : k) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
   return out;
+}
+
+// The least integer >= v (up) or the greatest <= v, exact for integers; past int64 it is one
+// beyond (the caller clamps).
+__int128 int_bound(const ojson& v, bool up) {
+  if (v.is_number_unsigned()) return __int128(v.get<uint64_t>());
+  if (v.is_number_integer()) return __int128(v.get<int64_t>());
+  const double d = up ? std::ceil(v.get<double>()) : std::floor(v.get<double>());
+  if (d >= 0x1p63) return __int128(INT64_MAX) + 1;
+  if (d < -0x1p63) return __int128(INT64_MIN) - 1;
+  return __int128(int64_t(d));
 }
 
 bool of_type(const ojson& v, const std::string& t) {
@@ -88,6 +102,11 @@ struct SchemaCompiler {
   void fill_types(Node& n, const ojson& s, const std::string& path);
   void fill_object(Node& n, const ojson& s, const std::string& path);
   void fill_array(Node& n, const ojson& s, const std::string& path);
+  void fill_bounds(Node& n, const ojson& s, const std::string& path);
+  bool bound_fails(const std::string& path, const std::string& what) const {
+    if (!lenient) fail(path, what);
+    return true;  // leniently the bound is read past
+  }
   std::vector<std::string> types(const ojson& s, const std::string& path);
   void finish(Node& root);
   std::bitset<256> first(const Node& n, std::map<const Node*, std::bitset<256>>& memo, std::set<const Node*>& visiting);
@@ -162,7 +181,8 @@ void SchemaCompiler::fill(Node& n, const ojson& s, const std::string& path) {
   for (const auto& [k, v] : s.items())
     if (!kKeywords.count(k) && !kAnnotations.count(k) && !lenient)
       fail(path, "'" + k + "' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, $ref, properties, "
-                           "required, additionalProperties, items, minItems, maxItems)");
+                           "required, additionalProperties, items, minItems, maxItems, minLength, maxLength, and on "
+                           "integers minimum, maximum, exclusiveMinimum, exclusiveMaximum)");
   if (s.contains("enum") || s.contains("const")) return fill_literals(n, s, path);
   for (const char* key : {"anyOf", "oneOf", "allOf"})
     if (s.contains(key)) return fill_alternatives(n, s, key, path);
@@ -174,6 +194,13 @@ void SchemaCompiler::fill_literals(Node& n, const ojson& s, const std::string& p
   const ojson values = s.contains("const") ? ojson::array({s["const"]}) : s["enum"];
   if (!values.is_array() || values.empty()) fail(path + "/enum", "expected a non-empty list of values");
   if (values.size() > kMaxValues) fail(path + "/enum", "more than " + std::to_string(kMaxValues) + " values");
+  // The values are fixed: a bound beside them would have to be checked on each (leniently it
+  // is read past).
+  auto beside = [&](const char* k) {
+    if (s.contains(k) && !lenient) fail(path, std::string("'") + k + "' beside enum or const is not supported");
+  };
+  std::for_each(std::begin(kLengthKeys), std::end(kLengthKeys), beside);
+  std::for_each(std::begin(kIntKeys), std::end(kIntKeys), beside);
   const std::vector<std::string> ts = s.contains("type") ? types(s, path) : std::vector<std::string>{};
   for (const ojson& v : values) {
     if (!ts.empty() && std::none_of(ts.begin(), ts.end(), [&](const std::string& t) { return of_type(v, t); }))
@@ -212,6 +239,8 @@ void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path
   if (s.contains("type")) ts = types(s, path);
   else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) ts = {"object"};
   else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) ts = {"array"};
+  else if (s.contains("minLength") || s.contains("maxLength")) ts = {"string"};
+  else if (std::any_of(std::begin(kIntKeys), std::end(kIntKeys), [&](const char* k) { return s.contains(k); })) ts = {"number"};
   else n.scalars = Node::kAny;
   for (const std::string& t : ts) {
     if (t == "string") n.scalars |= Node::kString;
@@ -223,6 +252,46 @@ void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path
     if (t == "array" && !n.array) fill_array(n, s, path);
   }
   if (n.scalars & Node::kNumber) n.scalars &= uint8_t(~Node::kInteger);  // every integer is a number
+  fill_bounds(n, s, path);
+}
+
+// minLength / maxLength where the node admits strings; minimum, maximum and their exclusive
+// forms where it admits integers and no other numbers (a bound on a number with a fraction or
+// an exponent would have to be decided digit by digit across both). A bound on a type the
+// node does not admit constrains nothing.
+void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& path) {
+  if (n.scalars & Node::kString) {
+    for (const char* key : kLengthKeys) {
+      if (!s.contains(key)) continue;
+      const ojson& v = s[key];
+      if (!v.is_number_unsigned()) {
+        bound_fails(path + "/" + key, "expected a non-negative integer");
+        continue;
+      }
+      const uint32_t x = uint32_t(std::min<uint64_t>(v.get<uint64_t>(), UINT32_MAX - 1));
+      (std::string_view(key) == "minLength" ? n.min_length : n.max_length) = x;
+    }
+    if (n.min_length > n.max_length && bound_fails(path, "minLength is above maxLength")) n.min_length = 0, n.max_length = UINT32_MAX;
+  }
+  if (!(n.scalars & (Node::kNumber | Node::kInteger))) return;
+  __int128 lo = INT64_MIN, hi = INT64_MAX;
+  for (const char* key : kIntKeys) {
+    if (!s.contains(key)) continue;
+    const ojson& v = s[key];
+    if (n.scalars & Node::kNumber) return (void)bound_fails(path + "/" + key, "bounds are supported on integers only, not on numbers");
+    if (!v.is_number()) {
+      bound_fails(path + "/" + key, "expected a number");
+      continue;
+    }
+    const std::string_view k = key;
+    if (k == "minimum") lo = std::max(lo, int_bound(v, true));
+    if (k == "exclusiveMinimum") lo = std::max(lo, int_bound(v, false) + 1);
+    if (k == "maximum") hi = std::min(hi, int_bound(v, false));
+    if (k == "exclusiveMaximum") hi = std::min(hi, int_bound(v, true) - 1);
+  }
+  lo = std::max<__int128>(lo, INT64_MIN), hi = std::min<__int128>(hi, INT64_MAX);
+  if (lo > hi) return (void)bound_fails(path, "the bounds admit no integer (of 64 bits)");
+  n.min_int = int64_t(lo), n.max_int = int64_t(hi);
 }
 
 void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& path) {
@@ -424,6 +493,7 @@ JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& o) {
   depth_ = o.depth_;
   done_ = o.done_, in_leaf_ = o.in_leaf_, leaf_key_ = o.leaf_key_, leaf_int_ = o.leaf_int_;
   leaf_ = o.leaf_;
+  bounded_ = o.bounded_, count_ = o.count_, utf8_ = o.utf8_, neg_ = o.neg_, digits_ = o.digits_;
   return *this;
 }
 
@@ -443,9 +513,14 @@ bool JsonSchemaPrefix::feed(unsigned char c) {
 }
 
 bool JsonSchemaPrefix::complete() const {
-  if (depth_ == 0) return done_ || (in_leaf_ && leaf_.complete());
+  if (depth_ == 0) return done_ || (in_leaf_ && leaf_.complete() && (!bounded_ || !leaf_int_ || int_can_end()));
   const Frame& f = top();  // a top-level enum value, whole so far (the shortest candidate sorts first)
   return depth_ == 1 && f.phase == Phase::InLiteral && f.node->literals[f.lo].size() == f.at;
+}
+
+uint32_t JsonSchemaPrefix::string_room() const {
+  if (!in_leaf_ || !bounded_ || leaf_int_ || bounded_->max_length == UINT32_MAX) return UINT32_MAX;
+  return uint32_t(bounded_->max_length - count_);
 }
 
 bool JsonSchemaPrefix::between_tokens() const {
@@ -478,22 +553,80 @@ bool JsonSchemaPrefix::start_value(const Node& node, unsigned char c) {
   if (c == '{' && n->object) return push(*n, Phase::KeyOrClose, false);
   if (c == '[' && n->array) return push(*n, Phase::ValueOrClose, true);
   const uint8_t s = n->scalars;
-  if (c == '"') return (s & Node::kString) && start_leaf(c, false, false);
+  if (c == '"') return (s & Node::kString) && start_leaf(c, false, false, n->string_bounds() ? n : nullptr);
   if (c == 't' || c == 'f') return (s & Node::kBoolean) && start_leaf(c, false, false);
   if (c == 'n') return (s & Node::kNull) && start_leaf(c, false, false);
-  if (c == '-' || is_digit(c)) return (s & (Node::kNumber | Node::kInteger)) && start_leaf(c, !(s & Node::kNumber), false);
+  if (c == '-' || is_digit(c)) {
+    const bool integer = !(s & Node::kNumber);
+    return (s & (Node::kNumber | Node::kInteger)) && start_leaf(c, integer, false, integer && n->int_bounds() ? n : nullptr);
+  }
   return false;
 }
 
-bool JsonSchemaPrefix::start_leaf(unsigned char c, bool integer, bool key) {
+bool JsonSchemaPrefix::start_leaf(unsigned char c, bool integer, bool key, const Node* bounded) {
   JsonPrefix l;
   if (!l.feed(c)) return false;
   leaf_ = l;
   in_leaf_ = true, leaf_int_ = integer, leaf_key_ = key;
+  bounded_ = bounded, count_ = 0, utf8_ = Utf8Chars{}, neg_ = false, digits_ = 0;
+  if (bounded && integer) {  // the first byte as bounds_take reads a digit
+    neg_ = c == '-';
+    if (neg_) return bounded->min_int <= 0;  // "-0" or a negative number
+    return bounds_take(c);
+  }
   return true;
 }
 
+namespace {
+
+// Some integer that begins with the digits of magnitude v (v > 0, no leading zero) and the
+// sign lies in [lo, hi]: the completions with k more digits are v 10^k .. v 10^k + 10^k - 1.
+bool int_reachable(bool neg, uint64_t v, int64_t lo, int64_t hi) {
+  const __int128 top = __int128(INT64_MAX) + 1;
+  for (__int128 a = v, scale = 1;; a *= 10, scale *= 10) {
+    const __int128 b = a + scale - 1;
+    if (neg ? (-b <= hi && -a >= lo) : (a <= hi && b >= lo)) return true;
+    if (a > top) return false;  // every longer completion lies beyond any int64
+  }
+}
+
+}  // namespace
+
+// The node's bounds on the leaf's next byte: a string's length (counted at each character's
+// first byte as Utf8Chars finds them, an escape as one), or an integer's range (each digit
+// must leave some completion in range, and a byte that ends the number must end it in range).
+bool JsonSchemaPrefix::bounds_take(unsigned char c) {
+  if (!leaf_int_) {
+    if (!leaf_.in_string() || c < 0x20) return true;  // inside an escape, or refused by the leaf
+    if (c == '"') return count_ >= bounded_->min_length;
+    if (!utf8_.begins(c)) return true;
+    if (count_ >= bounded_->max_length) return false;
+    ++count_;
+    return true;
+  }
+  const bool zero = digits_ > 0 && count_ == 0;  // "0" or "-0": no digit may follow
+  if (is_digit(c) && !zero) {
+    const uint64_t next = count_ > (UINT64_MAX - 9) / 10 ? UINT64_MAX : count_ * 10 + (c - '0');
+    if (next == 0) {  // "0" or "-0": the value 0
+      if (bounded_->min_int > 0 || bounded_->max_int < 0) return false;
+    } else if (!int_reachable(neg_, next, bounded_->min_int, bounded_->max_int)) {
+      return false;
+    }
+    count_ = next;
+    digits_ = uint8_t(std::min(digits_ + 1, 255));
+    return true;
+  }
+  return digits_ == 0 || int_can_end();  // a byte the number cannot take ends it (or is refused)
+}
+
+bool JsonSchemaPrefix::int_can_end() const {
+  if (digits_ == 0 || count_ == UINT64_MAX) return false;
+  const __int128 v = neg_ ? -__int128(count_) : __int128(count_);
+  return v >= bounded_->min_int && v <= bounded_->max_int;
+}
+
 bool JsonSchemaPrefix::feed_leaf(unsigned char c) {
+  if (bounded_ && !bounds_take(c)) return false;
   const bool fraction = leaf_int_ && (c == '.' || c == 'e' || c == 'E');
   if (!leaf_.complete()) {  // the value cannot end here, so a refusal is final
     if (fraction || !leaf_.feed(c)) return false;

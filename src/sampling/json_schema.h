@@ -13,6 +13,11 @@
 //    once, required ones always; without properties, any keys with values of
 //    additionalProperties (left out or true: any value; false: no key);
 //  - arrays: items, minItems, maxItems; strings, numbers, integers, booleans, null;
+//  - strings: minLength, maxLength, in characters as written (a UTF-8 character, each invalid
+//    part as the U+FFFD it becomes, or an escape; a surrogate pair written as two \u escapes
+//    counts two); integers: minimum, maximum,
+//    exclusiveMinimum, exclusiveMaximum (numbers: a bound on a type that admits fractions is
+//    not supported);
 //  - annotations are read past: title, description, default, examples, $schema, $id,
 //    $comment, and format (an annotation in JSON Schema since 2019-09; not enforced).
 // Any other keyword is an error that names it: a constraint the output would not keep is
@@ -30,6 +35,24 @@
 
 namespace dsa {
 
+// Counts characters as the reply's text will hold them: the decoder replaces each maximal
+// invalid subpart of UTF-8 (and a truncated tail) with one U+FFFD, so a byte begins a
+// character unless it continues a well-formed sequence begun before it (Unicode's table 3-7).
+struct Utf8Chars {
+  uint8_t need = 0, lo = 0x80, hi = 0xBF;  // continuation bytes still wanted; the next one's range
+  bool begins(unsigned char b) {
+    if (need > 0 && b >= lo && b <= hi) {
+      --need, lo = 0x80, hi = 0xBF;
+      return false;
+    }
+    need = 0, lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) need = 1;
+    if (b >= 0xE0 && b <= 0xEF) need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    if (b >= 0xF0 && b <= 0xF4) need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    return true;
+  }
+};
+
 struct JsonSchemaNode {
   enum Scalar : uint8_t { kString = 1, kNumber = 2, kInteger = 4, kBoolean = 8, kNull = 16, kAny = 32 };
   struct Property {
@@ -45,6 +68,10 @@ struct JsonSchemaNode {
   const JsonSchemaNode* extra = nullptr;  // objects without props: every key's value (null: no key)
   const JsonSchemaNode* items = nullptr;
   uint32_t min_items = 0, max_items = UINT32_MAX;
+  uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
+  int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integers, both bounds included
+  bool string_bounds() const { return min_length > 0 || max_length < UINT32_MAX; }
+  bool int_bounds() const { return min_int > INT64_MIN || max_int < INT64_MAX; }
   std::vector<std::string> literals;        // enum / const as compact JSON, sorted
   std::vector<const JsonSchemaNode*> alts;  // anyOf / oneOf: told apart by their first byte
   std::bitset<256> first;                   // the bytes a value of this node begins with
@@ -90,6 +117,9 @@ public:
   bool closed() const { return depth_ == 0 && done_; }  // only whitespace may follow
   // Inside a string any value of which is admitted, past any escape.
   bool in_string() const { return in_leaf_ && leaf_.in_string(); }
+  // Characters a string being read may still take (UINT32_MAX: any number): a byte of text
+  // that keeps a string open is refused only past them.
+  uint32_t string_room() const;
   // Between tokens of the text: whitespace leaves the state as it is.
   bool between_tokens() const;
   // As ToolCallPrefix: no raw text, no markup to keep out, whitespace bounded everywhere.
@@ -114,13 +144,23 @@ private:
   bool in_leaf_ = false;  // leaf_ is reading a value (or a free key) at the top
   bool leaf_key_ = false, leaf_int_ = false;
   JsonPrefix leaf_;
+  // The leaf's node where it bounds a string's length or an integer (null otherwise), and
+  // what the bounds are checked against: the string's characters so far, or the integer's
+  // sign, magnitude (saturated past any int64) and digits so far.
+  const JsonSchemaNode* bounded_ = nullptr;
+  uint64_t count_ = 0;
+  Utf8Chars utf8_;
+  bool neg_ = false;
+  uint8_t digits_ = 0;
 
   Frame& top() { return frames_[depth_ - 1]; }
   const Frame& top() const { return frames_[depth_ - 1]; }
   bool push(const JsonSchemaNode& n, Phase p, bool array);
   bool start_value(const JsonSchemaNode& n, unsigned char c);
-  bool start_leaf(unsigned char c, bool integer, bool key);
+  bool start_leaf(unsigned char c, bool integer, bool key, const JsonSchemaNode* bounded = nullptr);
   bool feed_leaf(unsigned char c);
+  bool bounds_take(unsigned char c);
+  bool int_can_end() const;
   bool feed_literal(unsigned char c);
   bool feed_key(unsigned char c);
   bool feed_object(unsigned char c);

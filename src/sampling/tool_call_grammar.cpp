@@ -1,6 +1,7 @@
 #include "sampling/tool_call_grammar.h"
 
 #include <algorithm>
+#include <array>
 
 #include "core/error.h"
 #include "tokenizer/dsv32_encoding.h"
@@ -27,6 +28,12 @@ constexpr std::string_view kCallsClose = "\n</｜DSML｜function_calls>";
 constexpr std::string_view kBarOpen = "<｜";
 // "</｜DSML｜" matched: the rest must be the close tag's.
 constexpr size_t kCloseMarkup = 2 + kDsml.size();
+// The characters (UTF-8 sequences) in the close tag's first k bytes.
+constexpr auto kCloseChars = [] {
+  std::array<uint8_t, kParamClose.size() + 1> a{};
+  for (size_t k = 0; k < kParamClose.size(); ++k) a[k + 1] = uint8_t(a[k] + ((static_cast<unsigned char>(kParamClose[k]) & 0xC0) != 0x80));
+  return a;
+}();
 
 // The longest prefix of `pat` that ends the text, when the text ended with pat[0, m) and
 // `c` follows (m <= pat.size(): a whole match is followed by its longest proper border).
@@ -61,6 +68,7 @@ ToolCallGrammar::RawValues raw_values(const JsonSchemaNode& v) {
   if (!m->first.test('"')) return r;
   if (m->literals.empty()) {
     r.any = (m->scalars & (JsonSchemaNode::kString | JsonSchemaNode::kAny)) != 0;
+    r.min_chars = m->min_length, r.max_chars = m->max_length;
     return r;
   }
   for (const std::string& lit : m->literals) {
@@ -186,7 +194,7 @@ void ToolCallPrefix::enter(Then t) {
     }
     case Then::Raw:
       phase_ = tool().raw[prop_].any ? Phase::Raw : Phase::RawEnum;
-      close_ = dsml_ = bar_ = 0, cand_ = 0, at_ = 0;
+      close_ = dsml_ = bar_ = 0, cand_ = 0, at_ = 0, raw_chars_ = 0, raw_utf8_ = Utf8Chars{};
       return;
     case Then::Json:
       phase_ = Phase::Json, close_ = dsml_ = bar_ = 0, at_ = 0;
@@ -269,13 +277,35 @@ bool ToolCallPrefix::feed_raw(unsigned char c) {
   const uint8_t close = advance(kParamClose, close_, char(c)), dsml = advance(kDsml, dsml_, char(c));
   const uint8_t bar = advance(kBarOpen, bar_, char(c));
   if (close_ >= kCloseMarkup && close != close_ + 1) return false;  // "</｜DSML｜" begins only the close tag
-  if (close == kParamClose.size()) {
+  if (close == kParamClose.size()) {  // the state before it was viable with the tag committed: the text is long enough
     enter(Then::AfterValue);
     return true;
   }
   if ((dsml == kDsml.size() && close != kCloseMarkup) || bar == kBarOpen.size()) return false;
-  close_ = close, dsml_ = dsml, bar_ = bar;
+  const uint32_t chars = raw_chars_ + raw_utf8_.begins(c);
+  if (!raw_viable(chars, close)) return false;
+  close_ = close, dsml_ = dsml, bar_ = bar, raw_chars_ = chars;
   return true;
+}
+
+// Whether raw text of `chars` characters, the last of them the close tag's first `close`
+// bytes, can still end within the value's length bounds: its text so far is no longer than
+// the maximum, and either it is long enough to end with the tag, or the tag's part can still
+// turn out to be text (before "</｜DSML｜", the next '<' makes it so) and fits. Refusing every
+// other state leaves no dead end: a state that passes keeps a way to the tag.
+bool ToolCallPrefix::raw_viable(uint32_t chars, size_t close) const {
+  const ToolCallGrammar::RawValues& r = tool().raw[prop_];
+  const uint32_t pending = kCloseChars[close], text = chars - pending;
+  if (text > r.max_chars) return false;
+  if (text >= r.min_chars) return true;
+  return close < kCloseMarkup && uint64_t(text) + pending <= r.max_chars;
+}
+
+uint32_t ToolCallPrefix::string_room() const {
+  if (phase_ == Phase::Json) return json_.string_room();
+  if (phase_ != Phase::Raw) return UINT32_MAX;
+  const uint32_t max = tool().raw[prop_].max_chars;
+  return max == UINT32_MAX ? UINT32_MAX : raw_chars_ >= max ? 0 : max - raw_chars_;
 }
 
 // One of the enum's strings (none holds '<'), then the close tag.

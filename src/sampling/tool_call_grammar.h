@@ -41,6 +41,7 @@ public:
   struct RawValues {
     bool any = false;
     std::vector<std::string> values;  // sorted
+    uint32_t min_chars = 0, max_chars = UINT32_MAX;  // any text: the schema's length bounds
   };
   struct Tool {
     std::string name;
@@ -77,6 +78,7 @@ public:
   bool in_string() const { return phase_ == Phase::Json && json_.in_string() && !markup_pending(); }
   bool in_raw() const { return (phase_ == Phase::Raw || phase_ == Phase::Think) && !markup_pending(); }
   bool between_tokens() const { return phase_ == Phase::Json && json_.between_tokens(); }
+  uint32_t string_room() const;  // as JsonSchemaPrefix's, for a JSON string or raw text
   // Whitespace runs are bounded by the mask outside raw text (code in a string parameter
   // keeps its indentation).
   bool bounded_blanks() const { return phase_ != Phase::Raw && phase_ != Phase::Think; }
@@ -97,6 +99,8 @@ private:
   uint32_t next_ = 0, prop_ = 0;    // the first parameter not passed; the one whose value is read
   uint8_t close_ = 0, dsml_ = 0;    // Raw / Json / Think: the text's tail matching the close tag / "｜DSML｜"
   uint8_t open_ = 0, bar_ = 0;      // Think: the tail matching "<think>"; free text: "<｜"
+  uint32_t raw_chars_ = 0;          // Raw: the characters so far, a pending part of the close tag's included
+  Utf8Chars raw_utf8_;              // Raw: where the characters begin
   JsonSchemaPrefix json_;
 
   const ToolCallGrammar::Tool& tool() const { return g_->tools()[tool_]; }
@@ -108,6 +112,7 @@ private:
   bool feed_think(unsigned char c);
   bool feed_raw(unsigned char c);
   bool feed_raw_enum(unsigned char c);
+  bool raw_viable(uint32_t chars, size_t close) const;
   bool feed_json(unsigned char c);
   uint32_t last_key() const;
   static constexpr int64_t kGoesOn = -1, kRefused = -2;

@@ -80,6 +80,13 @@ TEST(JsonMode, MaskIsEveryTokenTheRecognizerTakes) {
   check_masks(tok, schema, JsonSchemaPrefix(schema),
               {"", "{", "{\"na", "{\"name\": \"Al", "{\"name\": \"Al\", ", "{\"name\": \"Al\", \"kind\": \"cat", "{\"name\": \"Al\", \"kind\": {\"a\": [1,",
                "{\"name\": \"Al\", \"age\": 4", "{\"name\": \"Al\", \"tags\": [{\"x\": ", "{\"name\": \"Al\"}"});
+  // Bounds: a string near its maximum length (where tokens of string-safe bytes may no longer
+  // fit), one short of its minimum, an integer whose next digit must keep it in range.
+  const JsonSchema bounded(nlohmann::ordered_json::parse(R"({"type": "object", "properties": {"code": {"type": "string",
+      "minLength": 3, "maxLength": 12}, "n": {"type": "integer", "minimum": 5, "maximum": 420}}, "required": ["code", "n"]})"));
+  check_masks(tok, bounded, JsonSchemaPrefix(bounded),
+              {"{\"code\": \"", "{\"code\": \"ab", "{\"code\": \"abcdefgh", "{\"code\": \"abc\\u00e9 d\\n xy", "{\"code\": \"abc\", \"n\": ",
+               "{\"code\": \"abc\", \"n\": 4", "{\"code\": \"abc\", \"n\": 42"});
 }
 
 // Forced tool calls: the block's markup, names and keys, a raw value (where '<' and 0xEF
@@ -100,6 +107,13 @@ TEST(ToolCallMode, MaskIsEveryTokenTheRecognizerTakes) {
                              city + "true\">a <", city + "true\">a</｜DSML", city + "true\">a</｜DSML｜", city + "true\">a</｜DSML｜par", city + "false\">\"Par", days + "3", fields + "[\"temp\", ",
                              days + "3</｜DSML｜parameter>", days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>",
                              days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n"});
+  const auto bounded_tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "set", "parameters":
+      {"type": "object", "properties": {"code": {"type": "string", "minLength": 4, "maxLength": 10}}, "required": ["code"]}}}])");
+  const ToolCallGrammar bounded(bounded_tools, false);
+  const std::string code = open + "set\">\n<｜DSML｜parameter name=\"code\" string=\"";
+  check_masks<ToolCallMode>(tok, bounded, ToolCallPrefix(bounded),
+                            {code + "true\">", code + "true\">ab", code + "true\">abcdefg", code + "true\">ab</", code + "true\">abcdefg</｜D",
+                             code + "false\">\"abcdefg"});
   const ToolCallGrammar thinking(tools, false, true);
   check_masks<ToolCallMode>(tok, thinking, ToolCallPrefix(thinking),
                             {"", "Let me see", "Let me see\n\n\n" + std::string(40, ' '), "a <", "a </thi", "a <thi", "a <think", "a </think", "a ｜DS", "a</think>",

@@ -212,4 +212,66 @@ TEST(ToolCalls, RandomWalksEndInCallsTheParserTakes) {
   }
 }
 
+// Length bounds on a string parameter hold whether its value is written as raw text or as
+// JSON, and integer bounds on a JSON value; walks leaning on '<' (whose close-tag prefixes
+// may turn out to be text) never get stuck, even where a length is exact.
+TEST(ToolCalls, BoundsHoldInRawAndJsonValues) {
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "set", "strict": true, "parameters": {
+      "type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 5},
+      "pin": {"type": "string", "minLength": 3, "maxLength": 3}, "n": {"type": "integer", "minimum": 1, "maximum": 9}},
+      "required": ["code", "pin"], "additionalProperties": false}}}])");
+  const ToolCallGrammar g(tools, false);
+  auto block = [](const std::string& code, const std::string& pin, bool raw = true) {
+    std::string b = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"set\">\n<｜DSML｜parameter name=\"code\" string=\"";
+    b += raw ? "true\">" : "false\">";
+    b += code;
+    b += "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"pin\" string=\"true\">";
+    b += pin;
+    b += "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+    return b;
+  };
+  for (const char* code : {"ab", "a<b", "中文字", "abcde", "</x", "</｜D"}) {
+    bool whole = false;
+    EXPECT_TRUE(takes(g, block(code, "123"), &whole) && whole) << code;
+  }
+  for (const char* code : {"a", "abcdef", "<", "中文字中文字", "</｜DSM"}) EXPECT_FALSE(takes(g, block(code, "123"))) << code;
+  for (const char* pin : {"12", "1234", "<<<<"}) EXPECT_FALSE(takes(g, block("ab", pin))) << pin;
+  bool whole = false;
+  EXPECT_TRUE(takes(g, block("\"a\\nb\"", "xyz", false), &whole) && whole);
+  EXPECT_FALSE(takes(g, block("\"a\"", "xyz", false)));
+  std::mt19937 rng(5);
+  int finished = 0;
+  for (int walk = 0; walk < 400; ++walk) {
+    ToolCallPrefix p(g);
+    std::string text;
+    while (!p.complete() && text.size() < 2000) {
+      std::vector<unsigned char> next = next_bytes(p);
+      ASSERT_FALSE(next.empty()) << "stuck after: " << text;
+      std::vector<unsigned char> ascii;
+      std::copy_if(next.begin(), next.end(), std::back_inserter(ascii), [](unsigned char b) { return b < 0x80; });
+      if (!ascii.empty()) next = ascii;  // the arguments are rebuilt as JSON: valid UTF-8 only
+      unsigned char c = next[rng() % next.size()];
+      for (unsigned char pref : std::string("<\"<>/"))
+        if (rng() % 2 == 0 && std::find(next.begin(), next.end(), pref) != next.end()) c = pref;
+      ASSERT_TRUE(p.feed(c));
+      text += char(c);
+    }
+    if (!p.complete()) continue;
+    ++finished;
+    SCOPED_TRACE(text);
+    chat::dsv32::ParsedMessage m;
+    ASSERT_NO_THROW(m = chat::dsv32::parse_completion(text, chat::ThinkingMode::Chat));
+    ASSERT_EQ(m.tool_calls.size(), 1u);
+    const ojson args = ojson::parse(m.tool_calls[0].arguments, nullptr, false);
+    ASSERT_TRUE(args.is_object()) << m.tool_calls[0].arguments;
+    auto chars = [](const std::string& t) { return std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }); };
+    ASSERT_TRUE(args.contains("code") && args["code"].is_string() && args.contains("pin") && args["pin"].is_string());
+    EXPECT_GE(chars(args["code"]), 2);
+    EXPECT_LE(chars(args["code"]), 5);
+    EXPECT_EQ(chars(args["pin"]), 3);
+    EXPECT_TRUE(!args.contains("n") || (args["n"].is_number_integer() && args["n"] >= 1 && args["n"] <= 9));
+  }
+  EXPECT_GT(finished, 100);
+}
+
 }  // namespace

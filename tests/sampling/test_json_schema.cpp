@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <random>
@@ -72,6 +73,18 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
     for (const ojson& r : s.value("required", ojson::array()))
       if (!v.contains(r.get<std::string>())) return false;
   }
+  if (v.is_string()) {  // lengths in code points
+    const std::string t = v.get<std::string>();
+    const size_t chars = size_t(std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+    if (chars < s.value("minLength", size_t(0)) || chars > s.value("maxLength", SIZE_MAX)) return false;
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if ((s.contains("minimum") && x < s["minimum"].get<double>()) || (s.contains("maximum") && x > s["maximum"].get<double>()) ||
+        (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) ||
+        (s.contains("exclusiveMaximum") && x >= s["exclusiveMaximum"].get<double>()))
+      return false;
+  }
   if (v.is_array()) {
     if (v.size() < s.value("minItems", size_t(0)) || v.size() > s.value("maxItems", SIZE_MAX)) return false;
     for (const ojson& x : v)
@@ -94,11 +107,25 @@ ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int de
     if (s.contains(k)) return generate(s[k][pick(s[k].size())], root, rng, depth);
   const ojson ts = s.contains("type") ? (s["type"].is_array() ? s["type"] : ojson::array({s["type"]})) : ojson::array({"object"});
   const std::string t = ts[pick(ts.size())];
+  if (t == "string" && (s.contains("minLength") || s.contains("maxLength"))) {
+    const size_t lo = s.value("minLength", size_t(0)), hi = std::min(s.value("maxLength", SIZE_MAX), lo + 5);
+    const char* chars[] = {"a", "\u00fc", "\u4e2d", "\"", "\\", "\n", "\u0001"};  // one character each
+    std::string out;
+    for (size_t n = lo + pick(hi - lo + 1); n-- > 0;) out += chars[pick(7)];
+    return out;
+  }
   if (t == "string") {
     const char* strs[] = {"", "plain", "quote \" and \\ backslash", "tab\t\u00fc\u4e2d", "\u0001"};
     return strs[pick(5)];
   }
-  if (t == "integer") return int64_t(rng() % 2001) - 1000;
+  if (t == "integer") {
+    int64_t lo = -1000, hi = 1000;
+    if (s.contains("minimum")) lo = std::max(lo, int64_t(std::ceil(s["minimum"].get<double>())));
+    if (s.contains("exclusiveMinimum")) lo = std::max(lo, int64_t(std::floor(s["exclusiveMinimum"].get<double>())) + 1);
+    if (s.contains("maximum")) hi = std::min(hi, int64_t(std::floor(s["maximum"].get<double>())));
+    if (s.contains("exclusiveMaximum")) hi = std::min(hi, int64_t(std::ceil(s["exclusiveMaximum"].get<double>())) - 1);
+    return lo + int64_t(rng() % uint64_t(hi - lo + 1));
+  }
   if (t == "number") return pick(2) ? ojson(int64_t(rng() % 100)) : ojson(double(int(rng() % 20001) - 10000) / 128.0);
   if (t == "boolean") return bool(pick(2));
   if (t == "null") return nullptr;
@@ -135,6 +162,11 @@ const ojson kSchemas[] = {
         "anything": {}, "fixed": {"type": "object", "additionalProperties": false}, "z": {"allOf": [{"type": "integer"}]}}, "required": ["z"]})"),
     ojson::parse(R"({"enum": [1, 12, 123, "one"]})"),
     ojson::parse(R"({"type": ["integer", "string"]})"),
+    // Bounds: string lengths in characters, integer ranges (inclusive, exclusive, negative).
+    ojson::parse(R"({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4},
+        "n": {"type": "integer", "minimum": -15, "exclusiveMaximum": 120}, "big": {"type": "integer", "exclusiveMinimum": 99, "maximum": 1000},
+        "neg": {"type": "integer", "maximum": -10.5}, "s": {"type": ["string", "integer"], "maxLength": 1, "minimum": 3},
+        "list": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 2}}, "required": ["code", "n", "big", "neg"]})"),
 };
 
 TEST(JsonSchema, TakesEveryValueItAdmits) {
@@ -220,10 +252,54 @@ TEST(JsonSchema, WalksNeverGetStuckAndEndValid) {
   }
 }
 
+// Bounds at their edges: each byte of an integer must leave some value in range and the
+// number may end only in range; a string's characters are counted as written.
+TEST(JsonSchema, BoundsHoldToTheEdge) {
+  const JsonSchema small(ojson::parse(R"({"type": "integer", "minimum": -5, "maximum": 37})"));
+  for (const char* ok : {"-5", "-0", "0", "37", "4", "-1", " 30 "}) EXPECT_TRUE(accepts(small, ok)) << ok;
+  for (const char* no : {"-6", "38", "40", "370", "-50", "00", "4.0"}) EXPECT_FALSE(accepts(small, no)) << no;
+  JsonSchemaPrefix p(small);
+  EXPECT_TRUE(p.feed("3"));
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed('8')) << "no value in range begins with 38";
+  const JsonSchema high(ojson::parse(R"({"type": "integer", "exclusiveMinimum": 99.5})"));
+  JsonSchemaPrefix h(high);
+  EXPECT_FALSE(JsonSchemaPrefix(h).feed('-'));
+  EXPECT_FALSE(JsonSchemaPrefix(h).feed('0'));
+  EXPECT_TRUE(h.feed("99"));
+  EXPECT_FALSE(h.complete()) << "99 may go on to 990, but not end";
+  EXPECT_TRUE(accepts(high, "100"));
+  const JsonSchema top(ojson::parse(R"({"type": "integer", "minimum": 9223372036854775800})"));
+  EXPECT_TRUE(accepts(top, "9223372036854775807"));
+  EXPECT_FALSE(accepts(top, "9223372036854775808"));
+  EXPECT_FALSE(accepts(top, "92233720368547758070"));
+  const JsonSchema bottom(ojson::parse(R"({"type": "integer", "maximum": -9223372036854775800})"));
+  EXPECT_TRUE(accepts(bottom, "-9223372036854775808"));
+  EXPECT_FALSE(accepts(bottom, "-9223372036854775809"));
+  EXPECT_FALSE(accepts(bottom, "-9223372036854775799"));
+
+  const JsonSchema code(ojson::parse(R"({"type": "string", "minLength": 2, "maxLength": 3})"));
+  for (const char* ok : {"\"ab\"", "\"\\n\\t\"", "\"\u00e9\u4e2d\"", "\"\\u00e9x\"", "\"a\\\"c\""})
+    EXPECT_TRUE(accepts(code, ok)) << ok;
+  for (const char* no : {"\"a\"", "\"abcd\"", "\"\\n\\n\\n\\n\"", "\"\u00e9\u00e9\u00e9\u00e9\""}) EXPECT_FALSE(accepts(code, no)) << no;
+  // Invalid UTF-8 counts as the U+FFFD characters the decoder makes of it: one per maximal
+  // invalid part (a stray continuation byte, a lead byte whose sequence breaks off).
+  for (const char* ok : {"\"a\x9e\"", "\"a\xe4\xb8\"", "\"\xe0\x80\"", "\"a\xf0\x9f\x98\""}) EXPECT_TRUE(accepts(code, ok)) << ok;
+  for (const char* no : {"\"a\x9e\x9e\x9e\"", "\"\xe0\x80\x80\x80\"", "\"ab\xed\xa0\x80\""}) EXPECT_FALSE(accepts(code, no)) << no;
+  JsonSchemaPrefix c(code);
+  EXPECT_EQ(c.string_room(), UINT32_MAX);
+  EXPECT_TRUE(c.feed("\"a\u00e9"));
+  EXPECT_EQ(c.string_room(), 1u);
+  EXPECT_FALSE(JsonSchemaPrefix(c).feed("xy"));
+}
+
 TEST(JsonSchema, RefusesWhatItCannotConstrain) {
   const std::pair<const char*, const char*> bad[] = {
       {R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported"},
-      {R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})", "#/properties/n"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}})", "#/properties/n/minimum"},
+      {R"({"type": "integer", "minimum": 3, "exclusiveMaximum": 4.0, "maximum": 2})", "admit no integer"},
+      {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength is above maxLength"},
+      {R"({"type": "string", "maxLength": -1})", "non-negative integer"},
+      {R"({"enum": ["a", "b"], "maxLength": 1})", "beside enum"},
       {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"a": {}}}]})", "both begin with '{'"},
       {R"({"anyOf": [{"type": "string"}, {"enum": ["x"]}]})", "both begin with '\"'"},
       {R"({"$ref": "#/$defs/Missing"})", "names nothing"},
@@ -262,9 +338,10 @@ TEST(JsonSchema, RefusesWhatItCannotConstrain) {
 TEST(JsonSchema, LenientlyWhatItCannotSayIsNotEnforced) {
   auto lenient = [](const char* schema) { return std::make_unique<JsonSchema>(ojson::parse(schema), JsonSchema::Lenient::Yes); };
   auto s = lenient(R"({"type": "string", "pattern": "^a", "maxLength": 2})");
-  EXPECT_TRUE(accepts(*s, "\"bcd\""));
+  EXPECT_TRUE(accepts(*s, "\"bc\"")) << "the pattern is read past";
+  EXPECT_FALSE(accepts(*s, "\"bcd\"")) << "the length is kept";
   EXPECT_FALSE(accepts(*s, "5"));
-  s = lenient(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "e": {"enum": ["x"]}}, "required": ["e"]})");
+  s = lenient(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}, "e": {"enum": ["x"]}}, "required": ["e"]})");
   EXPECT_TRUE(accepts(*s, R"({"n": -3, "e": "x"})"));
   EXPECT_FALSE(accepts(*s, R"({"n": "3", "e": "x"})"));
   EXPECT_FALSE(accepts(*s, R"({"n": 3})")) << "a required key";

@@ -255,8 +255,9 @@ TEST(Serve, JsonModeRepliesAreJsonObjects) {
 TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
   TestServer s(test::tiny_model_dir());
   const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
-      "name": {"enum": ["ann", "bob"]}, "age": {"type": "integer"}, "ok": {"type": ["boolean", "null"]},
-      "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2}}, "required": ["name", "ok"]})");
+      "name": {"enum": ["ann", "bob"]}, "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 100},
+      "ok": {"type": ["boolean", "null"]}, "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2},
+      "nick": {"type": "string", "minLength": 1, "maxLength": 3}}, "required": ["name", "ok", "nick"]})");
   const JsonSchema compiled(schema);
   auto check = [&](const std::string& text, const json& finish) {
     if (finish != "stop") {
@@ -270,9 +271,15 @@ TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
     if (!v.is_object()) return 0;
     EXPECT_TRUE(v["name"] == "ann" || v["name"] == "bob") << text;
     EXPECT_TRUE(v["ok"].is_boolean() || v["ok"].is_null()) << text;
-    EXPECT_TRUE(!v.contains("age") || v["age"].is_number_integer()) << text;
+    EXPECT_TRUE(!v.contains("age") || (v["age"].is_number_integer() && v["age"] >= 18 && v["age"] < 100)) << text;
     EXPECT_TRUE(!v.contains("tags") || (v["tags"].is_array() && v["tags"].size() <= 2)) << text;
-    std::vector<std::string> keys, order = {"name", "age", "ok", "tags"};
+    EXPECT_TRUE(v["nick"].is_string()) << text;
+    if (v["nick"].is_string()) {
+      const std::string nick = v["nick"];
+      const auto chars = std::count_if(nick.begin(), nick.end(), [](char ch) { return (static_cast<unsigned char>(ch) & 0xC0) != 0x80; });
+      EXPECT_TRUE(chars >= 1 && chars <= 3) << text;
+    }
+    std::vector<std::string> keys, order = {"name", "age", "ok", "tags", "nick"};
     for (const auto& [k, x] : v.items()) keys.push_back(k);
     EXPECT_TRUE(std::includes(order.begin(), order.end(), keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) {
       return std::find(order.begin(), order.end(), a) < std::find(order.begin(), order.end(), b);
