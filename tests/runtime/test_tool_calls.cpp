@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <string>
@@ -159,36 +160,50 @@ std::vector<unsigned char> next_bytes(const ToolCallPrefix& p) {
   return out;
 }
 
+// Random walks over the bytes ToolCallPrefix takes, each up to a whole block or `limit` bytes:
+// ASCII where it may be (markup needs the bytes of "｜"; the arguments are rebuilt as JSON,
+// which takes valid UTF-8 only, as a tokenizer's text is), each byte of `prefer` taken with
+// chance 1 / odds where it is allowed. A dead end fails the test; every whole block is parsed
+// by the reference parser and given to `check`. Returns how many walks finished.
+int walk_blocks(const ToolCallGrammar& g, uint32_t seed, int walks, std::string_view prefer, unsigned odds, size_t limit,
+                const std::function<void(const chat::dsv32::ParsedMessage&)>& check) {
+  std::mt19937 rng(seed);
+  int finished = 0;
+  for (int walk = 0; walk < walks; ++walk) {
+    ToolCallPrefix p(g);
+    std::string text;
+    while (!p.complete() && text.size() < limit) {
+      std::vector<unsigned char> next = next_bytes(p);
+      if (next.empty()) {
+        ADD_FAILURE() << "stuck after: " << text;
+        return finished;
+      }
+      std::vector<unsigned char> ascii;
+      std::copy_if(next.begin(), next.end(), std::back_inserter(ascii), [](unsigned char b) { return b < 0x80; });
+      if (!ascii.empty()) next = ascii;
+      unsigned char c = next[rng() % next.size()];
+      for (unsigned char pref : prefer)
+        if (rng() % odds == 0 && std::find(next.begin(), next.end(), pref) != next.end()) c = pref;
+      p.feed(c);
+      text += char(c);
+    }
+    if (!p.complete()) continue;
+    ++finished;
+    SCOPED_TRACE(text);
+    chat::dsv32::ParsedMessage m;
+    EXPECT_NO_THROW(m = chat::dsv32::parse_completion(text, chat::ThinkingMode::Chat));
+    check(m);
+  }
+  return finished;
+}
+
 // Random walks, leaning towards bytes that end things ('<', quotes, brackets) so that most
 // walks finish: none gets stuck, and every finished one parses into calls that follow the
 // schemas.
 TEST(ToolCalls, RandomWalksEndInCallsTheParserTakes) {
   for (const bool several : {true, false}) {
     const ToolCallGrammar g(weather_tools(), several);
-    std::mt19937 rng(several ? 7 : 8);
-    int finished = 0;
-    for (int walk = 0; walk < 300; ++walk) {
-      ToolCallPrefix p(g);
-      std::string text;
-      while (!p.complete() && text.size() < 4000) {
-        std::vector<unsigned char> next = next_bytes(p);
-        ASSERT_FALSE(next.empty()) << "stuck after: " << text;
-        // ASCII where it may be (markup needs the bytes of "｜"): the arguments are rebuilt
-        // as JSON, which takes valid UTF-8 only, as a tokenizer's text is.
-        std::vector<unsigned char> ascii;
-        std::copy_if(next.begin(), next.end(), std::back_inserter(ascii), [](unsigned char b) { return b < 0x80; });
-        if (!ascii.empty()) next = ascii;
-        unsigned char c = next[rng() % next.size()];
-        for (unsigned char pref : std::string("<\"]}>\n"))
-          if (rng() % 3 == 0 && std::find(next.begin(), next.end(), pref) != next.end()) c = pref;
-        ASSERT_TRUE(p.feed(c));
-        text += char(c);
-      }
-      if (!p.complete()) continue;
-      ++finished;
-      SCOPED_TRACE(text);
-      chat::dsv32::ParsedMessage m;
-      ASSERT_NO_THROW(m = chat::dsv32::parse_completion(text, chat::ThinkingMode::Chat));
+    const int finished = walk_blocks(g, several ? 7 : 8, 300, "<\"]}>\n", 3, 4000, [&](const chat::dsv32::ParsedMessage& m) {
       ASSERT_FALSE(m.tool_calls.empty());
       EXPECT_TRUE(several || m.tool_calls.size() == 1);
       for (const auto& call : m.tool_calls) {
@@ -207,7 +222,7 @@ TEST(ToolCalls, RandomWalksEndInCallsTheParserTakes) {
           EXPECT_TRUE(args.empty());
         }
       }
-    }
+    });
     EXPECT_GT(finished, 100);
   }
 }
@@ -239,38 +254,17 @@ TEST(ToolCalls, BoundsHoldInRawAndJsonValues) {
   bool whole = false;
   EXPECT_TRUE(takes(g, block("\"a\\nb\"", "xyz", false), &whole) && whole);
   EXPECT_FALSE(takes(g, block("\"a\"", "xyz", false)));
-  std::mt19937 rng(5);
-  int finished = 0;
-  for (int walk = 0; walk < 400; ++walk) {
-    ToolCallPrefix p(g);
-    std::string text;
-    while (!p.complete() && text.size() < 2000) {
-      std::vector<unsigned char> next = next_bytes(p);
-      ASSERT_FALSE(next.empty()) << "stuck after: " << text;
-      std::vector<unsigned char> ascii;
-      std::copy_if(next.begin(), next.end(), std::back_inserter(ascii), [](unsigned char b) { return b < 0x80; });
-      if (!ascii.empty()) next = ascii;  // the arguments are rebuilt as JSON: valid UTF-8 only
-      unsigned char c = next[rng() % next.size()];
-      for (unsigned char pref : std::string("<\"<>/"))
-        if (rng() % 2 == 0 && std::find(next.begin(), next.end(), pref) != next.end()) c = pref;
-      ASSERT_TRUE(p.feed(c));
-      text += char(c);
-    }
-    if (!p.complete()) continue;
-    ++finished;
-    SCOPED_TRACE(text);
-    chat::dsv32::ParsedMessage m;
-    ASSERT_NO_THROW(m = chat::dsv32::parse_completion(text, chat::ThinkingMode::Chat));
+  auto chars = [](const std::string& t) { return std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }); };
+  const int finished = walk_blocks(g, 5, 400, "<\"<>/", 2, 2000, [&](const chat::dsv32::ParsedMessage& m) {
     ASSERT_EQ(m.tool_calls.size(), 1u);
     const ojson args = ojson::parse(m.tool_calls[0].arguments, nullptr, false);
     ASSERT_TRUE(args.is_object()) << m.tool_calls[0].arguments;
-    auto chars = [](const std::string& t) { return std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }); };
     ASSERT_TRUE(args.contains("code") && args["code"].is_string() && args.contains("pin") && args["pin"].is_string());
     EXPECT_GE(chars(args["code"]), 2);
     EXPECT_LE(chars(args["code"]), 5);
     EXPECT_EQ(chars(args["pin"]), 3);
     EXPECT_TRUE(!args.contains("n") || (args["n"].is_number_integer() && args["n"] >= 1 && args["n"] <= 9));
-  }
+  });
   EXPECT_GT(finished, 100);
 }
 
