@@ -32,7 +32,7 @@ constexpr size_t kMaxProperties = 1024, kMaxValues = 4096, kMaxAlternatives = 32
 
 const std::set<std::string, std::less<>> kKeywords = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
                                                      "properties", "required", "additionalProperties", "items",
-                                                     "minItems", "maxItems", "minLength", "maxLength", "minimum",
+                                                     "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "minimum",
                                                      "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 constexpr const char* kLengthKeys[] = {"minLength", "maxLength"};
 constexpr const char* kIntKeys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
@@ -181,7 +181,7 @@ void SchemaCompiler::fill(Node& n, const ojson& s, const std::string& path) {
   for (const auto& [k, v] : s.items())
     if (!kKeywords.count(k) && !kAnnotations.count(k) && !lenient)
       fail(path, "'" + k + "' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, $ref, properties, "
-                           "required, additionalProperties, items, minItems, maxItems, minLength, maxLength, and on "
+                           "required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, and on "
                            "integers minimum, maximum, exclusiveMinimum, exclusiveMaximum)");
   if (s.contains("enum") || s.contains("const")) return fill_literals(n, s, path);
   for (const char* key : {"anyOf", "oneOf", "allOf"})
@@ -238,7 +238,7 @@ void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path
   std::vector<std::string> ts;
   if (s.contains("type")) ts = types(s, path);
   else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) ts = {"object"};
-  else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) ts = {"array"};
+  else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) ts = {"array"};
   else if (s.contains("minLength") || s.contains("maxLength")) ts = {"string"};
   else if (std::any_of(std::begin(kIntKeys), std::end(kIntKeys), [&](const char* k) { return s.contains(k); })) ts = {"number"};
   else n.scalars = Node::kAny;
@@ -330,15 +330,27 @@ void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& pat
 
 void SchemaCompiler::fill_array(Node& n, const ojson& s, const std::string& path) {
   n.array = true;
+  if (s.contains("prefixItems")) {
+    const ojson& p = s["prefixItems"];
+    if (!p.is_array()) fail(path + "/prefixItems", "expected a list of schemas");
+    if (p.size() > kMaxProperties) fail(path + "/prefixItems", "more than " + std::to_string(kMaxProperties) + " item schemas");
+    for (size_t i = 0; i < p.size(); ++i) n.prefix_items.push_back(compile(p[i], path + "/prefixItems/" + std::to_string(i)));
+  }
   const ojson items = s.contains("items") ? s["items"] : ojson(true);
-  if (items.is_array()) fail(path + "/items", "a list of item schemas (a tuple) is not supported");
-  n.items = compile(items, path + "/items");
+  if (items.is_array()) fail(path + "/items", "a list of item schemas (a tuple) is not supported: prefixItems says it");
+  if (items.is_boolean() && !items.get<bool>()) {  // no item past the prefix
+    n.max_items = uint32_t(n.prefix_items.size());
+    n.items = any(path + "/items");  // never read
+  } else {
+    n.items = compile(items, path + "/items");
+  }
   for (const char* key : {"minItems", "maxItems"}) {
     if (!s.contains(key)) continue;
     const ojson& v = s[key];
     if (!v.is_number_unsigned()) fail(path + "/" + key, "expected a non-negative integer");
     const uint32_t x = uint32_t(std::min<uint64_t>(v.get<uint64_t>(), UINT32_MAX));
-    (std::string_view(key) == "minItems" ? n.min_items : n.max_items) = x;
+    if (std::string_view(key) == "minItems") n.min_items = x;
+    else n.max_items = std::min(n.max_items, x);
   }
   if (n.min_items > n.max_items) fail(path, "minItems is above maxItems");
 }
@@ -400,6 +412,7 @@ static std::vector<Node*> reachable(const Node* root) {
     todo.insert(todo.end(), n->alts.begin(), n->alts.end());
     todo.push_back(n->extra);
     todo.push_back(n->items);
+    todo.insert(todo.end(), n->prefix_items.begin(), n->prefix_items.end());
   }
   return out;
 }
@@ -753,7 +766,7 @@ bool JsonSchemaPrefix::feed_array(unsigned char c) {
       if (c == ']') return close_container();
       if (f.next >= n.max_items) return false;
       [[fallthrough]];
-    case Phase::Value: return start_value(*n.items, c);
+    case Phase::Value: return start_value(f.next < n.prefix_items.size() ? *n.prefix_items[f.next] : *n.items, c);
     case Phase::CommaOrClose:
       if (c == ']') return close_container();
       if (c != ',' || f.next >= n.max_items) return false;

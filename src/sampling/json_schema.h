@@ -12,7 +12,8 @@
 //  - objects with properties: the declared keys only, in the schema's order, each at most
 //    once, required ones always; without properties, any keys with values of
 //    additionalProperties (left out or true: any value; false: no key);
-//  - arrays: items, minItems, maxItems; strings, numbers, integers, booleans, null;
+//  - arrays: prefixItems (a tuple's positions), items (the rest; false: none), minItems,
+//    maxItems; strings, numbers, integers, booleans, null;
 //  - strings: minLength, maxLength, in characters as written (a UTF-8 character, each invalid
 //    part as the U+FFFD it becomes, or an escape; a surrogate pair written as two \u escapes
 //    counts two); integers: minimum, maximum,
@@ -66,7 +67,8 @@ struct JsonSchemaNode {
   std::vector<uint16_t> by_key;         // props' indices sorted by key text
   std::vector<uint16_t> required_from;  // [i]: the first required index >= i (props.size(): none)
   const JsonSchemaNode* extra = nullptr;  // objects without props: every key's value (null: no key)
-  const JsonSchemaNode* items = nullptr;
+  std::vector<const JsonSchemaNode*> prefix_items;  // the first items' schemas, by position
+  const JsonSchemaNode* items = nullptr;             // the items past them
   uint32_t min_items = 0, max_items = UINT32_MAX;
   uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
   int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integers, both bounds included

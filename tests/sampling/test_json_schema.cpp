@@ -87,8 +87,9 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
   }
   if (v.is_array()) {
     if (v.size() < s.value("minItems", size_t(0)) || v.size() > s.value("maxItems", SIZE_MAX)) return false;
-    for (const ojson& x : v)
-      if (!valid(x, s.value("items", ojson(true)), root)) return false;
+    const ojson prefix = s.value("prefixItems", ojson::array());
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!valid(v[i], i < prefix.size() ? prefix[i] : s.value("items", ojson(true)), root)) return false;
   }
   return true;
 }
@@ -130,9 +131,11 @@ ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int de
   if (t == "boolean") return bool(pick(2));
   if (t == "null") return nullptr;
   if (t == "array") {
-    const size_t lo = s.value("minItems", size_t(0)), hi = std::min(s.value("maxItems", SIZE_MAX), lo + (depth > 3 ? 0 : 3));
+    const ojson prefix = s.value("prefixItems", ojson::array()), items = s.value("items", ojson(true));
+    const size_t most = items == ojson(false) ? prefix.size() : SIZE_MAX;
+    const size_t lo = s.value("minItems", size_t(0)), hi = std::min({s.value("maxItems", SIZE_MAX), most, lo + (depth > 3 ? 0 : 3)});
     ojson a = ojson::array();
-    for (size_t n = lo + pick(hi - lo + 1); n-- > 0;) a.push_back(generate(s.value("items", ojson(true)), root, rng, depth + 1));
+    for (size_t n = lo + pick(hi - lo + 1), i = 0; i < n; ++i) a.push_back(generate(i < prefix.size() ? prefix[i] : items, root, rng, depth + 1));
     return a;
   }
   ojson o = ojson::object();
@@ -167,6 +170,11 @@ const ojson kSchemas[] = {
         "n": {"type": "integer", "minimum": -15, "exclusiveMaximum": 120}, "big": {"type": "integer", "exclusiveMinimum": 99, "maximum": 1000},
         "neg": {"type": "integer", "maximum": -10.5}, "s": {"type": ["string", "integer"], "maxLength": 1, "minimum": 3},
         "list": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 2}}, "required": ["code", "n", "big", "neg"]})"),
+    // pydantic's tuples: Tuple[int, str] (fixed), Tuple[bool, ...] after a prefix (open).
+    ojson::parse(R"({"type": "object", "properties": {"pair": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0},
+        {"type": "string"}], "minItems": 2, "maxItems": 2}, "rest": {"type": "array", "prefixItems": [{"enum": ["a", "b"]}],
+        "items": {"type": "boolean"}}, "none": {"type": "array", "prefixItems": [{"type": "null"}], "items": false}},
+        "required": ["pair", "rest", "none"]})"),
 };
 
 TEST(JsonSchema, TakesEveryValueItAdmits) {
@@ -292,6 +300,15 @@ TEST(JsonSchema, BoundsHoldToTheEdge) {
   EXPECT_FALSE(JsonSchemaPrefix(c).feed("xy"));
 }
 
+TEST(JsonSchema, TuplesTakeTheirPositions) {
+  const JsonSchema pair(ojson::parse(R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": false})"));
+  for (const char* ok : {"[]", "[1]", "[1, \"x\"]"}) EXPECT_TRUE(accepts(pair, ok)) << ok;
+  for (const char* no : {"[\"x\"]", "[1, 2]", "[1, \"x\", 3]", "[1, \"x\", \"y\"]"}) EXPECT_FALSE(accepts(pair, no)) << no;
+  const JsonSchema open(ojson::parse(R"({"prefixItems": [{"const": 0}], "items": {"type": "string"}, "minItems": 2})"));
+  for (const char* ok : {"[0, \"a\"]", "[0, \"a\", \"b\"]"}) EXPECT_TRUE(accepts(open, ok)) << ok;
+  for (const char* no : {"[0]", "[1, \"a\"]", "[0, 1]"}) EXPECT_FALSE(accepts(open, no)) << no;
+}
+
 TEST(JsonSchema, RefusesWhatItCannotConstrain) {
   const std::pair<const char*, const char*> bad[] = {
       {R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported"},
@@ -308,7 +325,8 @@ TEST(JsonSchema, RefusesWhatItCannotConstrain) {
       {R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})", "'b' is not among the properties"},
       {R"({"type": "object", "properties": {"a": {}}, "additionalProperties": true})", "only the declared properties"},
       {R"({"type": "array", "minItems": 3, "maxItems": 2})", "minItems is above maxItems"},
-      {R"({"type": "array", "items": [{"type": "string"}]})", "tuple"},
+      {R"({"type": "array", "items": [{"type": "string"}]})", "prefixItems says it"},
+      {R"({"type": "array", "prefixItems": [{"type": "string"}], "items": false, "minItems": 2})", "minItems is above maxItems"},
       {R"({"enum": []})", "non-empty"},
       {R"({"type": "string", "enum": ["a", 1]})", "not of the schema's type"},
       {R"({"type": "text"})", "unknown type 'text'"},
