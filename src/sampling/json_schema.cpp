@@ -103,6 +103,7 @@ struct SchemaCompiler {
   void fill_object(Node& n, const ojson& s, const std::string& path);
   void fill_array(Node& n, const ojson& s, const std::string& path);
   void fill_bounds(Node& n, const ojson& s, const std::string& path);
+  void fill_number_bounds(Node& n, const ojson& s, const std::string& path);
   bool bound_fails(const std::string& path, const std::string& what) const {
     if (!lenient) fail(path, what);
     return true;  // leniently the bound is read past
@@ -256,9 +257,8 @@ void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path
 }
 
 // minLength / maxLength where the node admits strings; minimum, maximum and their exclusive
-// forms where it admits integers and no other numbers (a bound on a number with a fraction or
-// an exponent would have to be decided digit by digit across both). A bound on a type the
-// node does not admit constrains nothing.
+// forms where it admits integers (any bound, rounded inward) or numbers (fill_number_bounds).
+// A bound on a type the node does not admit constrains nothing.
 void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& path) {
   if (n.scalars & Node::kString) {
     for (const char* key : kLengthKeys) {
@@ -273,12 +273,12 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
     }
     if (n.min_length > n.max_length && bound_fails(path, "minLength is above maxLength")) n.min_length = 0, n.max_length = UINT32_MAX;
   }
-  if (!(n.scalars & (Node::kNumber | Node::kInteger))) return;
+  if (n.scalars & Node::kNumber) return fill_number_bounds(n, s, path);
+  if (!(n.scalars & Node::kInteger)) return;
   __int128 lo = INT64_MIN, hi = INT64_MAX;
   for (const char* key : kIntKeys) {
     if (!s.contains(key)) continue;
     const ojson& v = s[key];
-    if (n.scalars & Node::kNumber) return (void)bound_fails(path + "/" + key, "bounds are supported on integers only, not on numbers");
     if (!v.is_number()) {
       bound_fails(path + "/" + key, "expected a number");
       continue;
@@ -292,6 +292,35 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
   lo = std::max<__int128>(lo, INT64_MIN), hi = std::min<__int128>(hi, INT64_MAX);
   if (lo > hi) return (void)bound_fails(path, "the bounds admit no integer (of 64 bits)");
   n.min_int = int64_t(lo), n.max_int = int64_t(hi);
+}
+
+// Bounds on numbers with fractions, when each is a whole number within int64 (ge=0, le=1,
+// gt=0: what pydantic's constrained floats mostly say): a prefix of a decimal then reaches
+// values in intervals with whole or decimal ends, decided in integers (JsonSchemaPrefix).
+void SchemaCompiler::fill_number_bounds(Node& n, const ojson& s, const std::string& path) {
+  for (const char* key : kIntKeys) {
+    if (!s.contains(key)) continue;
+    const ojson& v = s[key];
+    const bool whole = v.is_number_integer() ? !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+                                             : v.is_number() && std::trunc(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 0x1p63;
+    if (!whole) {
+      bound_fails(path + "/" + key, "a bound on a number with fractions is supported at whole values in 64 bits only");
+      continue;
+    }
+    const int64_t x = v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
+    const std::string_view k = key;
+    const bool open = k.substr(0, 9) == "exclusive", lower = k == "minimum" || k == "exclusiveMinimum";
+    int64_t& b = lower ? n.min_num : n.max_num;
+    bool& has = lower ? n.has_min_num : n.has_max_num;
+    bool& is_open = lower ? n.min_num_open : n.max_num_open;
+    // The tighter bound wins; at the same value, the open one.
+    if (!has || (lower ? x > b : x < b)) b = x, is_open = open;
+    else if (x == b) is_open = is_open || open;
+    has = true;
+  }
+  if (n.has_min_num && n.has_max_num && (n.min_num > n.max_num || (n.min_num == n.max_num && (n.min_num_open || n.max_num_open))) &&
+      bound_fails(path, "the bounds admit no number"))
+    n.has_min_num = n.has_max_num = false;
 }
 
 void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& path) {
@@ -506,7 +535,8 @@ JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& o) {
   depth_ = o.depth_;
   done_ = o.done_, in_leaf_ = o.in_leaf_, leaf_key_ = o.leaf_key_, leaf_int_ = o.leaf_int_;
   leaf_ = o.leaf_;
-  bounded_ = o.bounded_, count_ = o.count_, utf8_ = o.utf8_, neg_ = o.neg_, digits_ = o.digits_;
+  bounded_ = o.bounded_, bound_ = o.bound_, count_ = o.count_, utf8_ = o.utf8_;
+  neg_ = o.neg_, dot_ = o.dot_, frac_nonzero_ = o.frac_nonzero_, digits_ = o.digits_, frac_digits_ = o.frac_digits_;
   return *this;
 }
 
@@ -526,13 +556,13 @@ bool JsonSchemaPrefix::feed(unsigned char c) {
 }
 
 bool JsonSchemaPrefix::complete() const {
-  if (depth_ == 0) return done_ || (in_leaf_ && leaf_.complete() && (!bounded_ || !leaf_int_ || int_can_end()));
+  if (depth_ == 0) return done_ || (in_leaf_ && leaf_.complete() && (!bounded_ || bound_ == Bound::Length || can_end()));
   const Frame& f = top();  // a top-level enum value, whole so far (the shortest candidate sorts first)
   return depth_ == 1 && f.phase == Phase::InLiteral && f.node->literals[f.lo].size() == f.at;
 }
 
 uint32_t JsonSchemaPrefix::string_room() const {
-  if (!in_leaf_ || !bounded_ || leaf_int_ || bounded_->max_length == UINT32_MAX) return UINT32_MAX;
+  if (!in_leaf_ || !bounded_ || bound_ != Bound::Length || bounded_->max_length == UINT32_MAX) return UINT32_MAX;
   return uint32_t(bounded_->max_length - count_);
 }
 
@@ -571,7 +601,8 @@ bool JsonSchemaPrefix::start_value(const Node& node, unsigned char c) {
   if (c == 'n') return (s & Node::kNull) && start_leaf(c, false, false);
   if (c == '-' || is_digit(c)) {
     const bool integer = !(s & Node::kNumber);
-    return (s & (Node::kNumber | Node::kInteger)) && start_leaf(c, integer, false, integer && n->int_bounds() ? n : nullptr);
+    const bool bounded = integer ? n->int_bounds() : n->num_bounds();
+    return (s & (Node::kNumber | Node::kInteger)) && start_leaf(c, integer, false, bounded ? n : nullptr);
   }
   return false;
 }
@@ -581,13 +612,13 @@ bool JsonSchemaPrefix::start_leaf(unsigned char c, bool integer, bool key, const
   if (!l.feed(c)) return false;
   leaf_ = l;
   in_leaf_ = true, leaf_int_ = integer, leaf_key_ = key;
-  bounded_ = bounded, count_ = 0, utf8_ = Utf8Chars{}, neg_ = false, digits_ = 0;
-  if (bounded && integer) {  // the first byte as bounds_take reads a digit
-    neg_ = c == '-';
-    if (neg_) return bounded->min_int <= 0;  // "-0" or a negative number
-    return bounds_take(c);
-  }
-  return true;
+  bounded_ = bounded, count_ = 0, utf8_ = Utf8Chars{};
+  neg_ = dot_ = frac_nonzero_ = false, digits_ = frac_digits_ = 0;
+  bound_ = c == '"' ? Bound::Length : integer ? Bound::Integer : Bound::Number;
+  if (!bounded || bound_ == Bound::Length) return true;
+  neg_ = c == '-';  // the first byte as bounds_take reads a digit
+  if (!neg_) return bounds_take(c);
+  return bound_ == Bound::Integer ? bounded->min_int <= 0 : num_reachable();  // "-0" or a negative number
 }
 
 namespace {
@@ -605,18 +636,29 @@ bool int_reachable(bool neg, uint64_t v, int64_t lo, int64_t hi) {
 
 }  // namespace
 
-// The node's bounds on the leaf's next byte: a string's length (counted at each character's
-// first byte as Utf8Chars finds them, an escape as one), or an integer's range (each digit
-// must leave some completion in range, and a byte that ends the number must end it in range).
+// The node's bounds on the leaf's next byte: a string's length, or a number's range.
 bool JsonSchemaPrefix::bounds_take(unsigned char c) {
-  if (!leaf_int_) {
-    if (!leaf_.in_string() || c < 0x20) return true;  // inside an escape, or refused by the leaf
-    if (c == '"') return count_ >= bounded_->min_length;
-    if (!utf8_.begins(c)) return true;
-    if (count_ >= bounded_->max_length) return false;
-    ++count_;
-    return true;
+  switch (bound_) {
+    case Bound::Length: return take_length(c);
+    case Bound::Integer: return take_integer(c);
+    case Bound::Number: return take_number(c);
   }
+  return false;
+}
+
+// Characters counted at their first byte as Utf8Chars finds them, an escape as one.
+bool JsonSchemaPrefix::take_length(unsigned char c) {
+  if (!leaf_.in_string() || c < 0x20) return true;  // inside an escape, or refused by the leaf
+  if (c == '"') return count_ >= bounded_->min_length;
+  if (!utf8_.begins(c)) return true;
+  if (count_ >= bounded_->max_length) return false;
+  ++count_;
+  return true;
+}
+
+// Each digit must leave some completion in range, and a byte that ends the number must end it
+// in range.
+bool JsonSchemaPrefix::take_integer(unsigned char c) {
   const bool zero = digits_ > 0 && count_ == 0;  // "0" or "-0": no digit may follow
   if (is_digit(c) && !zero) {
     const uint64_t next = count_ > (UINT64_MAX - 9) / 10 ? UINT64_MAX : count_ * 10 + (c - '0');
@@ -630,6 +672,67 @@ bool JsonSchemaPrefix::bounds_take(unsigned char c) {
     return true;
   }
   return digits_ == 0 || int_can_end();  // a byte the number cannot take ends it (or is refused)
+}
+
+// As take_integer, over the whole part, a '.' and the fraction's digits; no exponent.
+bool JsonSchemaPrefix::take_number(unsigned char c) {
+  if (c == 'e' || c == 'E') return false;
+  if (c == '.') {
+    if (dot_ || digits_ == 0) return true;  // refused by the leaf
+    dot_ = true;
+    return num_reachable();
+  }
+  if (is_digit(c) && dot_) {
+    frac_digits_ = uint8_t(std::min(frac_digits_ + 1, 255));
+    frac_nonzero_ = frac_nonzero_ || c != '0';
+    return num_reachable();
+  }
+  if (is_digit(c) && !(digits_ > 0 && count_ == 0)) {
+    count_ = count_ > (UINT64_MAX - 9) / 10 ? UINT64_MAX : count_ * 10 + (c - '0');
+    digits_ = uint8_t(std::min(digits_ + 1, 255));
+    return num_reachable();
+  }
+  return digits_ == 0 || num_can_end();
+}
+
+namespace {
+
+// A number's whole-valued bounds seen from its magnitude m = |x| (x = -m when negative); a
+// bound that is absent lies beyond any magnitude a reply can write.
+struct MagnitudeBounds {
+  static constexpr __int128 kFar = __int128(1) << 100;
+  __int128 lo, hi;
+  bool lo_open, hi_open;
+  MagnitudeBounds(const Node& n, bool neg) {
+    const __int128 a = n.has_min_num ? n.min_num : -kFar, b = n.has_max_num ? n.max_num : kFar;
+    if (neg) lo = -b, hi = -a, lo_open = n.max_num_open, hi_open = n.min_num_open;
+    else lo = a, hi = b, lo_open = n.min_num_open, hi_open = n.max_num_open;
+  }
+  bool has(__int128 p) const { return (p > lo || (p == lo && !lo_open)) && (p < hi || (p == hi && !hi_open)); }
+  bool inside(__int128 p) const { return lo < p + 1 && hi > p; }  // some m strictly between p and p + 1
+  bool range(__int128 a, __int128 b) const { return has(a) || (lo < b && hi > a); }  // some m in [a, b)
+};
+
+}  // namespace
+
+// Some value in range begins with the number so far: the whole part I with k more digits
+// reaches [I 10^k, (I + 1) 10^k); after the point, fraction digits all zero so far reach
+// [I, I + 1), any other fraction the open (I, I + 1). Whole-valued bounds make each test exact.
+bool JsonSchemaPrefix::num_reachable() const {
+  const MagnitudeBounds b(*bounded_, neg_);
+  if (digits_ == 0) return b.range(0, MagnitudeBounds::kFar);  // "-" alone
+  const __int128 whole = count_;
+  if (dot_) return frac_nonzero_ ? b.inside(whole) : b.has(whole) || b.inside(whole);
+  if (whole == 0) return b.range(0, 1);
+  for (__int128 a = whole, step = 1; a <= MagnitudeBounds::kFar; a *= 10, step *= 10)
+    if (b.range(a, a + step)) return true;
+  return false;
+}
+
+bool JsonSchemaPrefix::num_can_end() const {
+  if (digits_ == 0 || (dot_ && frac_digits_ == 0)) return false;
+  const MagnitudeBounds b(*bounded_, neg_);
+  return frac_nonzero_ ? b.inside(__int128(count_)) : b.has(__int128(count_));
 }
 
 bool JsonSchemaPrefix::int_can_end() const {

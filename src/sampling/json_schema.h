@@ -16,9 +16,9 @@
 //    maxItems; strings, numbers, integers, booleans, null;
 //  - strings: minLength, maxLength, in characters as written (a UTF-8 character, each invalid
 //    part as the U+FFFD it becomes, or an escape; a surrogate pair written as two \u escapes
-//    counts two); integers: minimum, maximum,
-//    exclusiveMinimum, exclusiveMaximum (numbers: a bound on a type that admits fractions is
-//    not supported);
+//    counts two); integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum
+//    (on a type that admits fractions the bounds must be whole numbers, and its values are
+//    written without an exponent);
 //  - annotations are read past: title, description, default, examples, $schema, $id,
 //    $comment, and format (an annotation in JSON Schema since 2019-09; not enforced).
 // Any other keyword is an error that names it: a constraint the output would not keep is
@@ -72,8 +72,12 @@ struct JsonSchemaNode {
   uint32_t min_items = 0, max_items = UINT32_MAX;
   uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
   int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integers, both bounds included
+  // Numbers with fractions: whole-valued bounds, each present or not, inclusive or open.
+  int64_t min_num = 0, max_num = 0;
+  bool has_min_num = false, has_max_num = false, min_num_open = false, max_num_open = false;
   bool string_bounds() const { return min_length > 0 || max_length < UINT32_MAX; }
   bool int_bounds() const { return min_int > INT64_MIN || max_int < INT64_MAX; }
+  bool num_bounds() const { return has_min_num || has_max_num; }
   std::vector<std::string> literals;        // enum / const as compact JSON, sorted
   std::vector<const JsonSchemaNode*> alts;  // anyOf / oneOf: told apart by their first byte
   std::bitset<256> first;                   // the bytes a value of this node begins with
@@ -146,14 +150,16 @@ private:
   bool in_leaf_ = false;  // leaf_ is reading a value (or a free key) at the top
   bool leaf_key_ = false, leaf_int_ = false;
   JsonPrefix leaf_;
-  // The leaf's node where it bounds a string's length or an integer (null otherwise), and
-  // what the bounds are checked against: the string's characters so far, or the integer's
-  // sign, magnitude (saturated past any int64) and digits so far.
+  // The leaf's node where it bounds a string's length or a number (null otherwise), and what
+  // the bounds are checked against: the string's characters so far, or the number's sign,
+  // whole part (saturated past any int64), digits so far and fraction.
+  enum class Bound : uint8_t { Length, Integer, Number };
   const JsonSchemaNode* bounded_ = nullptr;
+  Bound bound_ = Bound::Length;
   uint64_t count_ = 0;
   Utf8Chars utf8_;
-  bool neg_ = false;
-  uint8_t digits_ = 0;
+  bool neg_ = false, dot_ = false, frac_nonzero_ = false;
+  uint8_t digits_ = 0, frac_digits_ = 0;
 
   Frame& top() { return frames_[depth_ - 1]; }
   const Frame& top() const { return frames_[depth_ - 1]; }
@@ -162,7 +168,13 @@ private:
   bool start_leaf(unsigned char c, bool integer, bool key, const JsonSchemaNode* bounded = nullptr);
   bool feed_leaf(unsigned char c);
   bool bounds_take(unsigned char c);
+  bool take_length(unsigned char c);
+  bool take_integer(unsigned char c);
+  bool take_number(unsigned char c);
   bool int_can_end() const;
+  bool num_reachable() const;
+  bool num_can_end() const;
+  bool can_end() const { return bound_ == Bound::Integer ? int_can_end() : num_can_end(); }
   bool feed_literal(unsigned char c);
   bool feed_key(unsigned char c);
   bool feed_object(unsigned char c);

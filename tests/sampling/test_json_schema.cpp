@@ -127,6 +127,13 @@ ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int de
     if (s.contains("exclusiveMaximum")) hi = std::min(hi, int64_t(std::ceil(s["exclusiveMaximum"].get<double>())) - 1);
     return lo + int64_t(rng() % uint64_t(hi - lo + 1));
   }
+  if (t == "number" && (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum"))) {
+    const double lo = s.value("minimum", s.value("exclusiveMinimum", -50.0)), hi = s.value("maximum", s.value("exclusiveMaximum", 50.0));
+    for (;;) {  // eighths in the range (whole bounds: some lie strictly inside)
+      const ojson x = pick(4) == 0 ? ojson(int64_t(std::floor(lo)) + int64_t(pick(size_t(hi - lo) + 1))) : ojson(lo + double(pick(size_t(8 * (hi - lo)) + 1)) / 8.0);
+      if (valid(x, s, root)) return x;
+    }
+  }
   if (t == "number") return pick(2) ? ojson(int64_t(rng() % 100)) : ojson(double(int(rng() % 20001) - 10000) / 128.0);
   if (t == "boolean") return bool(pick(2));
   if (t == "null") return nullptr;
@@ -169,7 +176,9 @@ const ojson kSchemas[] = {
     ojson::parse(R"({"type": "object", "properties": {"code": {"type": "string", "minLength": 2, "maxLength": 4},
         "n": {"type": "integer", "minimum": -15, "exclusiveMaximum": 120}, "big": {"type": "integer", "exclusiveMinimum": 99, "maximum": 1000},
         "neg": {"type": "integer", "maximum": -10.5}, "s": {"type": ["string", "integer"], "maxLength": 1, "minimum": 3},
-        "list": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 2}}, "required": ["code", "n", "big", "neg"]})"),
+        "list": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 2},
+        "ratio": {"type": "number", "minimum": 0, "maximum": 1}, "temp": {"type": "number", "exclusiveMinimum": -5, "exclusiveMaximum": 40.0}},
+        "required": ["code", "n", "big", "neg", "ratio"]})"),
     // pydantic's tuples: Tuple[int, str] (fixed), Tuple[bool, ...] after a prefix (open).
     ojson::parse(R"({"type": "object", "properties": {"pair": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0},
         {"type": "string"}], "minItems": 2, "maxItems": 2}, "rest": {"type": "array", "prefixItems": [{"enum": ["a", "b"]}],
@@ -285,6 +294,21 @@ TEST(JsonSchema, BoundsHoldToTheEdge) {
   EXPECT_FALSE(accepts(bottom, "-9223372036854775809"));
   EXPECT_FALSE(accepts(bottom, "-9223372036854775799"));
 
+  // Numbers with fractions, against whole bounds: inclusive, open, negative.
+  const JsonSchema unit(ojson::parse(R"({"type": "number", "minimum": 0, "maximum": 1})"));
+  for (const char* ok : {"0", "1", "0.5", "1.0", "1.000", "-0", "-0.0", "0.999"}) EXPECT_TRUE(accepts(unit, ok)) << ok;
+  for (const char* no : {"1.5", "-0.1", "2", "1.01", "10", "1e0", "0.5e1", "-1"}) EXPECT_FALSE(accepts(unit, no)) << no;
+  const JsonSchema positive(ojson::parse(R"({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 100})"));
+  for (const char* ok : {"0.001", "5", "99.99", "99"}) EXPECT_TRUE(accepts(positive, ok)) << ok;
+  for (const char* no : {"0", "0.0", "-0", "-1", "100", "100.0", "100.5"}) EXPECT_FALSE(accepts(positive, no)) << no;
+  JsonSchemaPrefix q(positive);
+  EXPECT_TRUE(q.feed("0."));
+  EXPECT_FALSE(q.complete());
+  EXPECT_FALSE(JsonSchemaPrefix(positive).feed("100."));
+  const JsonSchema cold(ojson::parse(R"({"type": "number", "minimum": -5, "maximum": -2})"));
+  for (const char* ok : {"-3.5", "-2", "-5", "-2.0", "-4.99"}) EXPECT_TRUE(accepts(cold, ok)) << ok;
+  for (const char* no : {"-5.1", "-1.9", "3", "-1.99", "-50", "-5.01"}) EXPECT_FALSE(accepts(cold, no)) << no;
+
   const JsonSchema code(ojson::parse(R"({"type": "string", "minLength": 2, "maxLength": 3})"));
   for (const char* ok : {"\"ab\"", "\"\\n\\t\"", "\"\u00e9\u4e2d\"", "\"\\u00e9x\"", "\"a\\\"c\""})
     EXPECT_TRUE(accepts(code, ok)) << ok;
@@ -312,7 +336,8 @@ TEST(JsonSchema, TuplesTakeTheirPositions) {
 TEST(JsonSchema, RefusesWhatItCannotConstrain) {
   const std::pair<const char*, const char*> bad[] = {
       {R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported"},
-      {R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}})", "#/properties/n/minimum"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.5}}})", "#/properties/n/minimum"},
+      {R"({"type": "number", "exclusiveMinimum": 3, "maximum": 3})", "admit no number"},
       {R"({"type": "integer", "minimum": 3, "exclusiveMaximum": 4.0, "maximum": 2})", "admit no integer"},
       {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength is above maxLength"},
       {R"({"type": "string", "maxLength": -1})", "non-negative integer"},
@@ -359,7 +384,7 @@ TEST(JsonSchema, LenientlyWhatItCannotSayIsNotEnforced) {
   EXPECT_TRUE(accepts(*s, "\"bc\"")) << "the pattern is read past";
   EXPECT_FALSE(accepts(*s, "\"bcd\"")) << "the length is kept";
   EXPECT_FALSE(accepts(*s, "5"));
-  s = lenient(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0}, "e": {"enum": ["x"]}}, "required": ["e"]})");
+  s = lenient(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.5}, "e": {"enum": ["x"]}}, "required": ["e"]})");
   EXPECT_TRUE(accepts(*s, R"({"n": -3, "e": "x"})"));
   EXPECT_FALSE(accepts(*s, R"({"n": "3", "e": "x"})"));
   EXPECT_FALSE(accepts(*s, R"({"n": 3})")) << "a required key";
