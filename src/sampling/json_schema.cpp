@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "core/error.h"
@@ -294,28 +296,65 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
   n.min_int = int64_t(lo), n.max_int = int64_t(hi);
 }
 
-// Bounds on numbers with fractions, when each is a whole number within int64 (ge=0, le=1,
-// gt=0: what pydantic's constrained floats mostly say): a prefix of a decimal then reaches
-// values in intervals with whole or decimal ends, decided in integers (JsonSchemaPrefix).
+// A bound on a number as the shortest decimal that reads back as it: r 10^-p, p <= 9 places
+// (0.1 is 1 at 1 place, 5 is 5 at 0). False when it needs more places or more than int64.
+static bool decimal_bound(const ojson& v, int64_t& r, int& p) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) return false;
+    r = v.get<int64_t>(), p = 0;
+    return true;
+  }
+  const double x = v.get<double>();
+  long double scale = 1;
+  for (p = 0; p <= 9; ++p, scale *= 10) {
+    const long double scaled = (long double)x * scale;
+    if (std::fabs(scaled) >= 0x1p62L) return false;
+    r = std::llround(scaled);
+    const std::string text = std::to_string(r) + "e-" + std::to_string(p);
+    if (std::strtod(text.c_str(), nullptr) == x) return true;
+  }
+  return false;
+}
+
+// Bounds on numbers with fractions, each a decimal of at most 9 places (ge=0, le=1, gt=0.5:
+// what pydantic's constrained floats say), scaled to the most places among them: a prefix of
+// a decimal then reaches values in intervals with ends on that grid, decided in integers
+// (JsonSchemaPrefix::num_reachable).
 void SchemaCompiler::fill_number_bounds(Node& n, const ojson& s, const std::string& path) {
+  struct Bound {
+    const char* key;
+    int64_t r;
+    int p;
+  };
+  std::vector<Bound> bounds;
+  int places = 0;
   for (const char* key : kIntKeys) {
     if (!s.contains(key)) continue;
-    const ojson& v = s[key];
-    const bool whole = v.is_number_integer() ? !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
-                                             : v.is_number() && std::trunc(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 0x1p63;
-    if (!whole) {
-      bound_fails(path + "/" + key, "a bound on a number with fractions is supported at whole values in 64 bits only");
+    Bound b{key, 0, 0};
+    if (!s[key].is_number() || !decimal_bound(s[key], b.r, b.p)) {
+      bound_fails(path + "/" + key, "a bound on a number must be a decimal of at most 9 places within 64 bits");
       continue;
     }
-    const int64_t x = v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
-    const std::string_view k = key;
+    places = std::max(places, b.p);
+    bounds.push_back(b);
+  }
+  n.num_places = uint8_t(places);
+  for (const Bound& b : bounds) {
+    __int128 units = b.r;
+    for (int i = b.p; i < places; ++i) units *= 10;
+    if (units > INT64_MAX || units < INT64_MIN) {
+      bound_fails(path + "/" + b.key, "the bounds need more than 64 bits at " + std::to_string(places) + " places");
+      continue;
+    }
+    const std::string_view k = b.key;
     const bool open = k.substr(0, 9) == "exclusive", lower = k == "minimum" || k == "exclusiveMinimum";
-    int64_t& b = lower ? n.min_num : n.max_num;
+    int64_t& at = lower ? n.min_num : n.max_num;
     bool& has = lower ? n.has_min_num : n.has_max_num;
     bool& is_open = lower ? n.min_num_open : n.max_num_open;
+    const int64_t x = int64_t(units);
     // The tighter bound wins; at the same value, the open one.
-    if (!has || (lower ? x > b : x < b)) b = x, is_open = open;
-    else if (x == b) is_open = is_open || open;
+    if (!has || (lower ? x > at : x < at)) at = x, is_open = open;
+    else if (x == at) is_open = is_open || open;
     has = true;
   }
   if (n.has_min_num && n.has_max_num && (n.min_num > n.max_num || (n.min_num == n.max_num && (n.min_num_open || n.max_num_open))) &&
@@ -674,17 +713,30 @@ bool JsonSchemaPrefix::take_integer(unsigned char c) {
   return digits_ == 0 || int_can_end();  // a byte the number cannot take ends it (or is refused)
 }
 
-// As take_integer, over the whole part, a '.' and the fraction's digits; no exponent.
+// As take_integer, over the whole part, a '.' and the fraction's digits; no exponent. From the
+// point on, count_ holds the number in units of the bounds' places (its first places
+// fraction digits); a digit past them only says whether the fraction goes on past zero.
 bool JsonSchemaPrefix::take_number(unsigned char c) {
   if (c == 'e' || c == 'E') return false;
+  const int places = bounded_->num_places;
+  auto grow = [](uint64_t v, int times) {  // v 10^times, saturated
+    for (; times > 0; --times) v = v > UINT64_MAX / 10 ? UINT64_MAX : v * 10;
+    return v;
+  };
   if (c == '.') {
     if (dot_ || digits_ == 0) return true;  // refused by the leaf
     dot_ = true;
+    count_ = grow(count_, places);
     return num_reachable();
   }
   if (is_digit(c) && dot_) {
     frac_digits_ = uint8_t(std::min(frac_digits_ + 1, 255));
-    frac_nonzero_ = frac_nonzero_ || c != '0';
+    if (frac_digits_ <= places) {
+      const uint64_t add = grow(uint64_t(c - '0'), places - frac_digits_);
+      count_ = count_ > UINT64_MAX - add ? UINT64_MAX : count_ + add;
+    } else {
+      frac_nonzero_ = frac_nonzero_ || c != '0';
+    }
     return num_reachable();
   }
   if (is_digit(c) && !(digits_ > 0 && count_ == 0)) {
@@ -697,8 +749,8 @@ bool JsonSchemaPrefix::take_number(unsigned char c) {
 
 namespace {
 
-// A number's whole-valued bounds seen from its magnitude m = |x| (x = -m when negative); a
-// bound that is absent lies beyond any magnitude a reply can write.
+// A number's bounds seen from its magnitude m = |x| (x = -m when negative), in the bounds'
+// units; a bound that is absent lies beyond any magnitude a reply can write.
 struct MagnitudeBounds {
   static constexpr __int128 kFar = __int128(1) << 100;
   __int128 lo, hi;
@@ -713,25 +765,38 @@ struct MagnitudeBounds {
   bool range(__int128 a, __int128 b) const { return has(a) || (lo < b && hi > a); }  // some m in [a, b)
 };
 
+__int128 pow10(int e) {
+  __int128 v = 1;
+  while (e-- > 0) v *= 10;
+  return v;
+}
+
 }  // namespace
 
-// Some value in range begins with the number so far: the whole part I with k more digits
-// reaches [I 10^k, (I + 1) 10^k); after the point, fraction digits all zero so far reach
-// [I, I + 1), any other fraction the open (I, I + 1). Whole-valued bounds make each test exact.
+// Some value in range begins with the number so far, in units u = 10^-places: the whole part
+// I with k more digits reaches [I 10^(k + places), (I + 1) 10^(k + places)); after the point
+// with j <= places fraction digits, [count, count + 10^(places - j)); past them, [count, count
+// + 1) while the extra digits are zeros, else the open (count, count + 1). The bounds lie on
+// the grid of units, so each test is exact.
 bool JsonSchemaPrefix::num_reachable() const {
   const MagnitudeBounds b(*bounded_, neg_);
+  const int places = bounded_->num_places;
   if (digits_ == 0) return b.range(0, MagnitudeBounds::kFar);  // "-" alone
-  const __int128 whole = count_;
-  if (dot_) return frac_nonzero_ ? b.inside(whole) : b.has(whole) || b.inside(whole);
-  if (whole == 0) return b.range(0, 1);
-  for (__int128 a = whole, step = 1; a <= MagnitudeBounds::kFar; a *= 10, step *= 10)
-    if (b.range(a, a + step)) return true;
-  return false;
+  const __int128 v = count_, unit = pow10(places);
+  if (!dot_) {
+    if (v == 0) return b.range(0, unit);  // "0": [0, 1)
+    for (__int128 a = v * unit, step = unit; a <= MagnitudeBounds::kFar; a *= 10, step *= 10)
+      if (b.range(a, a + step)) return true;
+    return false;
+  }
+  if (frac_digits_ < places) return b.range(v, v + pow10(places - frac_digits_));
+  return frac_nonzero_ ? b.inside(v) : b.range(v, v + 1);
 }
 
 bool JsonSchemaPrefix::num_can_end() const {
   if (digits_ == 0 || (dot_ && frac_digits_ == 0)) return false;
   const MagnitudeBounds b(*bounded_, neg_);
+  if (!dot_) return b.has(__int128(count_) * pow10(bounded_->num_places));
   return frac_nonzero_ ? b.inside(__int128(count_)) : b.has(__int128(count_));
 }
 

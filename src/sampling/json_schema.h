@@ -17,8 +17,10 @@
 //  - strings: minLength, maxLength, in characters as written (a UTF-8 character, each invalid
 //    part as the U+FFFD it becomes, or an escape; a surrogate pair written as two \u escapes
 //    counts two); integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum
-//    (on a type that admits fractions the bounds must be whole numbers, and its values are
-//    written without an exponent);
+//    (on a type that admits fractions a bound is taken as the shortest decimal that reads back
+//    as it, of at most 9 places, and a bounded value is written without an exponent; it is
+//    decided on the decimal as written, which a reader rounding to doubles may find equal to
+//    an open bound when it lies within half a unit in the last place of it);
 //  - annotations are read past: title, description, default, examples, $schema, $id,
 //    $comment, and format (an annotation in JSON Schema since 2019-09; not enforced).
 // Any other keyword is an error that names it: a constraint the output would not keep is
@@ -72,8 +74,10 @@ struct JsonSchemaNode {
   uint32_t min_items = 0, max_items = UINT32_MAX;
   uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
   int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integers, both bounds included
-  // Numbers with fractions: whole-valued bounds, each present or not, inclusive or open.
+  // Numbers with fractions: bounds in units of 10^-num_places, each present or not, inclusive
+  // or open.
   int64_t min_num = 0, max_num = 0;
+  uint8_t num_places = 0;
   bool has_min_num = false, has_max_num = false, min_num_open = false, max_num_open = false;
   bool string_bounds() const { return min_length > 0 || max_length < UINT32_MAX; }
   bool int_bounds() const { return min_int > INT64_MIN || max_int < INT64_MAX; }

@@ -59,8 +59,8 @@ try {
   assert.equal(comp.choices[0].text + '\n', runp);
 
   // Structured output: replies that end on their own parse as JSON the schema admits, keys in
-  // the schema's order.
-  const schema = { type: 'object', properties: { size: { enum: ['small', 'big'] }, count: { type: 'integer' },
+  // the schema's order, bounds kept (what pydantic writes for conint(ge=1, le=12)).
+  const schema = { type: 'object', properties: { size: { enum: ['small', 'big'] }, count: { type: 'integer', minimum: 1, maximum: 12 },
     ok: { type: 'boolean' } }, required: ['size', 'ok'], additionalProperties: false };
   let closed = 0;
   for (let seed = 0; seed < 4; ++seed) {
@@ -69,7 +69,7 @@ try {
     if (r.choices[0].finish_reason !== 'stop') continue;
     const v = JSON.parse(r.choices[0].message.content);
     assert.ok(['small', 'big'].includes(v.size) && typeof v.ok === 'boolean', r.choices[0].message.content);
-    assert.ok(v.count === undefined || Number.isInteger(v.count));
+    assert.ok(v.count === undefined || (Number.isInteger(v.count) && v.count >= 1 && v.count <= 12), r.choices[0].message.content);
     assert.deepEqual(Object.keys(v), ['size', 'count', 'ok'].filter((k) => k in v));
     ++closed;
   }

@@ -177,7 +177,8 @@ const ojson kSchemas[] = {
         "n": {"type": "integer", "minimum": -15, "exclusiveMaximum": 120}, "big": {"type": "integer", "exclusiveMinimum": 99, "maximum": 1000},
         "neg": {"type": "integer", "maximum": -10.5}, "s": {"type": ["string", "integer"], "maxLength": 1, "minimum": 3},
         "list": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 2},
-        "ratio": {"type": "number", "minimum": 0, "maximum": 1}, "temp": {"type": "number", "exclusiveMinimum": -5, "exclusiveMaximum": 40.0}},
+        "ratio": {"type": "number", "minimum": 0, "maximum": 1}, "temp": {"type": "number", "exclusiveMinimum": -5, "exclusiveMaximum": 40.0},
+        "p": {"type": "number", "exclusiveMinimum": 0.5, "maximum": 2.25}},
         "required": ["code", "n", "big", "neg", "ratio"]})"),
     // pydantic's tuples: Tuple[int, str] (fixed), Tuple[bool, ...] after a prefix (open).
     ojson::parse(R"({"type": "object", "properties": {"pair": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0},
@@ -305,6 +306,14 @@ TEST(JsonSchema, BoundsHoldToTheEdge) {
   EXPECT_TRUE(q.feed("0."));
   EXPECT_FALSE(q.complete());
   EXPECT_FALSE(JsonSchemaPrefix(positive).feed("100."));
+  // Decimal bounds, taken as their shortest decimals (0.1 is one tenth, not the double's
+  // expansion), at the most places among them.
+  const JsonSchema part(ojson::parse(R"({"type": "number", "exclusiveMinimum": 0.5, "maximum": 2.25})"));
+  for (const char* ok : {"0.51", "0.5000001", "2.25", "2.250", "1", "2.2", "2.249999"}) EXPECT_TRUE(accepts(part, ok)) << ok;
+  for (const char* no : {"0.5", "0.50", "2.2500001", "2.3", "0", "3", "0.4999"}) EXPECT_FALSE(accepts(part, no)) << no;
+  const JsonSchema tenth(ojson::parse(R"({"type": "number", "minimum": -1.5, "maximum": 0.1})"));
+  for (const char* ok : {"0.1", "0.10", "0.09", "-1.5", "-1.49", "-0"}) EXPECT_TRUE(accepts(tenth, ok)) << ok;
+  for (const char* no : {"0.1000001", "0.11", "-1.51", "-1.5000001", "1"}) EXPECT_FALSE(accepts(tenth, no)) << no;
   const JsonSchema cold(ojson::parse(R"({"type": "number", "minimum": -5, "maximum": -2})"));
   for (const char* ok : {"-3.5", "-2", "-5", "-2.0", "-4.99"}) EXPECT_TRUE(accepts(cold, ok)) << ok;
   for (const char* no : {"-5.1", "-1.9", "3", "-1.99", "-50", "-5.01"}) EXPECT_FALSE(accepts(cold, no)) << no;
@@ -336,7 +345,7 @@ TEST(JsonSchema, TuplesTakeTheirPositions) {
 TEST(JsonSchema, RefusesWhatItCannotConstrain) {
   const std::pair<const char*, const char*> bad[] = {
       {R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported"},
-      {R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.5}}})", "#/properties/n/minimum"},
+      {R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.1234567891}}})", "#/properties/n/minimum"},
       {R"({"type": "number", "exclusiveMinimum": 3, "maximum": 3})", "admit no number"},
       {R"({"type": "integer", "minimum": 3, "exclusiveMaximum": 4.0, "maximum": 2})", "admit no integer"},
       {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength is above maxLength"},
@@ -384,7 +393,7 @@ TEST(JsonSchema, LenientlyWhatItCannotSayIsNotEnforced) {
   EXPECT_TRUE(accepts(*s, "\"bc\"")) << "the pattern is read past";
   EXPECT_FALSE(accepts(*s, "\"bcd\"")) << "the length is kept";
   EXPECT_FALSE(accepts(*s, "5"));
-  s = lenient(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.5}, "e": {"enum": ["x"]}}, "required": ["e"]})");
+  s = lenient(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 1e-12}, "e": {"enum": ["x"]}}, "required": ["e"]})");
   EXPECT_TRUE(accepts(*s, R"({"n": -3, "e": "x"})"));
   EXPECT_FALSE(accepts(*s, R"({"n": "3", "e": "x"})"));
   EXPECT_FALSE(accepts(*s, R"({"n": 3})")) << "a required key";
