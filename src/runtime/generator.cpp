@@ -35,8 +35,9 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
                        std::span<const int32_t> banned, TextFn on_text, TokenFn on_token, const JsonVocab* json_vocab)
     : g_(g), sampler_(m.config.vocab_size, g.sampling), stop_(g.stop), on_text_(std::move(on_text)), on_token_(std::move(on_token)) {
   if (!g.stop.empty() && !tok) throw Error("generate: stop strings need a tokenizer");
-  if (g.constrained() && (!tok || !json_vocab)) throw Error("generate: JSON mode and forced tool calls need a tokenizer");
-  if (g.json && g.tool_calls) throw Error("generate: JSON output and forced tool calls exclude each other");
+  if (g.constrained() && (!tok || !json_vocab)) throw Error("generate: JSON output, forced tool calls and choices need a tokenizer");
+  if (int(g.json) + int(bool(g.tool_calls)) + int(bool(g.choices)) > 1)
+    throw Error("generate: JSON output, forced tool calls and a choice exclude each other");
   if (g.max_new_tokens < 0) throw Error("generate: max_new_tokens must be >= 0");
   const int V = m.config.vocab_size;
   sampler_.set_banned(banned);
@@ -57,6 +58,7 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   if (tok) dec_.emplace(*tok);
   if (g.json) json_.emplace(*json_vocab, g_.json_schema ? *g_.json_schema : JsonSchema::any_object(), is_eos_, g.stop_on_eos);
   if (g.tool_calls) tool_calls_.emplace(*json_vocab, *g_.tool_calls, is_eos_, g.stop_on_eos);
+  if (g.choices) choice_.emplace(*json_vocab, *g_.choices, is_eos_, g.stop_on_eos);
   piece_.reserve(256);
   r_.prompt_tokens = int(prompt.size());
   r_.tokens.reserve(size_t(g.max_new_tokens));
@@ -72,6 +74,7 @@ void Completion::text(const std::string& s) {
 int32_t Completion::sample(const float* logits) {
   if (json_) sampler_.set_allowed(json_->allowed());
   if (tool_calls_) sampler_.set_allowed(tool_calls_->allowed());
+  if (choice_) sampler_.set_allowed(choice_->allowed());
   return sampler_.sample(logits);
 }
 
@@ -79,6 +82,7 @@ bool Completion::emit(int32_t id, bool context_full) {
   sampler_.accept(id);
   if (json_) json_->accept(id);
   if (tool_calls_) tool_calls_->accept(id);
+  if (choice_) choice_->accept(id);
   r_.tokens.push_back(id);
   // vLLM's order: the draw after the min_tokens-th token may end the reply; stop strings are
   // matched in the text of the tokens after it.
@@ -105,7 +109,9 @@ bool Completion::emit(int32_t id, bool context_full) {
       return true;
     }
   }
-  if (tool_calls_ && tool_calls_->closed()) {  // the call block is whole: the reply ends as at an end-of-sequence token
+  // The call block is whole, or the reply a choice no other goes on from: it ends as at an
+  // end-of-sequence token.
+  if ((tool_calls_ && tool_calls_->closed()) || (choice_ && choice_->closed())) {
     r_.reason = StopReason::Eos;
     return true;
   }

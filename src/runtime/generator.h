@@ -61,7 +61,11 @@ struct GenerateOptions {
   // needs a tokenizer): every token is drawn among those that keep the reply the start of a
   // call block these tools admit (sampling/tool_call_grammar.h); the block's end ends it.
   std::shared_ptr<const ToolCallGrammar> tool_calls;
-  bool constrained() const { return json || tool_calls; }
+  // vLLM's guided_choice (needs a tokenizer): every token is drawn among those that keep the
+  // reply the start of one of the choices; the reply ends once it is a choice that no other
+  // goes on from, or at an end-of-sequence token once it is one.
+  std::shared_ptr<const ChoiceGrammar> choices;
+  bool constrained() const { return json || tool_calls || choices; }
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, ContextFull, Callback };
@@ -109,6 +113,7 @@ private:
   Sampler sampler_;
   std::optional<JsonMode> json_;
   std::optional<ToolCallMode> tool_calls_;
+  std::optional<ChoiceMode> choice_;
   std::vector<uint8_t> is_eos_;  // 1: an end-of-sequence token, 2: one of stop_ids
   StopMatcher stop_;
   std::optional<StreamDecoder> dec_;

@@ -107,5 +107,6 @@ void GrammarMode<Prefix>::accept(int32_t id) {
 
 template class GrammarMode<JsonSchemaPrefix>;
 template class GrammarMode<ToolCallPrefix>;
+template class GrammarMode<ChoicePrefix>;
 
 }  // namespace dsa

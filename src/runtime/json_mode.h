@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sampling/choice_grammar.h"
 #include "sampling/json_schema.h"
 #include "sampling/tool_call_grammar.h"
 #include "tokenizer/tokenizer.h"
@@ -65,7 +66,7 @@ private:
 };
 
 // One request's constrained reply: the recognizer over its text (JsonSchemaPrefix for JSON
-// output, ToolCallPrefix for forced tool calls) and its mask.
+// output, ToolCallPrefix for forced tool calls, ChoicePrefix for a choice) and its mask.
 template <class Prefix>
 class GrammarMode {
 public:
@@ -105,5 +106,6 @@ private:
 
 using JsonMode = GrammarMode<JsonSchemaPrefix>;
 using ToolCallMode = GrammarMode<ToolCallPrefix>;
+using ChoiceMode = GrammarMode<ChoicePrefix>;
 
 }  // namespace dsa

@@ -1,5 +1,6 @@
 #include "server/protocol.h"
 
+#include <algorithm>
 #include <random>
 
 #include "core/error.h"
@@ -175,7 +176,7 @@ void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
   j.gen.max_new_tokens = int(std::min<int64_t>(mt.value_or(j.chat ? lim.max_tokens : kCompletionsDefaultMaxTokens), room));
   const int64_t least = integer(b, "min_tokens", 0, INT32_MAX).value_or(0);
   if (mt && least > *mt) bad("min_tokens", "above max_tokens (" + std::to_string(*mt) + ")");
-  if (least > 0 && j.gen.constrained()) bad("min_tokens", "JSON output and forced tool calls do not run with min_tokens");
+  if (least > 0 && j.gen.constrained()) bad("min_tokens", "JSON output, forced tool calls and choices do not run with min_tokens");
   j.gen.min_tokens = int(least);
 }
 
@@ -301,6 +302,17 @@ std::vector<int32_t> encode_text(const std::string& text, const ModelInfo& m, co
   }
 }
 
+// vLLM's structured_outputs (its newer home for guided_json and guided_choice): the member
+// `key` when given, else null.
+const json* structured_output(const json& b, const char* key) {
+  const json& so = field(b, "structured_outputs");
+  if (so.is_null()) return nullptr;
+  if (!so.is_object()) bad("structured_outputs", "expected an object");
+  for (const auto& [k, v] : so.items())
+    if (k != "json" && k != "choice") bad("structured_outputs", "'" + k + "' is not supported: json and choice are");
+  return so.contains(key) && !so[key].is_null() ? &so[key] : nullptr;
+}
+
 // response_format: "text"; "json_object" (JSON mode: the reply is one JSON object, or with
 // llama-server's "schema" beside the type a text that schema admits); or "json_schema" with
 // {"schema"} (name and strict are read past: the schema is always kept). vLLM's guided_json
@@ -331,6 +343,10 @@ void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
       if (schema) bad(key, "a second schema beside response_format's");
       schema = &b[key], where = key, json_out = true;
     }
+  if (const json* so = structured_output(b, "json")) {  // vLLM's structured_outputs.json
+    if (schema) bad("structured_outputs", "a second schema beside response_format's");
+    schema = so, where = "structured_outputs", json_out = true;
+  }
   if (!json_out) return;
   if (!m.tok) bad(where, "JSON output needs the model's tokenizer");
   if (j.thinking) bad(where, "JSON output does not run with thinking mode");
@@ -338,6 +354,29 @@ void parse_response_format(const json& b, const ModelInfo& m, Job& j) {
   if (!schema) return;
   try {
     j.gen.json_schema = std::make_shared<const JsonSchema>(*schema);
+  } catch (const Error& e) {
+    bad(where, e.what());
+  }
+}
+
+// vLLM's guided_choice (or structured_outputs.choice): the reply is one of these strings
+// (sampling/choice_grammar.h). Not beside JSON output, nor with thinking (the reasoning would
+// come before the choice in the same text).
+void parse_choice(const json& b, const ModelInfo& m, Job& j) {
+  const json* c = &field(b, "guided_choice");
+  std::string where = "guided_choice";
+  if (const json* so = structured_output(b, "choice")) {
+    if (!c->is_null()) bad("structured_outputs", "a second choice beside guided_choice");
+    c = so, where = "structured_outputs";
+  }
+  if (c->is_null()) return;
+  if (!c->is_array() || !std::all_of(c->begin(), c->end(), [](const json& x) { return x.is_string(); }))
+    bad(where, "expected a list of strings");
+  if (!m.tok) bad(where, "a choice needs the model's tokenizer");
+  if (j.gen.json) bad(where, "a choice does not run with JSON output");
+  if (j.thinking) bad(where, "a choice does not run with thinking mode");
+  try {
+    j.gen.choices = std::make_shared<const ChoiceGrammar>(c->get<std::vector<std::string>>());
   } catch (const Error& e) {
     bad(where, e.what());
   }
@@ -354,6 +393,7 @@ void parse_forced_tools(const json& b, const ModelInfo& m, const json& tools, Jo
   if (!named && !required) return;
   if (m.family != Family::DeepseekV32) return;
   if (j.gen.json) bad("tool_choice", "a forced tool call does not run with JSON output (response_format)");
+  if (j.gen.choices) bad("tool_choice", "a forced tool call does not run with a choice (guided_choice)");
   const bool several = required && boolean(b, "parallel_tool_calls").value_or(true);
   try {
     j.gen.tool_calls = std::make_shared<const ToolCallGrammar>(tools, several, j.thinking);
@@ -396,6 +436,7 @@ Job parse_chat_request(const nlohmann::ordered_json& b, const ModelInfo& m, cons
   parse_logprobs_chat(b, lim, j);
   j.thinking = thinking_switch(b);
   parse_response_format(b, m, j);
+  parse_choice(b, m, j);
   const json tools = offered_tools(b);
   j.tools = !tools.empty();
   parse_forced_tools(b, m, tools, j);
@@ -416,6 +457,7 @@ Job parse_completion_request(const nlohmann::ordered_json& b, const ModelInfo& m
   parse_common(b, m, lim, j);
   parse_logit_bias(b, m, j);
   parse_response_format(b, m, j);
+  parse_choice(b, m, j);
   if (const auto lp = integer(b, "logprobs", 0, lim.max_top_logprobs)) j.logprobs = int(*lp);
   j.echo = boolean(b, "echo").value_or(false);
   const json& p = field(b, "prompt");

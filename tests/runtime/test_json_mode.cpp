@@ -120,4 +120,12 @@ TEST(ToolCallMode, MaskIsEveryTokenTheRecognizerTakes) {
                              "a</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_t"});
 }
 
+// A choice (vLLM's guided_choice): a prefix of several, one that others go on from (complete,
+// not closed), a character split across tokens.
+TEST(ChoiceMode, MaskIsEveryTokenTheRecognizerTakes) {
+  const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+  const ChoiceGrammar choices({"positive", "pos", "negative", "neutral", "😀 yes"});
+  check_masks<ChoiceMode>(tok, choices, ChoicePrefix(choices), {"", "p", "pos", "posi", "ne", "neu", "😀"});
+}
+
 }  // namespace

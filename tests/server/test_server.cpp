@@ -250,8 +250,8 @@ TEST(Serve, JsonModeRepliesAreJsonObjects) {
 // is JSON that follows the schema, its keys in the schema's order (not sorted, as a JSON
 // object's keys would be on the way); one cut by max_tokens is the start of such a text; a
 // streamed reply too; vLLM's guided_json (also beside a text response_format) and
-// llama-server's json_object with a schema give the same replies; a schema outside the
-// supported subset is refused with 400 naming the keyword.
+// structured_outputs.json, and llama-server's json_object with a schema give the same
+// replies; a schema outside the supported subset is refused with 400 naming the keyword.
 TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
   TestServer s(test::tiny_model_dir());
   const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
@@ -298,6 +298,10 @@ TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
     EXPECT_EQ(s.post("/v1/chat/completions", vllm)["choices"][0]["message"]["content"], c["message"]["content"]);
     vllm["response_format"] = {{"type", "text"}};  // a client's default beside the schema
     EXPECT_EQ(s.post("/v1/chat/completions", vllm)["choices"][0]["message"]["content"], c["message"]["content"]);
+    nlohmann::ordered_json newer = chat;  // vLLM's newer form
+    newer.erase("response_format");
+    newer["structured_outputs"] = {{"json", schema}};
+    EXPECT_EQ(s.post("/v1/chat/completions", newer)["choices"][0]["message"]["content"], c["message"]["content"]);
     nlohmann::ordered_json llama = chat;  // llama-server's form: the schema beside json_object
     llama["response_format"] = {{"type", "json_object"}, {"schema", schema}};
     EXPECT_EQ(s.post("/v1/chat/completions", llama)["choices"][0]["message"]["content"], c["message"]["content"]);
@@ -320,6 +324,49 @@ TEST(Serve, JsonSchemaRepliesFollowTheSchema) {
   const json e = s.post("/v1/chat/completions", bad, 400);
   EXPECT_NE(e["error"]["message"].get<std::string>().find("'pattern' is not supported"), std::string::npos) << e.dump();
   EXPECT_EQ(e["error"]["param"], "response_format");
+}
+
+// vLLM's guided_choice (and structured_outputs.choice) on the random-weight model: every reply
+// is one of the choices and ends there (finish_reason stop), streamed or not, on both
+// endpoints; what cannot be a choice, or cannot run beside one, is refused with 400.
+TEST(Serve, GuidedChoiceRepliesAreAChoice) {
+  TestServer s(test::tiny_model_dir());
+  const json choices = json::array({"positive", "pos", "negative", "neutral", "not sure"});
+  auto is_choice = [&](const json& text) { return std::find(choices.begin(), choices.end(), text) != choices.end(); };
+  for (int k = 0; k < 4; ++k) {
+    nlohmann::ordered_json chat = chat_body("How was it? " + std::to_string(k), 40, k == 0 ? 0.0 : 1.0, k);
+    chat["guided_choice"] = choices;
+    const json c = s.post("/v1/chat/completions", chat)["choices"][0];
+    EXPECT_TRUE(is_choice(c["message"]["content"])) << c.dump();
+    EXPECT_EQ(c["finish_reason"], "stop");
+    nlohmann::ordered_json so = chat;
+    so.erase("guided_choice");
+    so["structured_outputs"] = {{"choice", choices}};
+    EXPECT_EQ(s.post("/v1/chat/completions", so)["choices"][0]["message"]["content"], c["message"]["content"]);
+    std::string streamed;
+    for (const json& e : s.stream("/v1/chat/completions", chat))
+      if (e["choices"][0]["delta"].contains("content")) streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+    EXPECT_EQ(streamed, c["message"]["content"]);
+    const nlohmann::ordered_json comp = {{"prompt", "Verdict " + std::to_string(k)}, {"max_tokens", 40}, {"temperature", 1.0}, {"seed", k},
+                                         {"guided_choice", choices}};
+    EXPECT_TRUE(is_choice(s.post("/v1/completions", comp)["choices"][0]["text"]));
+  }
+  const std::pair<const char*, nlohmann::ordered_json> bad[] = {
+      {"guided_choice", {{"guided_choice", json::array()}}},
+      {"guided_choice", {{"guided_choice", json::array({"a", 1})}}},
+      {"guided_choice", {{"guided_choice", json::array({"a", ""})}}},
+      {"guided_choice", {{"guided_choice", json::array({"a"})}, {"response_format", {{"type", "json_object"}}}}},
+      {"guided_choice", {{"guided_choice", json::array({"a"})}, {"chat_template_kwargs", {{"thinking", true}}}}},
+      {"min_tokens", {{"guided_choice", json::array({"a"})}, {"min_tokens", 2}}},
+      {"structured_outputs", {{"structured_outputs", {{"regex", "a+"}}}}},
+      {"structured_outputs", {{"structured_outputs", {{"choice", json::array({"a"})}}}, {"guided_choice", json::array({"b"})}}},
+  };
+  for (const auto& [param, extra] : bad) {
+    nlohmann::ordered_json body = chat_body("x", 4);
+    for (const auto& [k, v] : extra.items()) body[k] = v;
+    const json e = s.post("/v1/chat/completions", body, 400);
+    EXPECT_EQ(e["error"]["param"], param) << body.dump() << "\n" << e.dump();
+  }
 }
 
 // stop_token_ids (vLLM's): the reply ends at the first of them it samples, ignore_eos or not,
