@@ -75,6 +75,14 @@ try {
   }
   assert.ok(closed > 0, 'no structured reply ended on its own');
 
+  // vLLM's guided_choice, passed as vLLM's docs pass it through this client: the reply is one
+  // of the strings.
+  const choices = ['positive', 'negative', 'neutral'];
+  for (let seed = 0; seed < 2; ++seed) {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 16, seed, guided_choice: choices });
+    assert.ok(choices.includes(r.choices[0].message.content), r.choices[0].message.content);
+  }
+
   // A wrong key is refused with the API's error.
   const bad = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'wrong', maxRetries: 0 });
   await assert.rejects(bad.models.list(), (e) => e.status === 401);
