@@ -57,16 +57,16 @@ struct Avx512Kernels {
   // the same w. Scores within a few ulps of the f32 scan's.
   void (*indexer_lanes_bf16)(const uint32_t* qP, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1,
                              float* out);
-  // The sparse attention tile's two products for one group of 16 heads in lanes (the avx2
-  // kernels' two 8-lane groups, every lane's sum in their order, so bitwise theirs):
-  // s[j][0:16) = Σ_d k_j[d] qT[d][0:16) for n tokens (a multiple of 4), and
-  // oT[c][0:16) += Σ_j k_j[c] p[j][0:16) for columns c < d.
+  // The sparse attention tile's two products for one group of 16 heads (every sum the avx2
+  // kernels' chain, so bitwise theirs): s[j][0:16) = Σ_d k_j[d] qT[d][0:16) for n tokens (a
+  // multiple of 4; heads in lanes), and o[h][c] += Σ_j k_j[c] p[j][h] for the 16 heads' rows
+  // of o (ldo apart) and columns c < d (a multiple of 16).
   void (*scores16)(const float* qT, size_t ldq, const float* const* k, int n, int d, float* s, size_t lds);
-  void (*accumulate16)(const float* p, size_t ldp, const float* const* k, int nj, int d, float* oT, size_t ldo);
+  void (*accumulate16)(const float* p, size_t ldp, const float* const* k, int nj, int d, float* o, size_t ldo);
   // The tile's online-softmax step for those 16 heads (bitwise the avx2 step): s[j][0:16) for
   // cnt tokens become e^(s - new max), the running max m[0:16) and sum l[0:16) are updated,
-  // and oT[c][0:16) for c < L is rescaled where a head's max rose.
-  void (*softmax16)(float* s, size_t lds, int cnt, float* m, float* l, float* oT, size_t ldo, int L);
+  // and the head rows o[h][0:L) (ldo apart) are rescaled where the head's max rose.
+  void (*softmax16)(float* s, size_t lds, int cnt, float* m, float* l, float* o, size_t ldo, int L);
   // One row of rmsnorm (f32 or bf16 weights): the sum of squares in 16-lane accumulators.
   void (*rmsnorm_row)(const float* x, const Vec& w, int dim, float eps, float* y);
   // silu(gate) * up over elements [b, e): bitwise the avx2 kernel's results.
@@ -87,6 +87,9 @@ struct Avx512Kernels {
   // multiple of 16 columns wide, every x * block scale below 2^60: bitwise the avx2 kernels.
   // Its prefetch runs on into the nrows rows from next_r0 (the next head's), if not negative.
   void (*linear_t_fp8)(const Linear& w, const float* x, size_t ldx, int n, int r0, int nrows, int next_r0, float* y, size_t ldy);
+  // A cached latent's fp8 block widened for the attention tile: out[i] = s times p[i]'s e4m3
+  // value scaled by 2^-120 (fp8x8_bits' placement), n a multiple of 16; bitwise the avx2 loop.
+  void (*widen_fp8)(const uint8_t* p, int n, float s, float* out);
 };
 constexpr int kTokBuf = 24;  // tokens whose inputs a GEMV call prepares at once
 constexpr int kTokChunkT = 16;  // tokens per call of a transposed fp8 kernel (linear_t_fp8 and the avx2 ones)

@@ -307,6 +307,10 @@ __attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheV
           for (int k = 0; k < 128; ++k) buf[i + k] = fp8_e4m3_to_f32(p[i + k]) * s;
           continue;
         }
+        if (use_avx512()) {
+          avx512_kernels().widen_fp8(p + i, 128, s * 0x1p120f, buf + i);
+          continue;
+        }
         const __m256 sv = _mm256_set1_ps(s * 0x1p120f);
         for (int k = 0; k < 128; k += 8) _mm256_storeu_ps(buf + i + k, _mm256_mul_ps(fp8x8_bits(p + i + k), sv));
       }
@@ -423,16 +427,20 @@ struct DecodeScratch {
 };
 thread_local DecodeScratch t_decode_scratch;  // namespace scope: reserve_decode_scratch sizes every thread's
 
-// Softmax partials of the selected tokens idx[0..nj) for every head: oT [L][hp] (unnormalized,
-// heads in lanes), m and l [hp] (running max and sum per head). qt is the query transposed
-// [D][hp], times the softmax scale. Single-threaded, one pass (online softmax per tile of
-// kTile tokens): each selected token is gathered and dequantized once, its scores and its
-// share of oT computed while the tile is in L1/L2; a lane group of oT is rescaled only when
-// the running max of one of its heads rises.
+// The avx512 tier's 16-head kernels run the tile (their partial outputs are head rows).
+bool wide_heads(int hp) { return use_avx512() && hp % 16 == 0; }
+
+// Softmax partials of the selected tokens idx[0..nj) for every head: oT, the unnormalized
+// output, as [L][hp] (heads in lanes), or [hp][L] (a row per head) when wide_heads(hp); m
+// and l [hp] (running max and sum per head). qt is the query transposed [D][hp], times the
+// softmax scale. Single-threaded, one pass (online softmax per tile of kTile tokens): each
+// selected token is gathered and dequantized once, its scores and its share of oT computed
+// while the tile is in L1/L2; a head's outputs are rescaled only when its running max (on
+// the avx2 path, that of a head of its lane group) rises.
 __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheView& c, const float* qt, int hp, const int32_t* idx,
                                                                  int nj, float* oT, float* m, float* l) {
   const int L = c.kv_lora, D = L + c.rope;
-  const bool wide = use_avx512() && hp % 16 == 0;  // 16 heads per register
+  const bool wide = wide_heads(hp);
   float* sc = t_decode_scratch.sc(hp);  // [token][hp] for one tile
   float* tile = t_decode_scratch.tl(D);
   std::fill(oT, oT + size_t(L) * size_t(hp), 0.0f);
@@ -469,7 +477,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
         scores_8tok(qt + 8 * g16, size_t(hp), rows + jb, D, sc + size_t(jb) * size_t(hp) + size_t(8 * g16), size_t(hp));
     for (int g = 0; g < hp / 8; g += wide ? 2 : 1) {
       if (wide) {
-        avx512_kernels().softmax16(sc + 8 * g, size_t(hp), cnt, m + 8 * g, l + 8 * g, oT + 8 * g, size_t(hp), L);
+        avx512_kernels().softmax16(sc + 8 * g, size_t(hp), cnt, m + 8 * g, l + 8 * g, oT + size_t(8 * g) * size_t(L), size_t(L), L);
         continue;
       }
       __m256 m8 = _mm256_loadu_ps(m + 8 * g), s8 = _mm256_loadu_ps(l + 8 * g);
@@ -486,7 +494,7 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_part(const MlaCacheV
       _mm256_storeu_ps(l + 8 * g, s8);
     }
     if (wide)
-      for (int g = 0; g < hp; g += 16) avx512_kernels().accumulate16(sc + g, size_t(hp), rows, cnt, L, oT + g, size_t(hp));
+      for (int g = 0; g < hp; g += 16) avx512_kernels().accumulate16(sc + g, size_t(hp), rows, cnt, L, oT + size_t(g) * size_t(L), size_t(L));
     else
       accumulate_lanes(sc, rows, cnt, L, oT, hp);
   }
@@ -514,6 +522,20 @@ __attribute__((target("avx2,fma"))) void merge_column_block(const float* po, con
       transpose8x8_store(r, blk, 8);
       for (int h = 8 * g; h < H; ++h) std::memcpy(o_lat + size_t(h) * size_t(L) + size_t(d0), blk + 8 * (h - 8 * g), 8 * sizeof(float));
     }
+  }
+}
+
+// Head h's row of the merged output from head-row partials ([hp][L] each), every value
+// computed as merge_column_block computes it: Σ_t w_t o_t in part order, times 1 / denominator.
+__attribute__((target("avx2,fma"))) void merge_head_row(const float* po, const float* pw, int parts, int hp, int L, int h,
+                                                       float* o_lat) {
+  const __m256 inv = _mm256_set1_ps(pw[size_t(parts) * size_t(hp) + size_t(h)]);
+  for (int d = 0; d < L; d += 8) {
+    __m256 r = _mm256_setzero_ps();
+    for (int t = 0; t < parts; ++t)
+      r = _mm256_fmadd_ps(_mm256_set1_ps(pw[size_t(t) * size_t(hp) + size_t(h)]),
+                          _mm256_loadu_ps(po + (size_t(t) * size_t(hp) + size_t(h)) * size_t(L) + size_t(d)), r);
+    _mm256_storeu_ps(o_lat + size_t(h) * size_t(L) + size_t(d), _mm256_mul_ps(r, inv));
   }
 }
 
@@ -568,13 +590,17 @@ __attribute__((target("avx2,fma,f16c"))) void sparse_decode_avx2(const MlaCacheV
     }
     pw[size_t(parts) * size_t(hp) + size_t(h)] = 1.0f / denom;
   }
-  const int col_blocks = L / 8;
-  auto merge = [&](int b) { merge_column_block(po, pw, parts, H, hp, L, 8 * b, o_lat); };
+  const bool rows = wide_heads(hp);
+  const int blocks = rows ? H : L / 8;  // head rows, or 8-column blocks of the lane layout
+  auto merge = [&](int b) {
+    if (rows) merge_head_row(po, pw, parts, hp, L, b, o_lat);
+    else merge_column_block(po, pw, parts, H, hp, L, 8 * b, o_lat);
+  };
   if (nt > 1 && size_t(H) * size_t(parts) * size_t(L) >= (size_t(1) << 17)) {
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int b = 0; b < col_blocks; ++b) merge(b);
+    for (int b = 0; b < blocks; ++b) merge(b);
   } else {
-    for (int b = 0; b < col_blocks; ++b) merge(b);
+    for (int b = 0; b < blocks; ++b) merge(b);
   }
 }
 }  // namespace
