@@ -293,7 +293,9 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
   }
   lo = std::max<__int128>(lo, INT64_MIN), hi = std::min<__int128>(hi, INT64_MAX);
   if (lo > hi) return (void)bound_fails(path, "the bounds admit no integer (of 64 bits)");
-  n.min_int = int64_t(lo), n.max_int = int64_t(hi);
+  if (lo == INT64_MIN && hi == INT64_MAX) return;  // no bound within int64: none at all
+  n.min_num = int64_t(lo), n.max_num = int64_t(hi);
+  n.has_min_num = n.has_max_num = true;
 }
 
 // A bound on a number as the shortest decimal that reads back as it: r 10^-p, p <= 9 places
@@ -595,7 +597,7 @@ bool JsonSchemaPrefix::feed(unsigned char c) {
 }
 
 bool JsonSchemaPrefix::complete() const {
-  if (depth_ == 0) return done_ || (in_leaf_ && leaf_.complete() && (!bounded_ || bound_ == Bound::Length || can_end()));
+  if (depth_ == 0) return done_ || (in_leaf_ && leaf_.complete() && (!bounded_ || bound_ == Bound::Length || num_can_end()));
   const Frame& f = top();  // a top-level enum value, whole so far (the shortest candidate sorts first)
   return depth_ == 1 && f.phase == Phase::InLiteral && f.node->literals[f.lo].size() == f.at;
 }
@@ -640,8 +642,7 @@ bool JsonSchemaPrefix::start_value(const Node& node, unsigned char c) {
   if (c == 'n') return (s & Node::kNull) && start_leaf(c, false, false);
   if (c == '-' || is_digit(c)) {
     const bool integer = !(s & Node::kNumber);
-    const bool bounded = integer ? n->int_bounds() : n->num_bounds();
-    return (s & (Node::kNumber | Node::kInteger)) && start_leaf(c, integer, false, bounded ? n : nullptr);
+    return (s & (Node::kNumber | Node::kInteger)) && start_leaf(c, integer, false, n->num_bounds() ? n : nullptr);
   }
   return false;
 }
@@ -653,37 +654,14 @@ bool JsonSchemaPrefix::start_leaf(unsigned char c, bool integer, bool key, const
   in_leaf_ = true, leaf_int_ = integer, leaf_key_ = key;
   bounded_ = bounded, count_ = 0, utf8_ = Utf8Chars{};
   neg_ = dot_ = frac_nonzero_ = false, digits_ = frac_digits_ = 0;
-  bound_ = c == '"' ? Bound::Length : integer ? Bound::Integer : Bound::Number;
+  bound_ = c == '"' ? Bound::Length : Bound::Number;
   if (!bounded || bound_ == Bound::Length) return true;
   neg_ = c == '-';  // the first byte as bounds_take reads a digit
-  if (!neg_) return bounds_take(c);
-  return bound_ == Bound::Integer ? bounded->min_int <= 0 : num_reachable();  // "-0" or a negative number
+  return neg_ ? num_reachable() : bounds_take(c);  // "-" alone: some value of that sign in range
 }
-
-namespace {
-
-// Some integer that begins with the digits of magnitude v (v > 0, no leading zero) and the
-// sign lies in [lo, hi]: the completions with k more digits are v 10^k .. v 10^k + 10^k - 1.
-bool int_reachable(bool neg, uint64_t v, int64_t lo, int64_t hi) {
-  const __int128 top = __int128(INT64_MAX) + 1;
-  for (__int128 a = v, scale = 1;; a *= 10, scale *= 10) {
-    const __int128 b = a + scale - 1;
-    if (neg ? (-b <= hi && -a >= lo) : (a <= hi && b >= lo)) return true;
-    if (a > top) return false;  // every longer completion lies beyond any int64
-  }
-}
-
-}  // namespace
 
 // The node's bounds on the leaf's next byte: a string's length, or a number's range.
-bool JsonSchemaPrefix::bounds_take(unsigned char c) {
-  switch (bound_) {
-    case Bound::Length: return take_length(c);
-    case Bound::Integer: return take_integer(c);
-    case Bound::Number: return take_number(c);
-  }
-  return false;
-}
+bool JsonSchemaPrefix::bounds_take(unsigned char c) { return bound_ == Bound::Length ? take_length(c) : take_number(c); }
 
 // Characters counted at their first byte as Utf8Chars finds them, an escape as one.
 bool JsonSchemaPrefix::take_length(unsigned char c) {
@@ -696,27 +674,12 @@ bool JsonSchemaPrefix::take_length(unsigned char c) {
 }
 
 // Each digit must leave some completion in range, and a byte that ends the number must end it
-// in range.
-bool JsonSchemaPrefix::take_integer(unsigned char c) {
-  const bool zero = digits_ > 0 && count_ == 0;  // "0" or "-0": no digit may follow
-  if (is_digit(c) && !zero) {
-    const uint64_t next = count_ > (UINT64_MAX - 9) / 10 ? UINT64_MAX : count_ * 10 + (c - '0');
-    if (next == 0) {  // "0" or "-0": the value 0
-      if (bounded_->min_int > 0 || bounded_->max_int < 0) return false;
-    } else if (!int_reachable(neg_, next, bounded_->min_int, bounded_->max_int)) {
-      return false;
-    }
-    count_ = next;
-    digits_ = uint8_t(std::min(digits_ + 1, 255));
-    return true;
-  }
-  return digits_ == 0 || int_can_end();  // a byte the number cannot take ends it (or is refused)
-}
-
-// As take_integer, over the whole part, a '.' and the fraction's digits; no exponent. From the
-// point on, count_ holds the number in units of the bounds' places (its first places
-// fraction digits); a digit past them only says whether the fraction goes on past zero.
+// in range: over the whole part, a '.' and the fraction's digits; no exponent. From the point
+// on, count_ holds the number in units of the bounds' places (its first places fraction
+// digits); a digit past them only says whether the fraction goes on past zero. An integer's
+// '.' or exponent is a byte that ends it (the leaf refuses it, or the value goes on without).
 bool JsonSchemaPrefix::take_number(unsigned char c) {
+  if (leaf_int_ && (c == '.' || c == 'e' || c == 'E')) return digits_ == 0 || num_can_end();
   if (c == 'e' || c == 'E') return false;
   const int places = bounded_->num_places;
   auto grow = [](uint64_t v, int times) {  // v 10^times, saturated
@@ -798,12 +761,6 @@ bool JsonSchemaPrefix::num_can_end() const {
   const MagnitudeBounds b(*bounded_, neg_);
   if (!dot_) return b.has(__int128(count_) * pow10(bounded_->num_places));
   return frac_nonzero_ ? b.inside(__int128(count_)) : b.has(__int128(count_));
-}
-
-bool JsonSchemaPrefix::int_can_end() const {
-  if (digits_ == 0 || count_ == UINT64_MAX) return false;
-  const __int128 v = neg_ ? -__int128(count_) : __int128(count_);
-  return v >= bounded_->min_int && v <= bounded_->max_int;
 }
 
 bool JsonSchemaPrefix::feed_leaf(unsigned char c) {

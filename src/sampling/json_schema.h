@@ -73,14 +73,13 @@ struct JsonSchemaNode {
   const JsonSchemaNode* items = nullptr;             // the items past them
   uint32_t min_items = 0, max_items = UINT32_MAX;
   uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
-  int64_t min_int = INT64_MIN, max_int = INT64_MAX;  // integers, both bounds included
-  // Numbers with fractions: bounds in units of 10^-num_places, each present or not, inclusive
-  // or open.
+  // Bounds on numbers in units of 10^-num_places, each present or not, inclusive or open.
+  // Integers' bounds are rounded inward to whole values (0 places, both ends closed and
+  // present, within int64: bounded integers are exact in 64 bits).
   int64_t min_num = 0, max_num = 0;
   uint8_t num_places = 0;
   bool has_min_num = false, has_max_num = false, min_num_open = false, max_num_open = false;
   bool string_bounds() const { return min_length > 0 || max_length < UINT32_MAX; }
-  bool int_bounds() const { return min_int > INT64_MIN || max_int < INT64_MAX; }
   bool num_bounds() const { return has_min_num || has_max_num; }
   std::vector<std::string> literals;        // enum / const as compact JSON, sorted
   std::vector<const JsonSchemaNode*> alts;  // anyOf / oneOf: told apart by their first byte
@@ -157,7 +156,7 @@ private:
   // The leaf's node where it bounds a string's length or a number (null otherwise), and what
   // the bounds are checked against: the string's characters so far, or the number's sign,
   // whole part (saturated past any int64), digits so far and fraction.
-  enum class Bound : uint8_t { Length, Integer, Number };
+  enum class Bound : uint8_t { Length, Number };
   const JsonSchemaNode* bounded_ = nullptr;
   Bound bound_ = Bound::Length;
   uint64_t count_ = 0;
@@ -173,12 +172,9 @@ private:
   bool feed_leaf(unsigned char c);
   bool bounds_take(unsigned char c);
   bool take_length(unsigned char c);
-  bool take_integer(unsigned char c);
   bool take_number(unsigned char c);
-  bool int_can_end() const;
   bool num_reachable() const;
   bool num_can_end() const;
-  bool can_end() const { return bound_ == Bound::Integer ? int_can_end() : num_can_end(); }
   bool feed_literal(unsigned char c);
   bool feed_key(unsigned char c);
   bool feed_object(unsigned char c);
