@@ -541,16 +541,12 @@ __attribute__((target("avx2,fma"))) inline void micro_6x16(const float* pk, int 
   }
 }
 
-// Packs tokens [0, n) of x[:, k0 : k0 + kc] into blocks of kMr tokens (the last block
-// holds the remainder), each k-major.
-// A full block of six is written k by k: contiguous stores fed by six row streams (row by
-// row, every store landed 24 bytes after the previous one).
 // A full block of six tokens (rows l apart) k-major, b[6 k + i] = x_i[k]: eight columns at a
 // time as an 8 x 8 transpose with two rows of zeros, each transposed row stored whole (8
 // floats) over the first two slots of the next, which the next store, in order, rewrites. The
 // last eight columns go through a buffer and the rest one by one, so nothing is written past
-// the block. A quarter of a 16-head prefill's kv_b products (128 rows from 512 columns) went
-// to the scalar copy.
+// the block. Why: copied one float at a time, the pack costs about a quarter of a product with
+// few output rows (a 16-head prefill's kv_b: 128 rows from 512 columns).
 __attribute__((target("avx2,fma"))) void pack_x_block6_avx2(const float* xi, size_t l, int kc, float* b) {
   static_assert(kMr == 6);
   __m256 r[8];
@@ -571,6 +567,10 @@ __attribute__((target("avx2,fma"))) void pack_x_block6_avx2(const float* xi, siz
     for (int i = 0; i < 6; ++i) b[size_t(k) * 6 + size_t(i)] = xi[size_t(i) * l + size_t(k)];
 }
 
+// Packs tokens [0, n) of x[:, k0 : k0 + kc] into blocks of kMr tokens (the last block
+// holds the remainder), each k-major.
+// Without AVX2 a full block of six is written k by k: contiguous stores fed by six row
+// streams (row by row, every store would land 24 bytes after the previous one).
 void pack_x_block(const float* x, int n, int ldx, int k0, int kc, float* xp, int i0) {
   const int mr = std::min(kMr, n - i0);
   float* b = xp + size_t(i0) * size_t(kc);
