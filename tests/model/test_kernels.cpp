@@ -210,25 +210,28 @@ TEST_P(KernelTwins, LinearMultiRowRanges) {
 }
 
 // Batch invariance of the decode-role product: n tokens in one call give every token
-// bitwise what it gets alone, whatever n (token groups, row blocks, the thread split), with
-// rows that are not a multiple of four, ragged columns (800: column chunks of unequal
-// size) and a call through linear_multi; and they agree with the naive product. The bf16
-// tile runs its columns in the machine's chunks (whole rows on some) and in 256-column ones.
+// bitwise what it gets alone, whatever n (token groups, row blocks, the thread split, more
+// tokens than one call prepares at once), with rows that are not a multiple of four, ragged
+// columns (800: column chunks of unequal size; 2100: wider than the machine's chunk, which
+// later token groups do not use) and a call through linear_multi; and they agree with the
+// naive product. The bf16 tile runs its columns in the machine's chunks (whole rows on
+// some) and in 256-column ones.
 TEST_P(KernelTwins, DecodeProductIsBitwiseTheOneTokenProduct) {
   for (const int chunk : {0, 256})
   for (DType dt : {DType::F8_E4M3, DType::BF16}) {
     kernels::cpu::set_bf16_tile_chunk(chunk);
-    for (const auto& [rows, cols] : {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}, std::pair{45, 800}}) {
+    for (const auto& [rows, cols] :
+         {std::pair{203, 256}, std::pair{130, 200}, std::pair{67, 517}, std::pair{45, 800}, std::pair{70, 2100}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " chunk " + std::to_string(chunk));
       const auto w = make_linear(dt, rows, cols, 23);
-      const int n_max = 30;
+      const int n_max = kernels::cpu::kTokBuf + 6;
       const auto x = randv(size_t(n_max) * size_t(cols), 29);
       std::vector<float> alone(size_t(n_max) * size_t(rows));
       for (int t = 0; t < n_max; ++t) kernels::cpu::linear_decode(w.l, &x[size_t(t) * size_t(cols)], 1, &alone[size_t(t) * size_t(rows)], 0, -1);
       std::vector<float> ref(alone.size());
       kernels::ref::linear(w.l, x.data(), n_max, ref.data(), 0, -1);
       EXPECT_LE(max_rel(alone, ref), 2e-6);
-      for (int n : {2, 3, 4, 5, 7, 8, 9, 16, 25, 30}) {
+      for (int n : {2, 3, 4, 5, 7, 8, 9, 16, 25, 30, kernels::cpu::kTokBuf, n_max}) {
         std::vector<float> y(size_t(n) * size_t(rows));
         kernels::cpu::linear_decode(w.l, x.data(), n, y.data(), 0, -1);
         EXPECT_TRUE(std::equal(y.begin(), y.end(), alone.begin())) << n << " tokens in one call";

@@ -374,22 +374,26 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
 // next smaller tile.
 constexpr int kBf16SubRows = 16;
 
-// 1024 columns, whether the weights stream from memory or a later token group re-reads them
-// from cache: on Zen 5 (two cores, 48 KB L1) the lm_head for 2, 4 and 6 tokens took 9.2-10.2,
-// 12.7-14.9 and 16.7-17.1 ms with it against 12.1-12.3 (512), 17.2-17.6 and 22.7 (256);
-// shorter chunks park the accumulators more often than the reloads they save are worth.
+// 1024 columns for a row block's first token group, which streams the rows from memory: on
+// Zen 5 (two cores, 48 KB L1) the lm_head for 2, 4 and 6 tokens took 9.2-10.2, 12.7-14.9 and
+// 16.7-17.1 ms with it against 12.1-12.3 (512), 17.2-17.6 and 22.7 (256); shorter chunks
+// park the accumulators more often than the reloads they save are worth.
 // On Zen 4 (32 KB L1, its weight streams prefetched into L2) whole rows beat 1024-column chunks
 // for every token count: 129280x2048 for 2, 4 and 6 tokens, 2 threads, 25 interleaved calls
 // each, medians 16.1 / 16.9 / 18.2 ms against 17.3 / 17.8 / 20.6 (512: 18.1 / 21.0 / 24.1).
 // So the chunks go by the L1 size, the one difference between the two machines measured.
-constexpr int kBf16Chunk = 1024;
-int bf16_chunk() {
+// The later groups, re-reading the rows from L2, run whole rows on either machine: on Zen 5,
+// 2 threads, the lm_head for 8 / 12 / 16 / 64 tokens took 25.1-27.4 / 28.8-34.1 / 44.5-49.5
+// / 146-151 ms with 1024-column chunks against 22.0-24.2 / 26.6-31.8 / 42.8-47.7 / 142-144
+// (the two alternating call by call in one process).
+constexpr int kBf16Chunk = 1024, kWholeRows = 1 << 24;  // wider than any row
+int bf16_chunk(const NextBlock& nb) {
   static const int machine = [] {
     const long l1 = ::sysconf(_SC_LEVEL1_DCACHE_SIZE);
-    return l1 > 0 && l1 < 48 * 1024 ? 1 << 24 : kBf16Chunk;  // 1 << 24: wider than any row
+    return l1 > 0 && l1 < 48 * 1024 ? kWholeRows : kBf16Chunk;
   }();
   const int set = bf16_tile_chunk_set();
-  return set > 0 ? set : machine;
+  return set > 0 ? set : nb.later() ? kWholeRows : machine;
 }
 
 template <int NR, int NT>
@@ -425,7 +429,7 @@ void bf16_tile_chunk(const uint16_t* const (&wr)[NR], const float* xp, int K, in
 
 template <int NR, int NT>
 void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
-  const int chunk = bf16_chunk();
+  const int chunk = bf16_chunk(nb);
   static_assert(kBf16SubRows % NR == 0);
   const int K = w.cols, k32 = K / 32 * 32, rfull = r0 + (r1 - r0) / NR * NR;
   alignas(64) float park[kBf16SubRows / NR][NR][NT][16];
