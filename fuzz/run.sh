@@ -32,7 +32,7 @@ build="${DSA_FUZZ_BUILD:-$repo/build-fuzz}"
 export DSA_SHARED_DIR="${DSA_SHARED_DIR:-$repo/../shared}"
 export DSA_TOKENIZER_DIR="${DSA_TOKENIZER_DIR:-$DSA_SHARED_DIR/tokenizer}"
 all=(fuzz_safetensors fuzz_safetensors_index fuzz_config fuzz_tokenizer fuzz_tokenizer_deepseek
-     fuzz_dsv32_parser fuzz_dsv32_encoding fuzz_glm5_template fuzz_json_schema fuzz_tool_calls)
+     fuzz_dsv32_parser fuzz_dsv32_encoding fuzz_glm5_template fuzz_json_schema fuzz_tool_calls fuzz_regex)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
@@ -47,6 +47,7 @@ dict_of() {
     fuzz_dsv32_encoding | fuzz_glm5_template) echo chat ;;
     fuzz_json_schema) echo json_schema ;;
     fuzz_tool_calls) echo tool_calls ;;
+    fuzz_regex) echo regex ;;
   esac
 }
 

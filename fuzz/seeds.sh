@@ -17,7 +17,7 @@ tool="$build/fuzz/dsa_fuzz_seeds"
 [ -x "$tool" ] || { echo "seeds.sh: $tool not built (cmake --build $build --target fuzz)" >&2; exit 1; }
 out="$build/fuzz-seeds"
 rm -rf "$out"
-for t in safetensors safetensors_index config tokenizer tokenizer_deepseek dsv32_parser dsv32_encoding glm5_template json_schema tool_calls; do
+for t in safetensors safetensors_index config tokenizer tokenizer_deepseek dsv32_parser dsv32_encoding glm5_template json_schema tool_calls regex; do
   mkdir -p "$out/fuzz_$t"
 done
 [ -d "$shared" ] || echo "seeds.sh: no shared fixtures at $shared (set DSA_SHARED_DIR); hand-made seeds only" >&2
@@ -101,5 +101,13 @@ printf '%s\0%s' "[$strict_tool]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_cal
 pin_tool='{"type":"function","function":{"name":"pin","parameters":{"type":"object","properties":{"p":{"type":"string","minLength":3,"maxLength":3},"n":{"type":"integer","minimum":1,"maximum":9}},"required":["p"]}}}'
 printf '%s\0%s' "[$pin_tool]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="pin">\n<\xef\xbd\x9cDSML\xef\xbd\x9cparameter name="p" string="true"></\xef\xbd\x9cD' > "$j/hand-exact-length"
 printf '%s\0%s' "[$n]" $'Think <b> first.</think>\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-thinking"
+
+# Patterns by hand (options, two bound bytes, pattern, NUL, a reply): pydantic's anchored
+# patterns, a search, a vLLM regex matched whole, bounds around a loop.
+j="$out/fuzz_regex"
+printf '\0\0\0%s\0%s' '^\d{5}(-\d{4})?$' '12345-6789' > "$j/hand-zip"
+printf '\0\0\0%s\0%s' '[^@\s]+@[^@\s]+\.\w{2,}' 'mail me at a@b.org' > "$j/hand-search"
+printf '\1\0\0%s\0%s' '(yes|no), [0-9]{1,3} (?:apples|pears)!' 'yes, 12 pears!' > "$j/hand-whole"
+printf '\7\3\10%s\0%s' '^(?<w>[a-z\u00e0-\u00ff]|\u{1F600})*$' $'caf\xc3\xa9\xf0\x9f\x98\x80' > "$j/hand-bounds"
 
 for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done
