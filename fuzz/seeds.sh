@@ -88,6 +88,7 @@ printf '%s\0%s' '{"$defs":{"N":{"type":"object","properties":{"v":{"anyOf":[{"ty
 printf '%s\0%s' '{"anyOf":[{"type":"object","additionalProperties":{"type":"boolean"}},{"const":[1,{"k":"v"}]},{"type":["string","integer"]}]}' '[1, {"k": "v"}]' > "$j/hand-alternatives"
 printf '%s\0%s' '{"type":"object"}' '{"a": [1, {"b": null}], "c": "\u00e9"}' > "$j/hand-any"
 printf '%s\0%s' '{"type":"object","properties":{"code":{"type":"string","minLength":2,"maxLength":4},"n":{"type":"integer","minimum":-15,"exclusiveMaximum":120},"big":{"type":"integer","minimum":9223372036854775800}},"required":["code","n"]}' '{"code": "a\u00e9\n", "n": -15, "big": 9223372036854775807}' > "$j/hand-bounds"
+printf '%s\0%s' '{"type":"object","properties":{"zip":{"type":"string","pattern":"^\\d{5}$"},"w":{"type":"string","pattern":"\u00e9","maxLength":5}}}' '{"zip": "12345", "w": "\u00e9t\u00e9"}' > "$j/hand-pattern"
 
 # Tool lists by hand (tools, NUL, a reply): a block the encoder writes, one that stops short,
 # and one after reasoning.

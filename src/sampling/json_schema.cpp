@@ -31,12 +31,13 @@ std::bitset<256> bytes_of(std::string_view s) {
 // could overflow a stack or stall the engine thread that every request shares.
 constexpr int kMaxNesting = 128;       // schemas within schemas, through $ref and anyOf too
 constexpr size_t kMaxProperties = 1024, kMaxValues = 4096, kMaxAlternatives = 32;
+constexpr size_t kMaxPatternBytes = size_t(8) << 20;  // every pattern's automaton and length table together
 
 const std::set<std::string, std::less<>> kKeywords = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
                                                      "properties", "required", "additionalProperties", "items",
-                                                     "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "minimum",
+                                                     "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum",
                                                      "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-constexpr const char* kLengthKeys[] = {"minLength", "maxLength"};
+constexpr const char* kLengthKeys[] = {"minLength", "maxLength", "pattern"};
 constexpr const char* kIntKeys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const std::set<std::string, std::less<>> kAnnotations = {"title", "description", "default", "examples", "format",
                                                         "$schema", "$id", "$comment", "$defs", "definitions"};
@@ -80,6 +81,7 @@ struct SchemaCompiler {
   std::set<std::string> resolving;          // $refs being followed to another $ref
   std::map<const Node*, std::string> where;
   int nesting = 0;  // compile() calls open
+  size_t pattern_bytes = 0;
 
   [[noreturn]] static void fail(const std::string& path, const std::string& what) {
     throw Error("json_schema at '" + path + "': " + what);
@@ -105,6 +107,7 @@ struct SchemaCompiler {
   void fill_object(Node& n, const ojson& s, const std::string& path);
   void fill_array(Node& n, const ojson& s, const std::string& path);
   void fill_bounds(Node& n, const ojson& s, const std::string& path);
+  void fill_pattern(Node& n, const ojson& s, const std::string& path);
   void fill_number_bounds(Node& n, const ojson& s, const std::string& path);
   bool bound_fails(const std::string& path, const std::string& what) const {
     if (!lenient) fail(path, what);
@@ -184,7 +187,7 @@ void SchemaCompiler::fill(Node& n, const ojson& s, const std::string& path) {
   for (const auto& [k, v] : s.items())
     if (!kKeywords.count(k) && !kAnnotations.count(k) && !lenient)
       fail(path, "'" + k + "' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, $ref, properties, "
-                           "required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, and on "
+                           "required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, pattern, and on "
                            "integers minimum, maximum, exclusiveMinimum, exclusiveMaximum)");
   if (s.contains("enum") || s.contains("const")) return fill_literals(n, s, path);
   for (const char* key : {"anyOf", "oneOf", "allOf"})
@@ -242,7 +245,7 @@ void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path
   if (s.contains("type")) ts = types(s, path);
   else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) ts = {"object"};
   else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) ts = {"array"};
-  else if (s.contains("minLength") || s.contains("maxLength")) ts = {"string"};
+  else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) ts = {"string"};
   else if (std::any_of(std::begin(kIntKeys), std::end(kIntKeys), [&](const char* k) { return s.contains(k); })) ts = {"number"};
   else n.scalars = Node::kAny;
   for (const std::string& t : ts) {
@@ -263,7 +266,7 @@ void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path
 // A bound on a type the node does not admit constrains nothing.
 void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& path) {
   if (n.scalars & Node::kString) {
-    for (const char* key : kLengthKeys) {
+    for (const char* key : {"minLength", "maxLength"}) {
       if (!s.contains(key)) continue;
       const ojson& v = s[key];
       if (!v.is_number_unsigned()) {
@@ -274,6 +277,7 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
       (std::string_view(key) == "minLength" ? n.min_length : n.max_length) = x;
     }
     if (n.min_length > n.max_length && bound_fails(path, "minLength is above maxLength")) n.min_length = 0, n.max_length = UINT32_MAX;
+    if (s.contains("pattern")) fill_pattern(n, s, path);
   }
   if (n.scalars & Node::kNumber) return fill_number_bounds(n, s, path);
   if (!(n.scalars & Node::kInteger)) return;
@@ -296,6 +300,21 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
   if (lo == INT64_MIN && hi == INT64_MAX) return;  // no bound within int64: none at all
   n.min_num = int64_t(lo), n.max_num = int64_t(hi);
   n.has_min_num = n.has_max_num = true;
+}
+
+// The pattern, with the node's length bounds in its automaton (leniently, one it cannot
+// compile is read past, the lengths kept).
+void SchemaCompiler::fill_pattern(Node& n, const ojson& s, const std::string& path) {
+  const ojson& v = s["pattern"];
+  if (!v.is_string()) return (void)bound_fails(path + "/pattern", "expected a string");
+  try {
+    auto re = std::make_shared<const Regex>(v.get<std::string>(), Regex::Match::Search, n.min_length, n.max_length);
+    pattern_bytes += re->bytes();
+    if (pattern_bytes > kMaxPatternBytes) fail(path + "/pattern", "the schema's patterns need more than 8 MiB of automata");
+    n.pattern = std::move(re);
+  } catch (const Error& e) {
+    bound_fails(path + "/pattern", e.what());
+  }
 }
 
 // A bound on a number as the shortest decimal that reads back as it: r 10^-p, p <= 9 places
@@ -577,6 +596,7 @@ JsonSchemaPrefix& JsonSchemaPrefix::operator=(const JsonSchemaPrefix& o) {
   done_ = o.done_, in_leaf_ = o.in_leaf_, leaf_key_ = o.leaf_key_, leaf_int_ = o.leaf_int_;
   leaf_ = o.leaf_;
   bounded_ = o.bounded_, bound_ = o.bound_, count_ = o.count_, utf8_ = o.utf8_;
+  if (bounded_ && bounded_->pattern) re_ = o.re_, dec_ = o.dec_, esc_ = o.esc_, cp_ = o.cp_;  // a patterned string's state
   neg_ = o.neg_, dot_ = o.dot_, frac_nonzero_ = o.frac_nonzero_, digits_ = o.digits_, frac_digits_ = o.frac_digits_;
   return *this;
 }
@@ -603,7 +623,9 @@ bool JsonSchemaPrefix::complete() const {
 }
 
 uint32_t JsonSchemaPrefix::string_room() const {
-  if (!in_leaf_ || !bounded_ || bound_ != Bound::Length || bounded_->max_length == UINT32_MAX) return UINT32_MAX;
+  if (!in_leaf_ || !bounded_ || bound_ != Bound::Length) return UINT32_MAX;
+  if (bounded_->pattern) return 0;  // every byte goes through the automaton
+  if (bounded_->max_length == UINT32_MAX) return UINT32_MAX;
   return uint32_t(bounded_->max_length - count_);
 }
 
@@ -653,6 +675,7 @@ bool JsonSchemaPrefix::start_leaf(unsigned char c, bool integer, bool key, const
   leaf_ = l;
   in_leaf_ = true, leaf_int_ = integer, leaf_key_ = key;
   bounded_ = bounded, count_ = 0, utf8_ = Utf8Chars{};
+  if (bounded && bounded->pattern) re_ = bounded->pattern->start(), dec_ = Utf8Decoder{}, esc_ = 0, cp_ = 0;
   neg_ = dot_ = frac_nonzero_ = false, digits_ = frac_digits_ = 0;
   bound_ = c == '"' ? Bound::Length : Bound::Number;
   if (!bounded || bound_ == Bound::Length) return true;
@@ -665,12 +688,61 @@ bool JsonSchemaPrefix::bounds_take(unsigned char c) { return bound_ == Bound::Le
 
 // Characters counted at their first byte as Utf8Chars finds them, an escape as one.
 bool JsonSchemaPrefix::take_length(unsigned char c) {
+  if (bounded_->pattern) return take_pattern(c);
   if (!leaf_.in_string() || c < 0x20) return true;  // inside an escape, or refused by the leaf
   if (c == '"') return count_ >= bounded_->min_length;
   if (!utf8_.begins(c)) return true;
   if (count_ >= bounded_->max_length) return false;
   ++count_;
   return true;
+}
+
+// A patterned string's bytes, decoded to the characters the automaton takes (count_ of them so
+// far, which its length bounds count): a byte inside a character or an escape must leave some
+// code point it may become open, and the closing quote must end a match. A \u escape of a
+// surrogate is refused (the character can be written as UTF-8 instead).
+bool JsonSchemaPrefix::take_pattern(unsigned char c) {
+  const Regex& re = *bounded_->pattern;
+  const uint32_t n = uint32_t(count_);
+  auto take = [&](char32_t x) {
+    re_ = re.step(re_, x, n), ++count_;
+    return re_.any();
+  };
+  auto bmp = [&](char32_t lo, char32_t hi) {  // some code point of [lo, hi] but a surrogate
+    return (lo < 0xD800 && re.can_take(re_, lo, std::min<char32_t>(hi, 0xD7FF), n)) ||
+           (hi > 0xDFFF && re.can_take(re_, std::max<char32_t>(lo, 0xE000), hi, n));
+  };
+  if (esc_ == 1) {
+    esc_ = 0;
+    switch (c) {
+      case '"': case '\\': case '/': return take(c);
+      case 'b': return take('\b');
+      case 'f': return take('\f');
+      case 'n': return take('\n');
+      case 'r': return take('\r');
+      case 't': return take('\t');
+      case 'u': return esc_ = 2, cp_ = 0, bmp(0, 0xFFFF);
+      default: return true;  // refused by the leaf
+    }
+  }
+  if (esc_ >= 2) {
+    const int h = is_digit(c) ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+    if (h < 0) return true;  // refused by the leaf
+    cp_ = cp_ * 16 + char32_t(h);
+    if (const int left = 5 - esc_; left > 0) {  // hex digits still to come
+      ++esc_;
+      return bmp(cp_ << 4 * left, cp_ << 4 * left | ((1u << 4 * left) - 1));
+    }
+    esc_ = 0;
+    return (cp_ < 0xD800 || cp_ > 0xDFFF) && take(cp_);
+  }
+  if (c == '"') return dec_.idle() && re.accepts(re_, n);
+  if (c == '\\') return esc_ = 1, dec_.idle() && bmp(0, 0xFFFF);
+  if (c < 0x20) return true;  // refused by the leaf
+  char32_t cp = 0, lo = 0, hi = 0;
+  const int r = dec_.feed(c, cp, lo, hi);
+  if (r < 0) return false;
+  return r > 0 ? take(cp) : re.can_take(re_, lo, hi, n);
 }
 
 // Each digit must leave some completion in range, and a byte that ends the number must end it

@@ -16,7 +16,10 @@
 //    maxItems; strings, numbers, integers, booleans, null;
 //  - strings: minLength, maxLength, in characters as written (a UTF-8 character, each invalid
 //    part as the U+FFFD it becomes, or an escape; a surrogate pair written as two \u escapes
-//    counts two); integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum
+//    counts two); pattern (sampling/regex.h: ECMA-262 syntax without backreferences or
+//    lookaround, matched anywhere in the string unless anchored; the string's characters as
+//    the escapes decode them, which must then be well-formed UTF-8 without \u surrogates, and
+//    its lengths in those characters); integers and numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum
 //    (on a type that admits fractions a bound is taken as the shortest decimal that reads back
 //    as it, of at most 9 places, and a bounded value is written without an exponent; it is
 //    decided on the decimal as written, which a reader rounding to doubles may find equal to
@@ -28,6 +31,7 @@
 #include <bitset>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +39,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sampling/json_prefix.h"
+#include "sampling/regex.h"
 
 namespace dsa {
 
@@ -73,13 +78,14 @@ struct JsonSchemaNode {
   const JsonSchemaNode* items = nullptr;             // the items past them
   uint32_t min_items = 0, max_items = UINT32_MAX;
   uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
+  std::shared_ptr<const Regex> pattern;              // strings: with the length bounds in it
   // Bounds on numbers in units of 10^-num_places, each present or not, inclusive or open.
   // Integers' bounds are rounded inward to whole values (0 places, both ends closed and
   // present, within int64: bounded integers are exact in 64 bits).
   int64_t min_num = 0, max_num = 0;
   uint8_t num_places = 0;
   bool has_min_num = false, has_max_num = false, min_num_open = false, max_num_open = false;
-  bool string_bounds() const { return min_length > 0 || max_length < UINT32_MAX; }
+  bool string_bounds() const { return min_length > 0 || max_length < UINT32_MAX || pattern; }
   bool num_bounds() const { return has_min_num || has_max_num; }
   std::vector<std::string> literals;        // enum / const as compact JSON, sorted
   std::vector<const JsonSchemaNode*> alts;  // anyOf / oneOf: told apart by their first byte
@@ -161,6 +167,12 @@ private:
   Bound bound_ = Bound::Length;
   uint64_t count_ = 0;
   Utf8Chars utf8_;
+  // A patterned string: the automaton's positions, the UTF-8 character under way, and an
+  // escape's progress (1: after the backslash; 2 + k: k hex digits of a \u escape, in cp_).
+  Regex::Set re_;
+  Utf8Decoder dec_;
+  uint8_t esc_ = 0;
+  char32_t cp_ = 0;
   bool neg_ = false, dot_ = false, frac_nonzero_ = false;
   uint8_t digits_ = 0, frac_digits_ = 0;
 
@@ -172,6 +184,7 @@ private:
   bool feed_leaf(unsigned char c);
   bool bounds_take(unsigned char c);
   bool take_length(unsigned char c);
+  bool take_pattern(unsigned char c);
   bool take_number(unsigned char c);
   bool num_reachable() const;
   bool num_can_end() const;

@@ -67,7 +67,9 @@ ToolCallGrammar::RawValues raw_values(const JsonSchemaNode& v) {
   ToolCallGrammar::RawValues r;
   if (!m->first.test('"')) return r;
   if (m->literals.empty()) {
-    r.any = (m->scalars & (JsonSchemaNode::kString | JsonSchemaNode::kAny)) != 0;
+    // A patterned string is written as JSON (string="false"), where the recognizer holds the
+    // pattern: raw text ends only at the close tag, which the automaton cannot see coming.
+    r.any = !m->pattern && (m->scalars & (JsonSchemaNode::kString | JsonSchemaNode::kAny)) != 0;
     r.min_chars = m->min_length, r.max_chars = m->max_length;
     return r;
   }

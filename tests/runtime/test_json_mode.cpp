@@ -120,6 +120,20 @@ TEST(ToolCallMode, MaskIsEveryTokenTheRecognizerTakes) {
                              "a</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_t"});
 }
 
+// A schema's patterned strings: every byte goes through the automaton (no token is taken
+// whole inside them; tokens that hold part of a character are tried against each state), an
+// escape under way, lengths at their edge.
+TEST(JsonMode, PatternedStringsMaskEveryTokenTheRecognizerTakes) {
+  const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+  const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {"zip": {"type": "string",
+      "pattern": "^\\d{5}(-\\d{4})?$"}, "word": {"type": "string", "pattern": "^[a-z\u00e9 ]+$", "maxLength": 8},
+      "any": {"type": "string", "pattern": "x", "minLength": 3}}})");
+  const JsonSchema compiled(schema);
+  check_masks(tok, compiled, JsonSchemaPrefix(compiled),
+              {"{\"zip\": \"", "{\"zip\": \"123", "{\"zip\": \"12345", "{\"zip\": \"12345-67", "{\"word\": \"caf", "{\"word\": \"café",
+               "{\"word\": \"abc \\u00", "{\"word\": \"abcdefg", "{\"any\": \"", "{\"any\": \"ab\\", "{\"any\": \"x"});
+}
+
 // A choice (vLLM's guided_choice): a prefix of several, one that others go on from (complete,
 // not closed), a character split across tokens.
 TEST(ChoiceMode, MaskIsEveryTokenTheRecognizerTakes) {

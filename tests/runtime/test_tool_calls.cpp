@@ -8,6 +8,7 @@
 #include <functional>
 #include <iterator>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -133,7 +134,7 @@ TEST(ToolCalls, ToolsThatCannotBeWrittenOrEnforcedAreErrors) {
   EXPECT_THROW(ToolCallGrammar(tool("", obj), true), Error);
   EXPECT_THROW(ToolCallGrammar(tool("f", {{"type", "object"}, {"properties", {{"a\nb", {{"type", "string"}}}}}}), true), Error);
   // Without "strict" a schema outside the subset is kept as far as it can be; with it, refused.
-  const ojson pattern = {{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"pattern", "x"}}}}}};
+  const ojson pattern = {{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"pattern", "(x)\\1"}}}}}};  // a backreference
   for (const ojson& params : {pattern, ojson{{"type", "string"}}}) {
     EXPECT_NO_THROW(ToolCallGrammar(tool("f", params), true)) << params.dump();
     ojson strict = tool("f", params);
@@ -266,6 +267,31 @@ TEST(ToolCalls, BoundsHoldInRawAndJsonValues) {
     EXPECT_TRUE(!args.contains("n") || (args["n"].is_number_integer() && args["n"] >= 1 && args["n"] <= 9));
   });
   EXPECT_GT(finished, 100);
+}
+
+// A string parameter with a pattern is written as a JSON string (string="false"), where the
+// pattern holds; raw text is not offered for it. Its neighbours keep raw text.
+TEST(ToolCalls, PatternedStringsAreWrittenAsJson) {
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "set", "parameters": {
+      "type": "object", "properties": {"zip": {"type": "string", "pattern": "^\\d{5}$"}, "city": {"type": "string"}},
+      "required": ["zip", "city"]}}}])");
+  const ToolCallGrammar g(tools, false);
+  auto block = [](const std::string& zip_attr, const std::string& zip) {
+    return "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"set\">\n<｜DSML｜parameter name=\"zip\" string=\"" + zip_attr + "\">" + zip +
+           "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+  };
+  bool whole = false;
+  EXPECT_TRUE(takes(g, block("false", "\"75001\""), &whole) && whole);
+  EXPECT_FALSE(takes(g, block("true", "75001")));
+  EXPECT_FALSE(takes(g, block("false", "\"7500\"")));
+  EXPECT_FALSE(takes(g, block("false", "\"75001x\"")));
+  const int finished = walk_blocks(g, 5, 200, "0123456789\"", 2, 2000, [&](const chat::dsv32::ParsedMessage& m) {
+    ASSERT_EQ(m.tool_calls.size(), 1u);
+    const ojson args = ojson::parse(m.tool_calls[0].arguments, nullptr, false);
+    ASSERT_TRUE(args.is_object() && args.contains("zip") && args["zip"].is_string()) << m.tool_calls[0].arguments;
+    EXPECT_TRUE(std::regex_match(args["zip"].get<std::string>(), std::regex("\\d{5}"))) << m.tool_calls[0].arguments;
+  });
+  EXPECT_GT(finished, 50);
 }
 
 }  // namespace

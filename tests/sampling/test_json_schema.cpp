@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cmath>
 #include <random>
+#include <regex>
 #include <string>
 
 #include "core/error.h"
@@ -77,6 +78,8 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
     const std::string t = v.get<std::string>();
     const size_t chars = size_t(std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
     if (chars < s.value("minLength", size_t(0)) || chars > s.value("maxLength", SIZE_MAX)) return false;
+    // std::regex reads bytes: the test schemas' patterns say only ASCII.
+    if (s.contains("pattern") && !std::regex_search(t, std::regex(s["pattern"].get<std::string>(), std::regex::ECMAScript))) return false;
   }
   if (v.is_number()) {
     const double x = v.get<double>();
@@ -108,6 +111,7 @@ ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int de
     if (s.contains(k)) return generate(s[k][pick(s[k].size())], root, rng, depth);
   const ojson ts = s.contains("type") ? (s["type"].is_array() ? s["type"] : ojson::array({s["type"]})) : ojson::array({"object"});
   const std::string t = ts[pick(ts.size())];
+  if (t == "string" && s.contains("pattern")) return s["examples"][pick(s["examples"].size())];  // the test's own
   if (t == "string" && (s.contains("minLength") || s.contains("maxLength"))) {
     const size_t lo = s.value("minLength", size_t(0)), hi = std::min(s.value("maxLength", SIZE_MAX), lo + 5);
     const char* chars[] = {"a", "\u00fc", "\u4e2d", "\"", "\\", "\n", "\u0001"};  // one character each
@@ -185,6 +189,12 @@ const ojson kSchemas[] = {
         {"type": "string"}], "minItems": 2, "maxItems": 2}, "rest": {"type": "array", "prefixItems": [{"enum": ["a", "b"]}],
         "items": {"type": "boolean"}}, "none": {"type": "array", "prefixItems": [{"type": "null"}], "items": false}},
         "required": ["pair", "rest", "none"]})"),
+    // pydantic's constr(pattern=...): anchored, unanchored, with lengths, beside null; the
+    // examples (which match) are what the generator writes.
+    ojson::parse(R"({"type": "object", "properties": {"zip": {"type": "string", "pattern": "^\\d{5}(-\\d{4})?$",
+        "examples": ["12345", "12345-6789"]}, "id": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "minLength": 3,
+        "maxLength": 8, "examples": ["abc", "x_1_2", "q2345678"]}, "note": {"type": ["string", "null"], "pattern": "[k-z]$",
+        "examples": ["k", "ok \"k\"\nz", "\\k"]}}, "required": ["zip", "id"]})"),
 };
 
 TEST(JsonSchema, TakesEveryValueItAdmits) {
@@ -245,17 +255,18 @@ TEST(JsonSchema, WalksNeverGetStuckAndEndValid) {
         if (p.complete() && (step > 60 || rng() % 8 == 0)) break;
         std::vector<unsigned char> ok;
         for (int c = '\n'; c < 0x7f; ++c) {
-          // Printable ASCII; no \u escapes (nlohmann refuses the lone surrogates a random one makes).
-          // No exponents either: a random one overflows a double, which nlohmann refuses.
-          const bool escape_u = c == 'u' && !text.empty() && text.back() == '\\';
+          // Printable ASCII; \u escapes of no surrogate (nlohmann refuses the lone ones a random
+          // escape makes). No exponents: a random one overflows a double, which nlohmann refuses.
+          const bool escape_u = (c == 'd' || c == 'D') && text.size() >= 2 && text.compare(text.size() - 2, 2, "\\u") == 0;
           const bool exponent = (c == 'e' || c == 'E') && !text.empty() && std::isdigit(static_cast<unsigned char>(text.back()));
           JsonSchemaPrefix q = p;
           if ((c >= 0x20 || c == '\n') && !escape_u && !exponent && q.feed(static_cast<unsigned char>(c))) ok.push_back(static_cast<unsigned char>(c));
         }
         ASSERT_FALSE(ok.empty()) << schema.dump() << "\nstuck after: " << text;
         unsigned char c = ok[rng() % ok.size()];
-        for (char want : closers)  // late in a walk, prefer bytes that finish something
-          if (step > 60 && std::find(ok.begin(), ok.end(), static_cast<unsigned char>(want)) != ok.end()) {
+        const bool finish = step > 60 && rng() % 4 != 0;  // late in a walk, mostly prefer bytes that finish something
+        for (char want : closers)
+          if (finish && std::find(ok.begin(), ok.end(), static_cast<unsigned char>(want)) != ok.end()) {
             c = static_cast<unsigned char>(want);
             break;
           }
@@ -342,9 +353,39 @@ TEST(JsonSchema, TuplesTakeTheirPositions) {
   for (const char* no : {"[0]", "[1, \"a\"]", "[0, 1]"}) EXPECT_FALSE(accepts(open, no)) << no;
 }
 
+// A pattern sees the string's characters as its escapes decode them, and a byte inside a UTF-8
+// character or an escape is refused as soon as no character it may become goes on.
+TEST(JsonSchema, PatternsHoldInsideStrings) {
+  const JsonSchema code(ojson::parse(R"({"type": "string", "pattern": "^[A-Z]{2}[a-z\u00e9]*$", "maxLength": 4})"));
+  for (const char* ok : {R"("AB")", R"("ABcé")", R"("AB\u00e9")", R"("AB\u00E9")", R"("\u0041B")"}) EXPECT_TRUE(accepts(code, ok)) << ok;
+  for (const char* no : {R"("A")", R"("Ab")", R"("ABcde")", R"("AB1")", R"("AB\n")", R"("ABÀ")"}) EXPECT_FALSE(accepts(code, no)) << no;
+  JsonSchemaPrefix p(code);
+  ASSERT_TRUE(p.feed("\"AB"));
+  EXPECT_TRUE(JsonSchemaPrefix(p).feed('\xC3')) << "C3 begins U+00C0..U+00FF, and é is among them";
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed('\xE4')) << "nothing from U+4000 is allowed";
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed('\xA9')) << "a lone continuation byte";
+  EXPECT_TRUE(JsonSchemaPrefix(p).feed("\\u0"));
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed("\\u01")) << "U+0100..U+01FF holds no letter it allows";
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed("\\n"));
+  EXPECT_EQ(p.string_room(), 0u) << "no token is taken without the automaton";
+  ASSERT_TRUE(p.feed("xy"));
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed('z')) << "maxLength";
+  EXPECT_TRUE(p.feed('"'));
+  EXPECT_TRUE(p.complete());
+
+  const JsonSchema word(ojson::parse(R"({"type": "string", "pattern": "cat", "minLength": 5})"));
+  for (const char* ok : {R"("a cat")", R"("cattle")", R"("\"cat\"")", R"("c\u0061t??")"}) EXPECT_TRUE(accepts(word, ok)) << ok;
+  for (const char* no : {R"("cat")", R"("a dog")", R"("c\u0061t")", R"("ca\tt!!")"}) EXPECT_FALSE(accepts(word, no)) << no;
+  EXPECT_FALSE(JsonSchemaPrefix(word).feed(R"("\ud8)")) << "a surrogate is written as UTF-8, not escaped";
+  EXPECT_TRUE(accepts(word, "\"cat \xF0\x9F\x98\x80\""));
+}
+
 TEST(JsonSchema, RefusesWhatItCannotConstrain) {
   const std::pair<const char*, const char*> bad[] = {
-      {R"({"type": "string", "pattern": "^a"})", "'pattern' is not supported"},
+      {R"({"type": "string", "pattern": "(a)\\1"})", "#/pattern': pattern at character 5: backreferences"},
+      {R"({"type": "string", "pattern": "^a{5}$", "maxLength": 4})", "no text matches it within the length bounds"},
+      {R"({"type": "string", "pattern": 5})", "#/pattern': expected a string"},
+      {R"({"enum": ["a"], "pattern": "a"})", "'pattern' beside enum"},
       {R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.1234567891}}})", "#/properties/n/minimum"},
       {R"({"type": "number", "exclusiveMinimum": 3, "maximum": 3})", "admit no number"},
       {R"({"type": "integer", "minimum": 3, "exclusiveMaximum": 4.0, "maximum": 2})", "admit no integer"},
@@ -389,8 +430,8 @@ TEST(JsonSchema, RefusesWhatItCannotConstrain) {
 // subset are read past, a part it cannot say admits any value, and what it can say still holds.
 TEST(JsonSchema, LenientlyWhatItCannotSayIsNotEnforced) {
   auto lenient = [](const char* schema) { return std::make_unique<JsonSchema>(ojson::parse(schema), JsonSchema::Lenient::Yes); };
-  auto s = lenient(R"({"type": "string", "pattern": "^a", "maxLength": 2})");
-  EXPECT_TRUE(accepts(*s, "\"bc\"")) << "the pattern is read past";
+  auto s = lenient(R"({"type": "string", "pattern": "(a)\\1", "maxLength": 2})");
+  EXPECT_TRUE(accepts(*s, "\"bc\"")) << "a pattern it cannot compile is read past";
   EXPECT_FALSE(accepts(*s, "\"bcd\"")) << "the length is kept";
   EXPECT_FALSE(accepts(*s, "5"));
   s = lenient(R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 1e-12}, "e": {"enum": ["x"]}}, "required": ["e"]})");
