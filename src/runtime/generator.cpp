@@ -35,9 +35,9 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
                        std::span<const int32_t> banned, TextFn on_text, TokenFn on_token, const JsonVocab* json_vocab)
     : g_(g), sampler_(m.config.vocab_size, g.sampling), stop_(g.stop), on_text_(std::move(on_text)), on_token_(std::move(on_token)) {
   if (!g.stop.empty() && !tok) throw Error("generate: stop strings need a tokenizer");
-  if (g.constrained() && (!tok || !json_vocab)) throw Error("generate: JSON output, forced tool calls and choices need a tokenizer");
-  if (int(g.json) + int(bool(g.tool_calls)) + int(bool(g.choices)) > 1)
-    throw Error("generate: JSON output, forced tool calls and a choice exclude each other");
+  if (g.constrained() && (!tok || !json_vocab)) throw Error("generate: JSON output, forced tool calls, choices and regexes need a tokenizer");
+  if (int(g.json) + int(bool(g.tool_calls)) + int(bool(g.choices)) + int(bool(g.regex)) > 1)
+    throw Error("generate: JSON output, forced tool calls, a choice and a regex exclude each other");
   if (g.max_new_tokens < 0) throw Error("generate: max_new_tokens must be >= 0");
   const int V = m.config.vocab_size;
   sampler_.set_banned(banned);
@@ -59,6 +59,7 @@ Completion::Completion(const Model& m, const Tokenizer* tok, std::span<const int
   if (g.json) json_.emplace(*json_vocab, g_.json_schema ? *g_.json_schema : JsonSchema::any_object(), is_eos_, g.stop_on_eos);
   if (g.tool_calls) tool_calls_.emplace(*json_vocab, *g_.tool_calls, is_eos_, g.stop_on_eos);
   if (g.choices) choice_.emplace(*json_vocab, *g_.choices, is_eos_, g.stop_on_eos);
+  if (g.regex) regex_.emplace(*json_vocab, *g_.regex, is_eos_, g.stop_on_eos);
   piece_.reserve(256);
   r_.prompt_tokens = int(prompt.size());
   r_.tokens.reserve(size_t(g.max_new_tokens));
@@ -75,6 +76,7 @@ int32_t Completion::sample(const float* logits) {
   if (json_) sampler_.set_allowed(json_->allowed());
   if (tool_calls_) sampler_.set_allowed(tool_calls_->allowed());
   if (choice_) sampler_.set_allowed(choice_->allowed());
+  if (regex_) sampler_.set_allowed(regex_->allowed());
   return sampler_.sample(logits);
 }
 
@@ -83,6 +85,7 @@ bool Completion::emit(int32_t id, bool context_full) {
   if (json_) json_->accept(id);
   if (tool_calls_) tool_calls_->accept(id);
   if (choice_) choice_->accept(id);
+  if (regex_) regex_->accept(id);
   r_.tokens.push_back(id);
   // vLLM's order: the draw after the min_tokens-th token may end the reply; stop strings are
   // matched in the text of the tokens after it.
@@ -109,9 +112,9 @@ bool Completion::emit(int32_t id, bool context_full) {
       return true;
     }
   }
-  // The call block is whole, or the reply a choice no other goes on from: it ends as at an
-  // end-of-sequence token.
-  if ((tool_calls_ && tool_calls_->closed()) || (choice_ && choice_->closed())) {
+  // The call block is whole, or the reply a choice no other goes on from, or a match no
+  // character goes on from: it ends as at an end-of-sequence token.
+  if ((tool_calls_ && tool_calls_->closed()) || (choice_ && choice_->closed()) || (regex_ && regex_->closed())) {
     r_.reason = StopReason::Eos;
     return true;
   }

@@ -65,7 +65,11 @@ struct GenerateOptions {
   // reply the start of one of the choices; the reply ends once it is a choice that no other
   // goes on from, or at an end-of-sequence token once it is one.
   std::shared_ptr<const ChoiceGrammar> choices;
-  bool constrained() const { return json || tool_calls || choices; }
+  // vLLM's regex output (needs a tokenizer): every token is drawn among those that keep the
+  // reply the start of a whole match (a Regex built with Match::Whole); the reply ends once
+  // it is a match no character goes on from, or at an end-of-sequence token once it is one.
+  std::shared_ptr<const Regex> regex;
+  bool constrained() const { return json || tool_calls || choices || regex; }
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, ContextFull, Callback };
@@ -114,6 +118,7 @@ private:
   std::optional<JsonMode> json_;
   std::optional<ToolCallMode> tool_calls_;
   std::optional<ChoiceMode> choice_;
+  std::optional<RegexMode> regex_;
   std::vector<uint8_t> is_eos_;  // 1: an end-of-sequence token, 2: one of stop_ids
   StopMatcher stop_;
   std::optional<StreamDecoder> dec_;

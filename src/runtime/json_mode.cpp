@@ -108,5 +108,6 @@ void GrammarMode<Prefix>::accept(int32_t id) {
 template class GrammarMode<JsonSchemaPrefix>;
 template class GrammarMode<ToolCallPrefix>;
 template class GrammarMode<ChoicePrefix>;
+template class GrammarMode<RegexPrefix>;
 
 }  // namespace dsa

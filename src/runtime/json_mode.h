@@ -21,6 +21,7 @@
 
 #include "sampling/choice_grammar.h"
 #include "sampling/json_schema.h"
+#include "sampling/regex.h"
 #include "sampling/tool_call_grammar.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,7 +67,8 @@ private:
 };
 
 // One request's constrained reply: the recognizer over its text (JsonSchemaPrefix for JSON
-// output, ToolCallPrefix for forced tool calls, ChoicePrefix for a choice) and its mask.
+// output, ToolCallPrefix for forced tool calls, ChoicePrefix for a choice, RegexPrefix for a
+// regex) and its mask.
 template <class Prefix>
 class GrammarMode {
 public:
@@ -107,5 +109,6 @@ private:
 using JsonMode = GrammarMode<JsonSchemaPrefix>;
 using ToolCallMode = GrammarMode<ToolCallPrefix>;
 using ChoiceMode = GrammarMode<ChoicePrefix>;
+using RegexMode = GrammarMode<RegexPrefix>;
 
 }  // namespace dsa

@@ -176,7 +176,7 @@ void parse_max_tokens(const json& b, const ServeLimits& lim, Job& j) {
   j.gen.max_new_tokens = int(std::min<int64_t>(mt.value_or(j.chat ? lim.max_tokens : kCompletionsDefaultMaxTokens), room));
   const int64_t least = integer(b, "min_tokens", 0, INT32_MAX).value_or(0);
   if (mt && least > *mt) bad("min_tokens", "above max_tokens (" + std::to_string(*mt) + ")");
-  if (least > 0 && j.gen.constrained()) bad("min_tokens", "JSON output, forced tool calls and choices do not run with min_tokens");
+  if (least > 0 && j.gen.constrained()) bad("min_tokens", "JSON output, forced tool calls, choices and regexes do not run with min_tokens");
   j.gen.min_tokens = int(least);
 }
 
@@ -309,7 +309,7 @@ const json* structured_output(const json& b, const char* key) {
   if (so.is_null()) return nullptr;
   if (!so.is_object()) bad("structured_outputs", "expected an object");
   for (const auto& [k, v] : so.items())
-    if (k != "json" && k != "choice") bad("structured_outputs", "'" + k + "' is not supported: json and choice are");
+    if (k != "json" && k != "choice" && k != "regex") bad("structured_outputs", "'" + k + "' is not supported: json, choice and regex are");
   return so.contains(key) && !so[key].is_null() ? &so[key] : nullptr;
 }
 
@@ -382,6 +382,27 @@ void parse_choice(const json& b, const ModelInfo& m, Job& j) {
   }
 }
 
+// vLLM's guided_regex (or structured_outputs.regex): the whole reply matches the pattern
+// (sampling/regex.h). Not beside JSON output or a choice, nor with thinking.
+void parse_regex(const json& b, const ModelInfo& m, Job& j) {
+  const json* r = &field(b, "guided_regex");
+  std::string where = "guided_regex";
+  if (const json* so = structured_output(b, "regex")) {
+    if (!r->is_null()) bad("structured_outputs", "a second regex beside guided_regex");
+    r = so, where = "structured_outputs";
+  }
+  if (r->is_null()) return;
+  if (!r->is_string()) bad(where, "expected a regular expression as a string");
+  if (!m.tok) bad(where, "a regex needs the model's tokenizer");
+  if (j.gen.json || j.gen.choices) bad(where, "a regex does not run with JSON output or a choice");
+  if (j.thinking) bad(where, "a regex does not run with thinking mode");
+  try {
+    j.gen.regex = std::make_shared<const Regex>(r->get<std::string>(), Regex::Match::Whole);
+  } catch (const Error& e) {
+    bad(where, e.what());
+  }
+}
+
 // tool_choice "required" or a named function, on DeepSeek-V3.2: the reply is drawn as a DSML
 // call block of the offered tools (sampling/tool_call_grammar.h), after the reasoning with
 // thinking; one call for a named function or with parallel_tool_calls false, more for
@@ -394,6 +415,7 @@ void parse_forced_tools(const json& b, const ModelInfo& m, const json& tools, Jo
   if (m.family != Family::DeepseekV32) return;
   if (j.gen.json) bad("tool_choice", "a forced tool call does not run with JSON output (response_format)");
   if (j.gen.choices) bad("tool_choice", "a forced tool call does not run with a choice (guided_choice)");
+  if (j.gen.regex) bad("tool_choice", "a forced tool call does not run with a regex (guided_regex)");
   const bool several = required && boolean(b, "parallel_tool_calls").value_or(true);
   try {
     j.gen.tool_calls = std::make_shared<const ToolCallGrammar>(tools, several, j.thinking);
@@ -437,6 +459,7 @@ Job parse_chat_request(const nlohmann::ordered_json& b, const ModelInfo& m, cons
   j.thinking = thinking_switch(b);
   parse_response_format(b, m, j);
   parse_choice(b, m, j);
+  parse_regex(b, m, j);
   const json tools = offered_tools(b);
   j.tools = !tools.empty();
   parse_forced_tools(b, m, tools, j);
@@ -458,6 +481,7 @@ Job parse_completion_request(const nlohmann::ordered_json& b, const ModelInfo& m
   parse_logit_bias(b, m, j);
   parse_response_format(b, m, j);
   parse_choice(b, m, j);
+  parse_regex(b, m, j);
   if (const auto lp = integer(b, "logprobs", 0, lim.max_top_logprobs)) j.logprobs = int(*lp);
   j.echo = boolean(b, "echo").value_or(false);
   const json& p = field(b, "prompt");

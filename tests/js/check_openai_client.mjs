@@ -83,6 +83,13 @@ try {
     assert.ok(choices.includes(r.choices[0].message.content), r.choices[0].message.content);
   }
 
+  // vLLM's guided_regex the same way: the whole reply matches the pattern (JavaScript's own
+  // RegExp checks it).
+  for (let seed = 0; seed < 2; ++seed) {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 32, seed, guided_regex: '[A-Z][a-z]{2,5} \\d{1,2}(\\.\\d)?' });
+    assert.match(r.choices[0].message.content, /^[A-Z][a-z]{2,5} \d{1,2}(\.\d)?$/);
+  }
+
   // A wrong key is refused with the API's error.
   const bad = new OpenAI({ baseURL: srv.url + '/v1', apiKey: 'wrong', maxRetries: 0 });
   await assert.rejects(bad.models.list(), (e) => e.status === 401);

@@ -63,7 +63,9 @@ void check_masks(const Tokenizer& tok, const Grammar& grammar, const Ref& fresh,
         if (bool(got[id]) != want && wrong < 5) ADD_FAILURE() << "token " << id << " '" << tok.token_bytes(id) << "': " << int(got[id]);
       }
       EXPECT_EQ(wrong, 0);
-      EXPECT_GT(allowed, 0);
+      // A closed choice or match takes nothing more: where no end-of-sequence token ends it,
+      // the reply ends at the token that closed it (Completion::emit) and no mask is drawn.
+      EXPECT_TRUE(allowed > 0 || (ref.closed() && !eos_ends));
     }
 }
 
@@ -132,6 +134,14 @@ TEST(JsonMode, PatternedStringsMaskEveryTokenTheRecognizerTakes) {
   check_masks(tok, compiled, JsonSchemaPrefix(compiled),
               {"{\"zip\": \"", "{\"zip\": \"123", "{\"zip\": \"12345", "{\"zip\": \"12345-67", "{\"word\": \"caf", "{\"word\": \"café",
                "{\"word\": \"abc \\u00", "{\"word\": \"abcdefg", "{\"any\": \"", "{\"any\": \"ab\\", "{\"any\": \"x"});
+}
+
+// A regex (vLLM's guided_regex): the whole reply matches; a match others go on from (complete,
+// not closed), one nothing goes on from (closed), characters of several bytes.
+TEST(RegexMode, MaskIsEveryTokenTheRecognizerTakes) {
+  const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
+  const Regex re("(yes|no)( [0-9]{1,3})?|[\u4e00-\u9fff]{2}", Regex::Match::Whole);
+  check_masks<RegexMode>(tok, re, RegexPrefix(re), {"", "y", "yes", "yes ", "yes 12", "yes 123", "no", "中", "中文"});
 }
 
 // A choice (vLLM's guided_choice): a prefix of several, one that others go on from (complete,

@@ -361,8 +361,51 @@ TEST(Serve, GuidedChoiceRepliesAreAChoice) {
       {"guided_choice", {{"guided_choice", json::array({"a"})}, {"response_format", {{"type", "json_object"}}}}},
       {"guided_choice", {{"guided_choice", json::array({"a"})}, {"chat_template_kwargs", {{"thinking", true}}}}},
       {"min_tokens", {{"guided_choice", json::array({"a"})}, {"min_tokens", 2}}},
-      {"structured_outputs", {{"structured_outputs", {{"regex", "a+"}}}}},
+      {"structured_outputs", {{"structured_outputs", {{"grammar", "root ::= \"a\""}}}}},
       {"structured_outputs", {{"structured_outputs", {{"choice", json::array({"a"})}}}, {"guided_choice", json::array({"b"})}}},
+  };
+  for (const auto& [param, extra] : bad) {
+    nlohmann::ordered_json body = chat_body("x", 4);
+    for (const auto& [k, v] : extra.items()) body[k] = v;
+    const json e = s.post("/v1/chat/completions", body, 400);
+    EXPECT_EQ(e["error"]["param"], param) << body.dump() << "\n" << e.dump();
+  }
+}
+
+// vLLM's guided_regex (and structured_outputs.regex) on the random-weight model: every reply
+// is a whole match and ends once nothing can go on (finish_reason stop), streamed or not, on
+// both endpoints; a pattern outside the subset, or one beside what it cannot run with, is
+// refused with 400 naming the field.
+TEST(Serve, GuidedRegexRepliesMatch) {
+  TestServer s(test::tiny_model_dir());
+  const std::string pattern = "(yes|no), [0-9]{1,3} (apples|pears)!";
+  const std::regex oracle(pattern);
+  for (int k = 0; k < 4; ++k) {
+    nlohmann::ordered_json chat = chat_body("Any fruit? " + std::to_string(k), 60, k == 0 ? 0.0 : 1.0, k);
+    chat["guided_regex"] = pattern;
+    const json c = s.post("/v1/chat/completions", chat)["choices"][0];
+    EXPECT_TRUE(std::regex_match(c["message"]["content"].get<std::string>(), oracle)) << c.dump();
+    EXPECT_EQ(c["finish_reason"], "stop");
+    nlohmann::ordered_json so = chat;
+    so.erase("guided_regex");
+    so["structured_outputs"] = {{"regex", pattern}};
+    EXPECT_EQ(s.post("/v1/chat/completions", so)["choices"][0]["message"]["content"], c["message"]["content"]);
+    std::string streamed;
+    for (const json& e : s.stream("/v1/chat/completions", chat))
+      if (e["choices"][0]["delta"].contains("content")) streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+    EXPECT_EQ(streamed, c["message"]["content"]);
+    const nlohmann::ordered_json comp = {{"prompt", "Count " + std::to_string(k)}, {"max_tokens", 60}, {"temperature", 1.0}, {"seed", k},
+                                         {"guided_regex", pattern}};
+    EXPECT_TRUE(std::regex_match(s.post("/v1/completions", comp)["choices"][0]["text"].get<std::string>(), oracle));
+  }
+  const std::pair<const char*, nlohmann::ordered_json> bad[] = {
+      {"guided_regex", {{"guided_regex", "(a)\\1"}}},
+      {"guided_regex", {{"guided_regex", 5}}},
+      {"guided_regex", {{"guided_regex", "a"}, {"response_format", {{"type", "json_object"}}}}},
+      {"guided_regex", {{"guided_regex", "a"}, {"guided_choice", json::array({"a"})}}},
+      {"guided_regex", {{"guided_regex", "a"}, {"chat_template_kwargs", {{"thinking", true}}}}},
+      {"min_tokens", {{"guided_regex", "a+"}, {"min_tokens", 2}}},
+      {"structured_outputs", {{"structured_outputs", {{"regex", "a"}}}, {"guided_regex", "b"}}},
   };
   for (const auto& [param, extra] : bad) {
     nlohmann::ordered_json body = chat_body("x", 4);
