@@ -36,7 +36,7 @@ constexpr size_t kMaxPatternBytes = size_t(8) << 20;  // every pattern's automat
 const std::set<std::string, std::less<>> kKeywords = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
                                                      "properties", "required", "additionalProperties", "items",
                                                      "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum",
-                                                     "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+                                                     "maximum", "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties"};
 constexpr const char* kLengthKeys[] = {"minLength", "maxLength", "pattern"};
 constexpr const char* kIntKeys[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const std::set<std::string, std::less<>> kAnnotations = {"title", "description", "default", "examples", "format",
@@ -105,6 +105,7 @@ struct SchemaCompiler {
   void fill_alternatives(Node& n, const ojson& s, const std::string& key, const std::string& path);
   void fill_types(Node& n, const ojson& s, const std::string& path);
   void fill_object(Node& n, const ojson& s, const std::string& path);
+  void fill_property_counts(Node& n, const ojson& s, const std::string& path);
   void fill_array(Node& n, const ojson& s, const std::string& path);
   void fill_bounds(Node& n, const ojson& s, const std::string& path);
   void fill_pattern(Node& n, const ojson& s, const std::string& path);
@@ -187,7 +188,8 @@ void SchemaCompiler::fill(Node& n, const ojson& s, const std::string& path) {
   for (const auto& [k, v] : s.items())
     if (!kKeywords.count(k) && !kAnnotations.count(k) && !lenient)
       fail(path, "'" + k + "' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, $ref, properties, "
-                           "required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, pattern, and on "
+                           "required, additionalProperties, minProperties, maxProperties, items, prefixItems, minItems, maxItems, minLength, "
+                           "maxLength, pattern, and on "
                            "integers minimum, maximum, exclusiveMinimum, exclusiveMaximum)");
   if (s.contains("enum") || s.contains("const")) return fill_literals(n, s, path);
   for (const char* key : {"anyOf", "oneOf", "allOf"})
@@ -243,7 +245,9 @@ std::vector<std::string> SchemaCompiler::types(const ojson& s, const std::string
 void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path) {
   std::vector<std::string> ts;
   if (s.contains("type")) ts = types(s, path);
-  else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) ts = {"object"};
+  else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required") || s.contains("minProperties") ||
+           s.contains("maxProperties"))
+    ts = {"object"};
   else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") || s.contains("maxItems")) ts = {"array"};
   else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) ts = {"string"};
   else if (std::any_of(std::begin(kIntKeys), std::end(kIntKeys), [&](const char* k) { return s.contains(k); })) ts = {"number"};
@@ -398,7 +402,7 @@ void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& pat
   if (props.empty()) {
     if (!required.empty() && !lenient) fail(path + "/required", "'" + *required.begin() + "' is not among the properties");
     if (!(extra.is_boolean() && !extra.get<bool>())) n.extra = compile(extra, path + "/additionalProperties");
-    return;
+    return fill_property_counts(n, s, path);
   }
   // Keys beyond the declared ones would leave the rest of the reply unconstrained in its shape.
   if (s.contains("additionalProperties") && !(extra.is_boolean() && !extra.get<bool>()) && !lenient)
@@ -415,6 +419,31 @@ void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& pat
   std::sort(n.by_key.begin(), n.by_key.end(), [&](uint16_t a, uint16_t b) { return n.props[a].key < n.props[b].key; });
   n.required_from.assign(P + 1, uint16_t(P));
   for (size_t i = P; i-- > 0;) n.required_from[i] = n.props[i].required ? uint16_t(i) : n.required_from[i + 1];
+  n.required_left.assign(P + 1, 0);
+  for (size_t i = P; i-- > 0;) n.required_left[i] = uint16_t(n.required_left[i + 1] + n.props[i].required);
+  fill_property_counts(n, s, path);
+}
+
+// minProperties / maxProperties, refused where no object of the node could meet them: more
+// than its declared keys, fewer than its required ones, any key where it takes none.
+void SchemaCompiler::fill_property_counts(Node& n, const ojson& s, const std::string& path) {
+  for (const char* key : {"minProperties", "maxProperties"}) {
+    if (!s.contains(key)) continue;
+    const ojson& v = s[key];
+    if (!v.is_number_unsigned()) {
+      bound_fails(path + "/" + key, "expected a non-negative integer");
+      continue;
+    }
+    const uint32_t x = uint32_t(std::min<uint64_t>(v.get<uint64_t>(), UINT32_MAX));
+    (std::string_view(key) == "minProperties" ? n.min_props : n.max_props) = x;
+  }
+  const size_t most = n.props.empty() ? (n.extra ? UINT32_MAX : 0) : n.props.size();
+  const size_t least = n.props.empty() ? 0 : n.required_left[0];
+  // Leniently, counts no object could meet are read past.
+  if ((n.min_props > n.max_props && bound_fails(path, "minProperties is above maxProperties")) ||
+      (n.min_props > most && bound_fails(path + "/minProperties", "above the " + std::to_string(most) + " keys the object may hold")) ||
+      (least > n.max_props && bound_fails(path + "/maxProperties", "below the " + std::to_string(least) + " required keys")))
+    n.min_props = 0, n.max_props = UINT32_MAX;
 }
 
 void SchemaCompiler::fill_array(Node& n, const ojson& s, const std::string& path) {
@@ -636,7 +665,7 @@ bool JsonSchemaPrefix::between_tokens() const {
 
 bool JsonSchemaPrefix::push(const Node& n, Phase p, bool array) {
   if (depth_ == kMaxFrames) return false;
-  frames_[depth_++] = Frame{&n, p, array, 0, 0, 0, 0};
+  frames_[depth_++] = Frame{&n, p, array, 0, 0, 0, 0, 0};
   return true;
 }
 
@@ -904,8 +933,23 @@ bool JsonSchemaPrefix::feed_literal(unsigned char c) {
 }
 
 bool JsonSchemaPrefix::key_allowed(const Frame& f, uint16_t p) const {
-  // Declared order: any property from the next one up to the first required one left.
-  return p >= f.next && p <= f.node->required_from[f.next] && p < f.node->props.size();
+  // Declared order: any property from the next one up to the first required one left, and
+  // one that leaves the key counts reachable: the required ones after it within the maximum,
+  // enough after it to reach the minimum.
+  const Node& n = *f.node;
+  const size_t P = n.props.size();
+  if (!(p >= f.next && p <= n.required_from[f.next] && p < P)) return false;
+  const uint64_t keys = uint64_t(f.keys) + 1;
+  return keys + n.required_left[p + 1] <= n.max_props && keys + (P - p - 1) >= n.min_props;
+}
+
+// Some key may come next: a declared one key_allowed takes, or, in a map, one more key.
+bool JsonSchemaPrefix::key_room(const Frame& f) const {
+  const Node& n = *f.node;
+  if (n.props.empty()) return n.extra && f.keys < n.max_props;
+  for (uint32_t p = f.next; p < n.props.size() && p <= n.required_from[f.next]; ++p)
+    if (key_allowed(f, uint16_t(p))) return true;
+  return false;
 }
 
 bool JsonSchemaPrefix::feed_key(unsigned char c) {
@@ -935,9 +979,8 @@ bool JsonSchemaPrefix::feed_object(unsigned char c) {
       if (c == '}') return close_container();
       [[fallthrough]];
     case Phase::Key:
-      if (c != '"') return false;
-      if (n.props.empty()) return n.extra && start_leaf(c, false, true);
-      if (f.next >= n.props.size()) return false;
+      if (c != '"' || !key_room(f)) return false;
+      if (n.props.empty()) return start_leaf(c, false, true);
       f.phase = Phase::InKey;
       f.lo = 0, f.hi = uint16_t(n.props.size()), f.at = 0;
       return true;
@@ -948,7 +991,7 @@ bool JsonSchemaPrefix::feed_object(unsigned char c) {
     case Phase::Value: return start_value(n.props.empty() ? *n.extra : *n.props[f.next].value, c);
     case Phase::CommaOrClose:
       if (c == '}') return close_container();
-      if (c != ',' || (!n.props.empty() && f.next >= n.props.size())) return false;
+      if (c != ',' || !key_room(f)) return false;
       f.phase = Phase::Key;
       return true;
     default: return false;
@@ -976,7 +1019,8 @@ bool JsonSchemaPrefix::feed_array(unsigned char c) {
 bool JsonSchemaPrefix::close_container() {
   const Frame& f = top();
   const Node& n = *f.node;
-  if (f.array ? f.next < n.min_items : (!n.props.empty() && n.required_from[f.next] != n.props.size())) return false;
+  if (f.array ? f.next < n.min_items : (f.keys < n.min_props || (!n.props.empty() && n.required_from[f.next] != n.props.size())))
+    return false;
   --depth_;
   value_done();
   return true;
@@ -989,6 +1033,7 @@ void JsonSchemaPrefix::value_done() {
   }
   Frame& f = top();
   if (f.array || !f.node->props.empty()) ++f.next;
+  if (!f.array) ++f.keys;
   f.phase = Phase::CommaOrClose;
 }
 

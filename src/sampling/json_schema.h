@@ -11,7 +11,8 @@
 //    "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed), true (any value);
 //  - objects with properties: the declared keys only, in the schema's order, each at most
 //    once, required ones always; without properties, any keys with values of
-//    additionalProperties (left out or true: any value; false: no key);
+//    additionalProperties (left out or true: any value; false: no key); minProperties and
+//    maxProperties (on a map, the keys as written: a key written twice counts twice);
 //  - arrays: prefixItems (a tuple's positions), items (the rest; false: none), minItems,
 //    maxItems; strings, numbers, integers, booleans, null;
 //  - strings: minLength, maxLength, in characters as written (a UTF-8 character, each invalid
@@ -73,6 +74,8 @@ struct JsonSchemaNode {
   std::vector<Property> props;          // declared order
   std::vector<uint16_t> by_key;         // props' indices sorted by key text
   std::vector<uint16_t> required_from;  // [i]: the first required index >= i (props.size(): none)
+  std::vector<uint16_t> required_left;  // [i]: how many of props [i, size) are required
+  uint32_t min_props = 0, max_props = UINT32_MAX;
   const JsonSchemaNode* extra = nullptr;  // objects without props: every key's value (null: no key)
   std::vector<const JsonSchemaNode*> prefix_items;  // the first items' schemas, by position
   const JsonSchemaNode* items = nullptr;             // the items past them
@@ -151,6 +154,7 @@ private:
     uint32_t next;    // object: the first property not passed (while its value is read: that one); array: items so far
     uint16_t lo, hi;  // InKey / InLiteral: the sorted candidates that begin with the bytes so far
     uint16_t at;      // bytes matched so far
+    uint32_t keys;    // object: keys written so far
   };
   const JsonSchemaNode* root_ = nullptr;
   Frame frames_[kMaxFrames];  // [0, depth_) in use
@@ -196,6 +200,7 @@ private:
   void leaf_done();
   void value_done();
   bool key_allowed(const Frame& f, uint16_t p) const;
+  bool key_room(const Frame& f) const;
 };
 
 }  // namespace dsa

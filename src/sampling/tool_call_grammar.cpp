@@ -101,6 +101,9 @@ ToolCallGrammar::Tool compile_tool(const nlohmann::ordered_json& t, size_t i) {
   }
   const JsonSchemaNode& root = tool.schema->root();
   if (strict && !root.object && !(root.scalars & JsonSchemaNode::kAny)) throw Error(where + ".function.parameters: expected an object schema");
+  // A call's parameters are DSML tags, not a JSON object the recognizer counts the keys of.
+  if (strict && (root.min_props > 0 || root.max_props < UINT32_MAX))
+    throw Error(where + ".function.parameters: minProperties and maxProperties are not kept on a call's parameters");
   if (!root.object || root.props.empty()) return tool;  // no declared properties: none
   tool.params = &root;
   for (const JsonSchemaNode::Property& p : root.props) {

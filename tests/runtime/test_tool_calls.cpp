@@ -141,6 +141,10 @@ TEST(ToolCalls, ToolsThatCannotBeWrittenOrEnforcedAreErrors) {
     strict[0]["function"]["strict"] = true;
     EXPECT_THROW(ToolCallGrammar(strict, true), Error) << params.dump();
   }
+  ojson counted = tool("f", {{"type", "object"}, {"properties", {{"a", {{"type", "string"}}}}}, {"minProperties", 1}});
+  EXPECT_NO_THROW(ToolCallGrammar(counted, true));
+  counted[0]["function"]["strict"] = true;
+  EXPECT_THROW(ToolCallGrammar(counted, true), Error) << "key counts are not kept on DSML parameters";
   const ToolCallGrammar loose(tool("f", pattern), true);
   bool whole = false;
   EXPECT_TRUE(takes(loose, "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">y</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", &whole));

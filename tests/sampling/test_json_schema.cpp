@@ -59,6 +59,7 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
     if (std::none_of(ts.begin(), ts.end(), [&](const ojson& t) { return is_type(v, t.get<std::string>()); })) return false;
   }
   if (v.is_object()) {
+    if (v.size() < s.value("minProperties", size_t(0)) || v.size() > s.value("maxProperties", SIZE_MAX)) return false;
     const ojson props = s.value("properties", ojson::object());
     if (props.empty()) {
       const ojson extra = s.value("additionalProperties", ojson(true));
@@ -149,17 +150,26 @@ ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int de
     for (size_t n = lo + pick(hi - lo + 1), i = 0; i < n; ++i) a.push_back(generate(i < prefix.size() ? prefix[i] : items, root, rng, depth + 1));
     return a;
   }
-  ojson o = ojson::object();
   const ojson props = s.value("properties", ojson::object());
+  const size_t least = s.value("minProperties", size_t(0)), most = s.value("maxProperties", SIZE_MAX);
   if (props.empty()) {
-    if (s.value("additionalProperties", ojson(true)) != ojson(false) && depth <= 3 && pick(2))
-      o["key \u00e9"] = generate(s.value("additionalProperties", ojson(true)), root, rng, depth + 1);
+    ojson o = ojson::object();
+    const ojson extra = s.value("additionalProperties", ojson(true));
+    const size_t hi = extra == ojson(false) ? 0 : std::min(most, least + (depth > 3 ? 0 : 1));
+    for (size_t n = least + pick(hi - least + 1), i = 0; i < n; ++i) o["key \u00e9" + std::to_string(i)] = generate(extra, root, rng, depth + 1);
     return o;
   }
+  // Optional keys by a coin (none past depth 3 unless a minimum needs them), drawn again
+  // until the count is within minProperties and maxProperties.
   const ojson req = s.value("required", ojson::array());
-  for (const auto& [k, x] : props.items())
-    if (std::find(req.begin(), req.end(), k) != req.end() || (depth <= 3 && pick(2))) o[k] = generate(x, root, rng, depth + 1);
-  return o;
+  for (int tries = 0; tries < 1000; ++tries) {
+    ojson o = ojson::object();
+    for (const auto& [k, x] : props.items())
+      if (std::find(req.begin(), req.end(), k) != req.end() || ((depth <= 3 || least > 0) && pick(2))) o[k] = generate(x, root, rng, depth + 1);
+    if (o.size() >= least && o.size() <= most) return o;
+  }
+  ADD_FAILURE() << "no object of " << s.dump();
+  return ojson::object();
 }
 
 const ojson kSchemas[] = {
@@ -195,6 +205,10 @@ const ojson kSchemas[] = {
         "examples": ["12345", "12345-6789"]}, "id": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "minLength": 3,
         "maxLength": 8, "examples": ["abc", "x_1_2", "q2345678"]}, "note": {"type": ["string", "null"], "pattern": "[k-z]$",
         "examples": ["k", "ok \"k\"\nz", "\\k"]}}, "required": ["zip", "id"]})"),
+    // Key counts: two or three of five declared keys (one required), and a map of one or two.
+    ojson::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"},
+        "d": {"type": "null"}, "m": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}},
+        "required": ["c"], "minProperties": 2, "maxProperties": 3})"),
 };
 
 TEST(JsonSchema, TakesEveryValueItAdmits) {
@@ -344,6 +358,27 @@ TEST(JsonSchema, BoundsHoldToTheEdge) {
   EXPECT_FALSE(JsonSchemaPrefix(c).feed("xy"));
 }
 
+// Key counts at their edges: a key that would leave too few keys after it for the minimum is
+// refused, as is a comma once the maximum is reached and a close before the minimum.
+TEST(JsonSchema, KeyCountsHoldToTheEdge) {
+  const JsonSchema two(ojson::parse(R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2, "maxProperties": 2})"));
+  for (const char* ok : {R"({"a": 1, "b": 2})", R"({"a": 1, "c": 3})", R"({"b": [], "c": {}})"}) EXPECT_TRUE(accepts(two, ok)) << ok;
+  for (const char* no : {"{}", R"({"a": 1})", R"({"a": 1, "b": 2, "c": 3})"}) EXPECT_FALSE(accepts(two, no)) << no;
+  JsonSchemaPrefix p(two);
+  ASSERT_TRUE(p.feed("{\""));
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed('c')) << "no key after c to make two";
+  ASSERT_TRUE(p.feed("a\": 1, \"b\": 2"));
+  EXPECT_FALSE(JsonSchemaPrefix(p).feed(',')) << "two keys already";
+  const JsonSchema map(ojson::parse(R"({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2})"));
+  for (const char* ok : {R"({"x": 1})", R"({"x": 1, "y": 2})"}) EXPECT_TRUE(accepts(map, ok)) << ok;
+  for (const char* no : {"{}", R"({"x": 1, "y": 2, "z": 3})"}) EXPECT_FALSE(accepts(map, no)) << no;
+  const JsonSchema required(ojson::parse(R"({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "required": ["c"], "maxProperties": 2})"));
+  JsonSchemaPrefix q(required);
+  ASSERT_TRUE(q.feed(R"({"a": 1, )"));
+  EXPECT_FALSE(JsonSchemaPrefix(q).feed(R"("b")")) << "c is required and would make three";
+  EXPECT_TRUE(accepts(required, R"({"a": 1, "c": 2})"));
+}
+
 TEST(JsonSchema, TuplesTakeTheirPositions) {
   const JsonSchema pair(ojson::parse(R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": false})"));
   for (const char* ok : {"[]", "[1]", "[1, \"x\"]"}) EXPECT_TRUE(accepts(pair, ok)) << ok;
@@ -386,6 +421,11 @@ TEST(JsonSchema, RefusesWhatItCannotConstrain) {
       {R"({"type": "string", "pattern": "^a{5}$", "maxLength": 4})", "no text matches it within the length bounds"},
       {R"({"type": "string", "pattern": 5})", "#/pattern': expected a string"},
       {R"({"enum": ["a"], "pattern": "a"})", "'pattern' beside enum"},
+      {R"({"type": "object", "properties": {"a": {}}, "minProperties": 2})", "#/minProperties': above the 1 keys"},
+      {R"({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"], "maxProperties": 1})", "below the 2 required keys"},
+      {R"({"type": "object", "additionalProperties": false, "minProperties": 1})", "above the 0 keys"},
+      {R"({"minProperties": 3, "maxProperties": 2})", "minProperties is above maxProperties"},
+      {R"({"type": "object", "maxProperties": -1})", "#/maxProperties': expected a non-negative integer"},
       {R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0.1234567891}}})", "#/properties/n/minimum"},
       {R"({"type": "number", "exclusiveMinimum": 3, "maximum": 3})", "admit no number"},
       {R"({"type": "integer", "minimum": 3, "exclusiveMaximum": 4.0, "maximum": 2})", "admit no integer"},
@@ -449,6 +489,8 @@ TEST(JsonSchema, LenientlyWhatItCannotSayIsNotEnforced) {
   s = lenient(R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "gone"]})");
   EXPECT_TRUE(accepts(*s, R"({"a": 1})")) << "a required key that is not declared is read past";
   EXPECT_FALSE(accepts(*s, "{}"));
+  s = lenient(R"({"type": "object", "properties": {"a": {}}, "minProperties": 5, "maxProperties": 1})");
+  EXPECT_TRUE(accepts(*s, R"({"a": 1})")) << "key counts no object meets are read past";
   s = lenient(R"({"anyOf": [{"$ref": "#"}, {"type": "null"}]})");
   EXPECT_TRUE(accepts(*s, "[1, {}]"));
   ojson many = {{"type", "object"}, {"properties", ojson::object()}};  // more parts given up on than rounds
