@@ -42,6 +42,31 @@ constexpr const char* kIntKeys[] = {"minimum", "maximum", "exclusiveMinimum", "e
 const std::set<std::string, std::less<>> kAnnotations = {"title", "description", "default", "examples", "format",
                                                         "$schema", "$id", "$comment", "$defs", "definitions"};
 
+// The string formats OpenAI's strict mode keeps that a pattern can say, as patterns. Each
+// admits a part of what its RFC allows, so that any checker takes what is written: dates
+// without February 29th, times without a leap second and with at most six fraction digits,
+// host names of labels up to 63 characters, e-mail addresses of dot-atoms at such a host.
+const std::string* format_pattern(std::string_view format) {
+  using Formats = std::map<std::string, std::string, std::less<>>;
+  static const Formats kFormats = [] {
+    const std::string date = R"(\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|02-(?:0[1-9]|1\d|2[0-8])))";
+    const std::string time = R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
+    const std::string label = R"([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
+    const std::string octet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+    return Formats{
+        {"date", "^" + date + "$"},
+        {"time", "^" + time + "$"},
+        {"date-time", "^" + date + "T" + time + "$"},
+        {"uuid", R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
+        {"ipv4", "^(?:" + octet + R"(\.){3})" + octet + "$"},
+        {"hostname", "^" + label + R"((?:\.)" + label + ")*$"},
+        {"email", R"(^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@)" + label + R"((?:\.)" + label + ")+$"},
+    };
+  }();
+  const auto it = kFormats.find(format);
+  return it == kFormats.end() ? nullptr : &it->second;
+}
+
 // A JSON pointer's reference token (RFC 6901).
 std::string pointer_token(const std::string& k) {
   std::string out;
@@ -281,7 +306,7 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
       (std::string_view(key) == "minLength" ? n.min_length : n.max_length) = x;
     }
     if (n.min_length > n.max_length && bound_fails(path, "minLength is above maxLength")) n.min_length = 0, n.max_length = UINT32_MAX;
-    if (s.contains("pattern")) fill_pattern(n, s, path);
+    fill_pattern(n, s, path);
   }
   if (n.scalars & Node::kNumber) return fill_number_bounds(n, s, path);
   if (!(n.scalars & Node::kInteger)) return;
@@ -308,16 +333,25 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
 
 // The pattern, with the node's length bounds in its automaton (leniently, one it cannot
 // compile is read past, the lengths kept).
+// A format named without a pattern is kept where a pattern can say it; other formats stay
+// annotations.
 void SchemaCompiler::fill_pattern(Node& n, const ojson& s, const std::string& path) {
-  const ojson& v = s["pattern"];
-  if (!v.is_string()) return (void)bound_fails(path + "/pattern", "expected a string");
+  std::string key = "pattern", text;
+  if (s.contains("pattern")) {
+    if (!s["pattern"].is_string()) return (void)bound_fails(path + "/pattern", "expected a string");
+    text = s["pattern"].get<std::string>();
+  } else if (const std::string* f = s.contains("format") && s["format"].is_string() ? format_pattern(s["format"].get<std::string>()) : nullptr) {
+    key = "format", text = *f;
+  } else {
+    return;
+  }
   try {
-    auto re = std::make_shared<const Regex>(v.get<std::string>(), Regex::Match::Search, n.min_length, n.max_length);
+    auto re = std::make_shared<const Regex>(text, Regex::Match::Search, n.min_length, n.max_length);
     pattern_bytes += re->bytes();
-    if (pattern_bytes > kMaxPatternBytes) fail(path + "/pattern", "the schema's patterns need more than 8 MiB of automata");
+    if (pattern_bytes > kMaxPatternBytes) fail(path + "/" + key, "the schema's patterns need more than 8 MiB of automata");
     n.pattern = std::move(re);
   } catch (const Error& e) {
-    bound_fails(path + "/pattern", e.what());
+    bound_fails(path + "/" + key, e.what());
   }
 }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "sampling/json_schema.h"
@@ -40,6 +41,33 @@ bool is_type(const ojson& v, const std::string& t) {
   if (t == "null") return v.is_null();
   if (t == "object") return v.is_object();
   return t == "array" && v.is_array();
+}
+
+// The formats the recognizer keeps, checked here by their RFCs' rules rather than by its
+// patterns (an e-mail address loosely: one '@', a dotted host of letters, digits and hyphens).
+bool format_ok(const std::string& f, const std::string& t) {
+  auto all = [&](size_t from, size_t to, auto pred) { return std::all_of(t.begin() + long(from), t.begin() + long(to), pred); };
+  if (f == "date") {
+    int y = 0, m = 0, d = 0;
+    if (t.size() != 10 || std::sscanf(t.c_str(), "%4d-%2d-%2d", &y, &m, &d) != 3 || t[4] != '-' || t[7] != '-') return false;
+    const int days[] = {31, (y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)) ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    return m >= 1 && m <= 12 && d >= 1 && d <= days[m - 1];
+  }
+  if (f == "uuid") {
+    if (t.size() != 36) return false;
+    for (size_t i = 0; i < 36; ++i)
+      if ((i == 8 || i == 13 || i == 18 || i == 23) ? t[i] != '-' : !std::isxdigit(static_cast<unsigned char>(t[i]))) return false;
+    return true;
+  }
+  if (f == "email") {
+    const size_t at = t.find('@');
+    if (at == 0 || at == std::string::npos || t.find('@', at + 1) != std::string::npos) return false;
+    const std::string host = t.substr(at + 1);
+    return host.find('.') != std::string::npos && host.front() != '.' && host.back() != '.' && host.find("..") == std::string::npos &&
+           all(at + 1, t.size(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.'; }) &&
+           all(0, at, [](char c) { return c > ' ' && c < 0x7f && c != '(' && c != ')' && c != ',' && c != ':' && c != ';' && c != '<' && c != '>'; });
+  }
+  return true;  // an annotation
 }
 
 // The subset's rules, with the recognizer's two choices: declared keys only, in order.
@@ -81,6 +109,7 @@ bool valid(const ojson& v, const ojson& schema, const ojson& root) {
     if (chars < s.value("minLength", size_t(0)) || chars > s.value("maxLength", SIZE_MAX)) return false;
     // std::regex reads bytes: the test schemas' patterns say only ASCII.
     if (s.contains("pattern") && !std::regex_search(t, std::regex(s["pattern"].get<std::string>(), std::regex::ECMAScript))) return false;
+    if (s.contains("format") && !s.contains("pattern") && !format_ok(s["format"], t)) return false;
   }
   if (v.is_number()) {
     const double x = v.get<double>();
@@ -112,7 +141,7 @@ ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int de
     if (s.contains(k)) return generate(s[k][pick(s[k].size())], root, rng, depth);
   const ojson ts = s.contains("type") ? (s["type"].is_array() ? s["type"] : ojson::array({s["type"]})) : ojson::array({"object"});
   const std::string t = ts[pick(ts.size())];
-  if (t == "string" && s.contains("pattern")) return s["examples"][pick(s["examples"].size())];  // the test's own
+  if (t == "string" && s.contains("examples")) return s["examples"][pick(s["examples"].size())];  // the test's own
   if (t == "string" && (s.contains("minLength") || s.contains("maxLength"))) {
     const size_t lo = s.value("minLength", size_t(0)), hi = std::min(s.value("maxLength", SIZE_MAX), lo + 5);
     const char* chars[] = {"a", "\u00fc", "\u4e2d", "\"", "\\", "\n", "\u0001"};  // one character each
@@ -174,7 +203,7 @@ ojson generate(const ojson& schema, const ojson& root, std::mt19937& rng, int de
 
 const ojson kSchemas[] = {
     ojson::parse(R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-        "email": {"type": ["string", "null"], "format": "email"}, "tags": {"type": "array", "items": {"enum": ["a", "ab", "b", 1, 12]}, "maxItems": 3},
+        "email": {"type": ["string", "null"], "format": "email", "examples": ["ann@example.com", "a.b+c@mail-1.example.org"]}, "tags": {"type": "array", "items": {"enum": ["a", "ab", "b", 1, 12]}, "maxItems": 3},
         "ratio": {"type": "number"}, "ok": {"type": "boolean"}}, "required": ["name", "ok"], "additionalProperties": false})"),
     // pydantic's shape: $defs, $ref, anyOf with null, const, a recursive tree.
     ojson::parse(R"({"$defs": {"Node": {"type": "object", "properties": {"label": {"const": "n"},
@@ -205,6 +234,11 @@ const ojson kSchemas[] = {
         "examples": ["12345", "12345-6789"]}, "id": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "minLength": 3,
         "maxLength": 8, "examples": ["abc", "x_1_2", "q2345678"]}, "note": {"type": ["string", "null"], "pattern": "[k-z]$",
         "examples": ["k", "ok \"k\"\nz", "\\k"]}}, "required": ["zip", "id"]})"),
+    // Formats (pydantic's date, UUID4 and EmailStr): kept as patterns; an unknown one is an annotation.
+    ojson::parse(R"({"type": "object", "properties": {"day": {"type": "string", "format": "date", "examples": ["2024-02-28", "1999-12-31"]},
+        "id": {"type": "string", "format": "uuid", "examples": ["a3bb189e-8bf9-4888-9912-ACE4E6543002"]},
+        "mail": {"type": "string", "format": "email", "examples": ["x@y.io"]}, "free": {"type": "string", "format": "color"}},
+        "required": ["day", "id", "mail"]})"),
     // Key counts: two or three of five declared keys (one required), and a map of one or two.
     ojson::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"},
         "d": {"type": "null"}, "m": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}},
@@ -259,7 +293,7 @@ TEST(JsonSchema, RefusesWhatItDoesNotAdmit) {
 // never stuck, and every text completed is JSON the schema admits.
 TEST(JsonSchema, WalksNeverGetStuckAndEndValid) {
   std::mt19937 rng(11);
-  const std::string closers = "\"}],:";
+  const std::string closers = "\"@}],:";  // '@' moves an e-mail address on to its host
   for (const ojson& schema : kSchemas) {
     const JsonSchema s(schema);
     for (int walk = 0; walk < 300; ++walk) {
@@ -268,11 +302,14 @@ TEST(JsonSchema, WalksNeverGetStuckAndEndValid) {
       for (int step = 0; step < 2000; ++step) {
         if (p.complete() && (step > 60 || rng() % 8 == 0)) break;
         std::vector<unsigned char> ok;
+        const size_t u = text.rfind("\\u");  // inside a \u escape's hex digits, 'e' is one
+        const bool in_hex = u != std::string::npos && text.size() - u <= 5 &&
+                            std::all_of(text.begin() + long(u) + 2, text.end(), [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); });
         for (int c = '\n'; c < 0x7f; ++c) {
           // Printable ASCII; \u escapes of no surrogate (nlohmann refuses the lone ones a random
           // escape makes). No exponents: a random one overflows a double, which nlohmann refuses.
           const bool escape_u = (c == 'd' || c == 'D') && text.size() >= 2 && text.compare(text.size() - 2, 2, "\\u") == 0;
-          const bool exponent = (c == 'e' || c == 'E') && !text.empty() && std::isdigit(static_cast<unsigned char>(text.back()));
+          const bool exponent = (c == 'e' || c == 'E') && !in_hex && !text.empty() && std::isdigit(static_cast<unsigned char>(text.back()));
           JsonSchemaPrefix q = p;
           if ((c >= 0x20 || c == '\n') && !escape_u && !exponent && q.feed(static_cast<unsigned char>(c))) ok.push_back(static_cast<unsigned char>(c));
         }
@@ -413,6 +450,33 @@ TEST(JsonSchema, PatternsHoldInsideStrings) {
   for (const char* no : {R"("cat")", R"("a dog")", R"("c\u0061t")", R"("ca\tt!!")"}) EXPECT_FALSE(accepts(word, no)) << no;
   EXPECT_FALSE(JsonSchemaPrefix(word).feed(R"("\ud8)")) << "a surrogate is written as UTF-8, not escaped";
   EXPECT_TRUE(accepts(word, "\"cat \xF0\x9F\x98\x80\""));
+}
+
+// The formats a pattern can say are kept (each a part of what its RFC allows: no February
+// 29th, no leap second); others stay annotations; a pattern beside a format is what is kept.
+TEST(JsonSchema, FormatsAreKeptAsPatterns) {
+  auto string_of = [](const char* format) {
+    return std::make_unique<JsonSchema>(ojson{{"type", "string"}, {"format", format}});
+  };
+  auto quoted = [](const std::string& t) { return "\"" + t + "\""; };
+  const std::string label63(63, 'a');
+  const std::vector<std::tuple<const char*, std::vector<std::string>, std::vector<std::string>>> cases = {
+      {"date", {"2024-02-28", "1999-12-31", "2024-04-30"}, {"2024-02-30", "2024-04-31", "2024-13-01", "2024-1-01", "2024-02-29"}},
+      {"time", {"23:59:59Z", "00:00:00.5+05:30"}, {"23:59:60Z", "24:00:00Z", "12:00:00", "12:00Z"}},
+      {"date-time", {"2024-05-01T12:30:00Z", "2024-05-01T12:30:00.123456-02:00"}, {"2024-05-01 12:30:00Z", "2024-05-01T12:30:00", "2024-05-01"}},
+      {"uuid", {"a3bb189e-8bf9-4888-9912-ace4e6543002", "A3BB189E-8BF9-4888-9912-ACE4E6543002"}, {"a3bb189e8bf948889912ace4e6543002", "a3bb189e-8bf9-4888-9912-ace4e654300"}},
+      {"ipv4", {"192.168.0.1", "0.0.0.0", "255.255.255.255"}, {"256.0.0.1", "1.2.3", "01.2.3.4"}},
+      {"hostname", {"a-b.example", "localhost", label63 + ".io"}, {"-a.com", "a..b", label63 + "a.io"}},
+      {"email", {"x@y.io", "first.last+tag@mail-1.example.org"}, {"x@y", "@y.io", "x y@z.io", "x@-y.io", "x.@y.io"}},
+      {"color", {"", "anything at all"}, {}},
+  };
+  for (const auto& [format, good, bad] : cases) {
+    const auto s = string_of(format);
+    for (const std::string& t : good) EXPECT_TRUE(accepts(*s, quoted(t))) << format << ": " << t;
+    for (const std::string& t : bad) EXPECT_FALSE(accepts(*s, quoted(t))) << format << ": " << t;
+  }
+  const JsonSchema both(ojson::parse(R"({"type": "string", "format": "date", "pattern": "^x$"})"));
+  EXPECT_TRUE(accepts(both, "\"x\""));
 }
 
 TEST(JsonSchema, RefusesWhatItCannotConstrain) {
