@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "sampling/plain_reply.h"
+
 namespace dsa {
 
 class ChoiceGrammar {
@@ -21,21 +23,13 @@ private:
   std::vector<std::string> choices_;
 };
 
-class ChoicePrefix {
+class ChoicePrefix : public PlainReply {
 public:
   explicit ChoicePrefix(const ChoiceGrammar& g) : g_(&g), hi_(uint32_t(g.choices().size())) {}
   bool feed(unsigned char c);  // false: no choice goes on with c (the state is then unspecified)
   bool feed(std::string_view s);
   bool complete() const { return lo_ < hi_ && g_->choices()[lo_].size() == at_; }  // the text is a choice
   bool closed() const { return complete() && hi_ - lo_ == 1; }                      // and no other goes on from it
-  // The GrammarMode interface: no string or raw text to take without a feed, whitespace as
-  // the choices have it.
-  static constexpr bool kGuardsMarkup = false;
-  bool in_string() const { return false; }
-  bool in_raw() const { return false; }
-  bool between_tokens() const { return false; }
-  bool bounded_blanks() const { return false; }
-  uint32_t string_room() const { return UINT32_MAX; }
 
 private:
   const ChoiceGrammar* g_;

@@ -139,6 +139,13 @@ struct SchemaCompiler {
     if (!lenient) fail(path, what);
     return true;  // leniently the bound is read past
   }
+  // A count keyword (minLength, maxProperties, ...) into `out`, at most `cap`, when it is
+  // there and a non-negative integer (leniently, anything else is read past).
+  void count_of(const ojson& s, const char* key, const std::string& path, uint32_t cap, uint32_t& out) const {
+    if (!s.contains(key)) return;
+    if (!s[key].is_number_unsigned()) return (void)bound_fails(path + "/" + key, "expected a non-negative integer");
+    out = uint32_t(std::min<uint64_t>(s[key].get<uint64_t>(), cap));
+  }
   std::vector<std::string> types(const ojson& s, const std::string& path);
   void finish(Node& root);
   std::bitset<256> first(const Node& n, std::map<const Node*, std::bitset<256>>& memo, std::set<const Node*>& visiting);
@@ -295,16 +302,8 @@ void SchemaCompiler::fill_types(Node& n, const ojson& s, const std::string& path
 // A bound on a type the node does not admit constrains nothing.
 void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& path) {
   if (n.scalars & Node::kString) {
-    for (const char* key : {"minLength", "maxLength"}) {
-      if (!s.contains(key)) continue;
-      const ojson& v = s[key];
-      if (!v.is_number_unsigned()) {
-        bound_fails(path + "/" + key, "expected a non-negative integer");
-        continue;
-      }
-      const uint32_t x = uint32_t(std::min<uint64_t>(v.get<uint64_t>(), UINT32_MAX - 1));
-      (std::string_view(key) == "minLength" ? n.min_length : n.max_length) = x;
-    }
+    count_of(s, "minLength", path, UINT32_MAX - 1, n.min_length);
+    count_of(s, "maxLength", path, UINT32_MAX - 1, n.max_length);
     if (n.min_length > n.max_length && bound_fails(path, "minLength is above maxLength")) n.min_length = 0, n.max_length = UINT32_MAX;
     fill_pattern(n, s, path);
   }
@@ -461,16 +460,8 @@ void SchemaCompiler::fill_object(Node& n, const ojson& s, const std::string& pat
 // minProperties / maxProperties, refused where no object of the node could meet them: more
 // than its declared keys, fewer than its required ones, any key where it takes none.
 void SchemaCompiler::fill_property_counts(Node& n, const ojson& s, const std::string& path) {
-  for (const char* key : {"minProperties", "maxProperties"}) {
-    if (!s.contains(key)) continue;
-    const ojson& v = s[key];
-    if (!v.is_number_unsigned()) {
-      bound_fails(path + "/" + key, "expected a non-negative integer");
-      continue;
-    }
-    const uint32_t x = uint32_t(std::min<uint64_t>(v.get<uint64_t>(), UINT32_MAX));
-    (std::string_view(key) == "minProperties" ? n.min_props : n.max_props) = x;
-  }
+  count_of(s, "minProperties", path, UINT32_MAX, n.min_props);
+  count_of(s, "maxProperties", path, UINT32_MAX, n.max_props);
   const size_t most = n.props.empty() ? (n.extra ? UINT32_MAX : 0) : n.props.size();
   const size_t least = n.props.empty() ? 0 : n.required_left[0];
   // Leniently, counts no object could meet are read past.

@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "sampling/plain_reply.h"
+
 namespace dsa {
 
 class Regex {
@@ -83,22 +85,15 @@ struct Utf8Decoder {
 };
 
 // vLLM's regex outputs: the reply, decoded from UTF-8, is a whole match of the pattern (a
-// Regex built with Match::Whole). The GrammarMode interface, as ChoicePrefix: no string to
-// take without a feed, whitespace only where the pattern takes it; the reply is closed once
-// it is a match that no character goes on from.
-class RegexPrefix {
+// Regex built with Match::Whole); it is closed once it is a match that no character goes on
+// from.
+class RegexPrefix : public PlainReply {
 public:
   explicit RegexPrefix(const Regex& re) : re_(&re), s_(re.start()) {}
   bool feed(unsigned char c);  // false: no match goes on with c (the state is then unspecified)
   bool feed(std::string_view s);
   bool complete() const { return dec_.idle() && re_->accepts(s_, count_); }
   bool closed() const { return complete() && !re_->can_take(s_, 0, 0x10FFFF, count_); }
-  static constexpr bool kGuardsMarkup = false;
-  bool in_string() const { return false; }
-  bool in_raw() const { return false; }
-  bool between_tokens() const { return false; }
-  bool bounded_blanks() const { return false; }
-  uint32_t string_room() const { return UINT32_MAX; }
 
 private:
   const Regex* re_;
