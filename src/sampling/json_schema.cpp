@@ -330,10 +330,9 @@ void SchemaCompiler::fill_bounds(Node& n, const ojson& s, const std::string& pat
   n.has_min_num = n.has_max_num = true;
 }
 
-// The pattern, with the node's length bounds in its automaton (leniently, one it cannot
-// compile is read past, the lengths kept).
-// A format named without a pattern is kept where a pattern can say it; other formats stay
-// annotations.
+// The pattern, or without one a format a pattern can say (format_pattern; other formats stay
+// annotations), with the node's length bounds in its automaton. Leniently, one it cannot
+// compile is read past, the lengths kept.
 void SchemaCompiler::fill_pattern(Node& n, const ojson& s, const std::string& path) {
   std::string key = "pattern", text;
   if (s.contains("pattern")) {
@@ -344,14 +343,15 @@ void SchemaCompiler::fill_pattern(Node& n, const ojson& s, const std::string& pa
   } else {
     return;
   }
+  std::shared_ptr<const Regex> re;
   try {
-    auto re = std::make_shared<const Regex>(text, Regex::Match::Search, n.min_length, n.max_length);
-    pattern_bytes += re->bytes();
-    if (pattern_bytes > kMaxPatternBytes) fail(path + "/" + key, "the schema's patterns need more than 8 MiB of automata");
-    n.pattern = std::move(re);
+    re = std::make_shared<const Regex>(text, Regex::Match::Search, n.min_length, n.max_length);
   } catch (const Error& e) {
-    bound_fails(path + "/" + key, e.what());
+    return (void)bound_fails(path + "/" + key, e.what());
   }
+  pattern_bytes += re->bytes();
+  if (pattern_bytes > kMaxPatternBytes) return (void)bound_fails(path + "/" + key, "the schema's patterns need more than 8 MiB of automata");
+  n.pattern = std::move(re);
 }
 
 // A bound on a number as the shortest decimal that reads back as it: r 10^-p, p <= 9 places

@@ -520,6 +520,13 @@ TEST(JsonSchema, RefusesWhatItCannotConstrain) {
   cases.emplace_back(many_values.dump(), "more than 4096 values");
   cases.emplace_back(many_props.dump(), "more than 1024 properties");
   cases.emplace_back(many_alts.dump(), "more than 32 alternatives");
+  ojson many_patterns = {{"type", "object"}, {"properties", ojson::object()}};  // 40 x 16384 rows of 64 bytes
+  for (int i = 0; i < 40; ++i) {
+    std::string key = "p";  // built with += (GCC 12 warns falsely on "p" + std::to_string)
+    key += std::to_string(i);
+    many_patterns["properties"][key] = {{"type", "string"}, {"pattern", "a"}, {"maxLength", 16384}};
+  }
+  cases.emplace_back(many_patterns.dump(), "the schema's patterns need more than 8 MiB");
   for (const auto& [schema, want] : cases) {
     try {
       JsonSchema s(ojson::parse(schema));
