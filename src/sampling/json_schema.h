@@ -50,16 +50,13 @@ namespace dsa {
 // invalid subpart of UTF-8 (and a truncated tail) with one U+FFFD, so a byte begins a
 // character unless it continues a well-formed sequence begun before it (Unicode's table 3-7).
 struct Utf8Chars {
-  uint8_t need = 0, lo = 0x80, hi = 0xBF;  // continuation bytes still wanted; the next one's range
+  Utf8Decoder d;  // its need and range only: which bytes continue the character under way
   bool begins(unsigned char b) {
-    if (need > 0 && b >= lo && b <= hi) {
-      --need, lo = 0x80, hi = 0xBF;
+    if (d.need > 0 && b >= d.lo && b <= d.hi) {
+      --d.need, d.lo = 0x80, d.hi = 0xBF;
       return false;
     }
-    need = 0, lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) need = 1;
-    if (b >= 0xE0 && b <= 0xEF) need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    if (b >= 0xF0 && b <= 0xF4) need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    d.start(b);  // a byte that starts no character counts as one of its own
     return true;
   }
 };

@@ -472,10 +472,7 @@ bool RegexPrefix::feed(std::string_view s) {
 int Utf8Decoder::feed(unsigned char b, char32_t& cp, char32_t& range_lo, char32_t& range_hi) {
   if (need == 0) {
     if (b < 0x80) return cp = b, 1;
-    if (b >= 0xC2 && b <= 0xDF) need = 1, value = b & 0x1Fu, lo = 0x80, hi = 0xBF;
-    else if (b >= 0xE0 && b <= 0xEF) need = 2, value = b & 0x0Fu, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
-    else if (b >= 0xF0 && b <= 0xF4) need = 3, value = b & 0x07u, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
-    else return -1;
+    if (!start(b)) return -1;
   } else {
     if (b < lo || b > hi) return -1;
     value = value << 6 | (b & 0x3Fu), --need, lo = 0x80, hi = 0xBF;

@@ -82,6 +82,15 @@ struct Utf8Decoder {
   uint8_t need = 0, lo = 0x80, hi = 0xBF;  // continuation bytes still wanted; the next one's range
   int feed(unsigned char b, char32_t& cp, char32_t& range_lo, char32_t& range_hi);
   bool idle() const { return need == 0; }
+  // b as a character's first byte: the continuation bytes it wants and the next one's range
+  // (none for ASCII or a byte that starts no character; false then).
+  bool start(unsigned char b) {
+    need = 0, lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) need = 1, value = b & 0x1Fu;
+    if (b >= 0xE0 && b <= 0xEF) need = 2, value = b & 0x0Fu, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    if (b >= 0xF0 && b <= 0xF4) need = 3, value = b & 0x07u, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    return need > 0;
+  }
 };
 
 // vLLM's regex outputs: the reply, decoded from UTF-8, is a whole match of the pattern (a
