@@ -20,6 +20,10 @@ std::atomic<bool> g_armed{false};
 std::atomic<long> g_allocs{0};
 }  // namespace
 
+// The replacement allocation functions are malloc and free underneath; GCC's mismatch check
+// at -O1 takes the free inside operator delete[] for a mismatch with new[].
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) {
   if (g_armed.load(std::memory_order_relaxed)) {
     g_allocs.fetch_add(1, std::memory_order_relaxed);
@@ -33,6 +37,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 using namespace dsa;
 
