@@ -4,7 +4,7 @@
 # executions, wall time and the outcome. Exits non-zero if any target crashed, leaked, timed
 # out, ran out of memory or allocated more than FUZZ_MALLOC_LIMIT_MB at once.
 #
-#   fuzz/run.sh [SECONDS] [TARGET...]        SECONDS defaults to 60; CI: 30, campaigns: 600
+#   fuzz/run.sh [SECONDS] [TARGET...]        SECONDS defaults to 60; CI: 10, campaigns: 600
 #
 # Environment:
 #   DSA_FUZZ_BUILD        build folder (default: build-fuzz in the checkout)
