@@ -45,7 +45,9 @@ const std::set<std::string, std::less<>> kAnnotations = {"title", "description",
 // The string formats OpenAI's strict mode keeps that a pattern can say, as patterns. Each
 // admits a part of what its RFC allows, so that any checker takes what is written: dates
 // without February 29th, times without a leap second and with at most six fraction digits,
-// host names of labels up to 63 characters, e-mail addresses of dot-atoms at such a host.
+// host names of labels up to 63 characters, e-mail addresses of dot-atoms at such a host,
+// IPv6 addresses in RFC 4291's hexadecimal forms (without the dotted-IPv4 tail). A duration
+// is RFC 3339's appendix A grammar whole.
 const std::string* format_pattern(std::string_view format) {
   using Formats = std::map<std::string, std::string, std::less<>>;
   static const Formats kFormats = [] {
@@ -53,6 +55,14 @@ const std::string* format_pattern(std::string_view format) {
     const std::string time = R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
     const std::string label = R"([A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
     const std::string octet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+    // Eight groups, or a groups before "::" and b after it with a + b <= 7.
+    const std::string h = "[0-9a-fA-F]{1,4}", g = "(?:" + h + ":)", t = "(?::" + h + ")";
+    const std::string ipv6 = "^(?:" + g + "{7}" + h + "|" + g + "{1,7}:|" + g + "{1,6}:" + h + "|" + g + "{1,5}" + t + "{1,2}|" +
+                             g + "{1,4}" + t + "{1,3}|" + g + "{1,3}" + t + "{1,4}|" + g + "{1,2}" + t + "{1,5}|" + h + ":" + t +
+                             "{1,6}|:(?:" + t + "{1,7}|:))$";
+    // dur-time, then dur-date [dur-time] / dur-time / dur-week after the "P".
+    const std::string dtime = R"(T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S))";
+    const std::string duration = R"(^P(?:(?:\d+D|\d+M(?:\d+D)?|\d+Y(?:\d+M(?:\d+D)?)?)(?:)" + dtime + ")?|" + dtime + R"(|\d+W)$)";
     return Formats{
         {"date", "^" + date + "$"},
         {"time", "^" + time + "$"},
@@ -60,6 +70,8 @@ const std::string* format_pattern(std::string_view format) {
         {"uuid", R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)"},
         {"ipv4", "^(?:" + octet + R"(\.){3})" + octet + "$"},
         {"hostname", "^" + label + R"((?:\.)" + label + ")*$"},
+        {"ipv6", ipv6},
+        {"duration", duration},
         {"email", R"(^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@)" + label + R"((?:\.)" + label + ")+$"},
     };
   }();

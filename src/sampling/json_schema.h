@@ -27,8 +27,9 @@
 //    an open bound when it lies within half a unit in the last place of it);
 //  - annotations are read past: title, description, default, examples, $schema, $id,
 //    $comment; format, an annotation in JSON Schema since 2019-09, is kept as a pattern where
-//    one can say it and the string has no pattern of its own (date, time, date-time, uuid,
-//    ipv4, hostname, email: each a part of what its RFC allows) and read past otherwise.
+//    one can say it and the string has no pattern of its own (date, time, date-time,
+//    duration, uuid, ipv4, ipv6, hostname, email: each a part of what its RFC allows) and
+//    read past otherwise.
 // Any other keyword is an error that names it: a constraint the output would not keep is
 // never taken silently.
 #include <bitset>

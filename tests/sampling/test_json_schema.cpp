@@ -3,6 +3,7 @@
 // (compact and indented); random walks that take only bytes the recognizer allows never get
 // stuck, and every text they complete parses and validates; schemas outside the subset are
 // refused with an error naming the place and the keyword.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -66,6 +67,27 @@ bool format_ok(const std::string& f, const std::string& t) {
     return host.find('.') != std::string::npos && host.front() != '.' && host.back() != '.' && host.find("..") == std::string::npos &&
            all(at + 1, t.size(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.'; }) &&
            all(0, at, [](char c) { return c > ' ' && c < 0x7f && c != '(' && c != ')' && c != ',' && c != ':' && c != ';' && c != '<' && c != '>'; });
+  }
+  if (f == "ipv6") {
+    in6_addr a;
+    return inet_pton(AF_INET6, t.c_str(), &a) == 1;
+  }
+  if (f == "duration") {  // "P", numbers with their designators, "T" once before time ones
+    std::string date, time, *part = &date;
+    for (size_t i = 1; i < t.size(); ++i) {
+      if (t[i] == 'T' && part == &date) {
+        part = &time;
+        continue;
+      }
+      const size_t digits = i;
+      while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i;
+      if (i == digits || i == t.size()) return false;
+      *part += t[i];
+    }
+    // Each part's designators are a run of Y M D (or the week alone), of H M S.
+    auto run_of = [](const std::string& d, const std::string& order) { return !d.empty() && order.find(d) != std::string::npos; };
+    if (t.empty() || t[0] != 'P' || (part == &time && !run_of(time, "HMS"))) return false;
+    return date == "W" ? time.empty() && part == &date : (date.empty() ? part == &time : run_of(date, "YMD"));
   }
   return true;  // an annotation
 }
@@ -237,8 +259,9 @@ const ojson kSchemas[] = {
     // Formats (pydantic's date, UUID4 and EmailStr): kept as patterns; an unknown one is an annotation.
     ojson::parse(R"({"type": "object", "properties": {"day": {"type": "string", "format": "date", "examples": ["2024-02-28", "1999-12-31"]},
         "id": {"type": "string", "format": "uuid", "examples": ["a3bb189e-8bf9-4888-9912-ACE4E6543002"]},
-        "mail": {"type": "string", "format": "email", "examples": ["x@y.io"]}, "free": {"type": "string", "format": "color"}},
-        "required": ["day", "id", "mail"]})"),
+        "mail": {"type": "string", "format": "email", "examples": ["x@y.io"]}, "free": {"type": "string", "format": "color"},
+        "ip": {"type": "string", "format": "ipv6", "examples": ["::1", "fe80::1:2"]}, "span": {"type": "string", "format": "duration",
+        "examples": ["P1Y2M", "PT30S", "P2W"]}}, "required": ["day", "id", "mail", "ip", "span"]})"),
     // Key counts: two or three of five declared keys (one required), and a map of one or two.
     ojson::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"},
         "d": {"type": "null"}, "m": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}},
@@ -468,6 +491,10 @@ TEST(JsonSchema, FormatsAreKeptAsPatterns) {
       {"ipv4", {"192.168.0.1", "0.0.0.0", "255.255.255.255"}, {"256.0.0.1", "1.2.3", "01.2.3.4"}},
       {"hostname", {"a-b.example", "localhost", label63 + ".io"}, {"-a.com", "a..b", label63 + "a.io"}},
       {"email", {"x@y.io", "first.last+tag@mail-1.example.org"}, {"x@y", "@y.io", "x y@z.io", "x@-y.io", "x.@y.io"}},
+      {"ipv6", {"::", "::1", "1::", "fe80::1:2", "2001:db8:0:0:0:0:2:1", "1:2:3:4:5:6:7::", "1::3:4:5:6:7:8", "ABCD:ef01::"},
+       {"1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", "1:2:3:4:5:6:7", ":1::", "1:2:3:4:5:6:7:8::", "::ffff:1.2.3.4", "g::"}},
+      {"duration", {"P1Y", "P1Y2M3D", "P2M10D", "P3D", "PT1H", "PT1H30M", "PT90S", "P1DT12H", "P4W", "P0D"},
+       {"P", "PT", "P1", "P1Y2D", "PT1H2S", "P1W2D", "P1DT", "1Y", "P1.5Y", "P1H", "PT1D", "p1y"}},
       {"color", {"", "anything at all"}, {}},
   };
   for (const auto& [format, good, bad] : cases) {
