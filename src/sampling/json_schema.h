@@ -54,7 +54,7 @@ struct Utf8Chars {
   Utf8Decoder d;  // its need and range only: which bytes continue the character under way
   bool begins(unsigned char b) {
     if (d.need > 0 && b >= d.lo && b <= d.hi) {
-      --d.need, d.lo = 0x80, d.hi = 0xBF;
+      d.continues(b);
       return false;
     }
     d.start(b);  // a byte that starts no character counts as one of its own

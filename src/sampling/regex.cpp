@@ -475,7 +475,7 @@ int Utf8Decoder::feed(unsigned char b, char32_t& cp, char32_t& range_lo, char32_
     if (!start(b)) return -1;
   } else {
     if (b < lo || b > hi) return -1;
-    value = value << 6 | (b & 0x3Fu), --need, lo = 0x80, hi = 0xBF;
+    continues(b);
     if (need == 0) return cp = value, 1;
   }
   const int rest = 6 * (need - 1);  // bits after the next continuation byte

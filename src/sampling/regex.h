@@ -91,6 +91,9 @@ struct Utf8Decoder {
     if (b >= 0xF0 && b <= 0xF4) need = 3, value = b & 0x07u, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
     return need > 0;
   }
+  // b as the continuation byte under way, already checked against [lo, hi]: takes its bits
+  // and sets the next one's range.
+  void continues(unsigned char b) { value = value << 6 | (b & 0x3Fu), --need, lo = 0x80, hi = 0xBF; }
 };
 
 // vLLM's regex outputs: the reply, decoded from UTF-8, is a whole match of the pattern (a
