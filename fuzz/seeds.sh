@@ -104,11 +104,14 @@ printf '%s\0%s' "[$pin_tool]" $'\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>
 printf '%s\0%s' "[$n]" $'Think <b> first.</think>\n\n<\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>\n<\xef\xbd\x9cDSML\xef\xbd\x9cinvoke name="now">\n\n</\xef\xbd\x9cDSML\xef\xbd\x9cinvoke>\n</\xef\xbd\x9cDSML\xef\xbd\x9cfunction_calls>' > "$j/hand-thinking"
 
 # Patterns by hand (options, two bound bytes, pattern, NUL, a reply): pydantic's anchored
-# patterns, a search, a vLLM regex matched whole, bounds around a loop.
+# patterns, a search, a vLLM regex matched whole, bounds around a loop, a vocabulary.
 j="$out/fuzz_regex"
 printf '\0\0\0%s\0%s' '^\d{5}(-\d{4})?$' '12345-6789' > "$j/hand-zip"
 printf '\0\0\0%s\0%s' '[^@\s]+@[^@\s]+\.\w{2,}' 'mail me at a@b.org' > "$j/hand-search"
 printf '\1\0\0%s\0%s' '(yes|no), [0-9]{1,3} (?:apples|pears)!' 'yes, 12 pears!' > "$j/hand-whole"
 printf '\7\3\10%s\0%s' '^(?<w>[a-z\u00e0-\u00ff]|\u{1F600})*$' $'caf\xc3\xa9\xf0\x9f\x98\x80' > "$j/hand-bounds"
+# A vocabulary after the reply's first piece: whole characters, a tail inside one, a byte
+# that starts none, a piece past the bound.
+printf '\1\0\0%s\0%s' '^[a-z]{2}\u00e9( [a-z]+)?$' $'c\1\xc3\1a\xc3\1\xc3\xa9\1ab\1a\xc3\xa9 x\1\xa9\1' > "$j/hand-vocab"
 
 for d in "$out"/*/; do printf '%-28s %4d seeds\n' "$(basename "$d")" "$(find "$d" -type f | wc -l)"; done

@@ -52,45 +52,107 @@ const uint8_t* GrammarMode<Prefix>::allowed() {
   std::fill(allowed_.begin(), allowed_.end(), uint8_t(0));
   const bool whole = state_.complete(), closed = state_.closed() && eos_ends_;
   if (!closed) {
-    const bool limit = !state_.closed() && state_.bounded_blanks();
-    auto blank_ok = [&](size_t id) {
-      return !limit || (blank_ + vocab_.blank_len(id) <= kMaxBlank && breaks_ + vocab_.blank_breaks(id) <= kMaxBreaks);
-    };
-    // Tokens taken whole without a feed: inside a string those of string-safe bytes (in a tool
-    // call, also free of markup bytes), in raw text those free of markup bytes, unless a
-    // bound on the string's length could refuse one (a token has no more characters than bytes).
-    constexpr uint8_t kMarkup = Prefix::kGuardsMarkup ? JsonVocab::kNoMarkup : 0;
-    const bool room = state_.string_room() >= vocab_.max_len();
-    const uint8_t safe = !room ? 0 : state_.in_string() ? uint8_t(JsonVocab::kStringSafe | kMarkup) : state_.in_raw() ? JsonVocab::kNoMarkup : 0;
-    if (safe) {
-      const uint8_t want = safe | JsonVocab::kText;
-      for (size_t id = 0; id < allowed_.size(); ++id) allowed_[id] = (vocab_.flags(id) & want) == want && blank_ok(id);
-    }
-    // The rest, fed to a copy of the state where the recognizer takes their first byte. Where
-    // that byte is whitespace after which the text is between tokens (a number it ended, say),
-    // the rest of a token's leading whitespace changes nothing, so its first other byte must
-    // be taken there too: most tokens that begin with a space are refused without a feed.
-    const bool between = state_.between_tokens();
-    for (int c = 0; c < 256; ++c) {
-      Prefix first = state_;
-      if (!first.feed(static_cast<unsigned char>(c))) continue;
-      const bool past_blank = (c == ' ' || c == '\t' || c == '\n' || c == '\r') && first.between_tokens();
-      uint8_t then[256];
-      for (int d = 0; d < 256 && past_blank; ++d) {
-        Prefix next = first;
-        then[d] = next.feed(static_cast<unsigned char>(d));
-      }
-      for (int32_t id : vocab_.starting_with(static_cast<unsigned char>(c), between)) {
-        if (allowed_[size_t(id)] || !blank_ok(size_t(id))) continue;
-        const std::string_view b = vocab_.token(size_t(id));
-        if (past_blank && vocab_.blank_len(size_t(id)) < b.size() && !then[static_cast<unsigned char>(b[vocab_.blank_len(size_t(id))])]) continue;
-        Prefix next = state_;
-        allowed_[size_t(id)] = next.feed(b);
-      }
-    }
+    limit_ = !state_.closed() && state_.bounded_blanks();
+    allow_unfed();
+    allow_fed(allow_pattern());
   }
   for (int32_t id : eos_) allowed_[size_t(id)] = whole && eos_ends_;
   return allowed_.data();
+}
+
+template <class Prefix>
+bool GrammarMode<Prefix>::blank_fits(const JsonVocab& v, size_t id, size_t blank, size_t breaks) {
+  return blank + v.blank_len(id) <= kMaxBlank && breaks + v.blank_breaks(id) <= kMaxBreaks;
+}
+
+template <class Prefix>
+bool GrammarMode<Prefix>::blank_ok(size_t id) const { return !limit_ || blank_fits(vocab_, id, blank_, breaks_); }
+
+// Tokens taken whole without a feed: inside a string those of string-safe bytes (in a tool
+// call, also free of markup bytes), in raw text those free of markup bytes, unless a bound on
+// the string's length could refuse one (a token has no more characters than bytes).
+template <class Prefix>
+void GrammarMode<Prefix>::allow_unfed() {
+  constexpr uint8_t kMarkup = Prefix::kGuardsMarkup ? JsonVocab::kNoMarkup : 0;
+  const bool room = state_.string_room() >= vocab_.max_len();
+  const uint8_t safe = !room ? 0 : state_.in_string() ? uint8_t(JsonVocab::kStringSafe | kMarkup) : state_.in_raw() ? JsonVocab::kNoMarkup : 0;
+  if (!safe) return;
+  const uint8_t want = safe | JsonVocab::kText;
+  // blank_ok's inputs read once: stores through uint8_t may alias any member.
+  const bool limit = limit_;
+  const size_t blank = blank_, breaks = breaks_, n = allowed_.size();
+  const JsonVocab& v = vocab_;
+  uint8_t* allowed = allowed_.data();
+  for (size_t id = 0; id < n; ++id)
+    allowed[id] = (v.flags(id) & want) == want && (!limit || blank_fits(v, id, blank, breaks));
+}
+
+// At a pattern's character boundary, the tokens whose bytes only its automaton reads, decided
+// by one walk of the pattern's vocabulary. It is built at the first mask that would feed many
+// tokens: below that, feeding them costs less than the build.
+template <class Prefix>
+const PatternVocab* GrammarMode<Prefix>::allow_pattern() {
+  Regex::Set at;
+  uint32_t count = 0;
+  const Regex* re = pattern_at(at, count);
+  if (!re) return nullptr;
+  auto it = std::find_if(patterns_.begin(), patterns_.end(), [&](const auto& p) { return &p->regex() == re; });
+  if (it == patterns_.end()) {
+    if (fan_out() < kPatternFanOut) return nullptr;
+    auto decides = [this](size_t id) { return pattern_decides(id); };
+    auto bytes = [this](size_t id) { return vocab_.token(id); };
+    it = patterns_.insert(it, std::make_unique<PatternVocab>(*re, vocab_.size(), decides, bytes));
+  }
+  PatternVocab& pattern = **it;
+  pattern.allow(at, count, allowed_.data());
+  for (unsigned char c : {' ', '\t', '\n', '\r'})
+    for (int32_t id : vocab_.starting_with(c, false)) allowed_[size_t(id)] &= uint8_t(blank_ok(size_t(id)));
+  return &pattern;
+}
+
+template <class Prefix>
+const Regex* GrammarMode<Prefix>::pattern_at(Regex::Set& s, uint32_t& count) const {
+  if constexpr (requires { state_.pattern_at(s, count); }) return state_.pattern_at(s, count);
+  else return nullptr;
+}
+
+// The tokens a mask would feed: those whose first byte the state takes (between tokens of the
+// text, the first byte past leading whitespace).
+template <class Prefix>
+size_t GrammarMode<Prefix>::fan_out() const {
+  const bool between = state_.between_tokens();
+  size_t n = 0;
+  for (int c = 0; c < 256; ++c) {
+    Prefix first = state_;
+    if (first.feed(static_cast<unsigned char>(c))) n += vocab_.starting_with(static_cast<unsigned char>(c), between).size();
+  }
+  return n;
+}
+
+// The rest, fed to a copy of the state where the recognizer takes their first byte. Where
+// that byte is whitespace after which the text is between tokens (a number it ended, say), the
+// rest of a token's leading whitespace changes nothing, so its first other byte must be taken
+// there too: most tokens that begin with a space are refused without a feed.
+template <class Prefix>
+void GrammarMode<Prefix>::allow_fed(const PatternVocab* pattern) {
+  const bool between = state_.between_tokens();
+  for (int c = 0; c < 256; ++c) {
+    Prefix first = state_;
+    if (!first.feed(static_cast<unsigned char>(c))) continue;
+    const bool past_blank = (c == ' ' || c == '\t' || c == '\n' || c == '\r') && first.between_tokens();
+    uint8_t then[256];
+    for (int d = 0; d < 256 && past_blank; ++d) {
+      Prefix next = first;
+      then[d] = next.feed(static_cast<unsigned char>(d));
+    }
+    for (int32_t id : vocab_.starting_with(static_cast<unsigned char>(c), between)) {
+      if (allowed_[size_t(id)] || (pattern && pattern_decides(size_t(id))) || !blank_ok(size_t(id))) continue;
+      const std::string_view b = vocab_.token(size_t(id));
+      if (past_blank && vocab_.blank_len(size_t(id)) < b.size() && !then[static_cast<unsigned char>(b[vocab_.blank_len(size_t(id))])]) continue;
+      Prefix next = state_;
+      allowed_[size_t(id)] = next.feed(b);
+    }
+  }
 }
 
 template <class Prefix>

@@ -10,17 +10,24 @@
 // GrammarMode is one request's state: the recognizer over its reply and its mask. Inside a
 // string most tokens need no feed (no quote, backslash or control byte; in a tool call also no
 // markup byte), in a tool call's raw text neither (no markup byte): one pass over the flags
-// takes them. Of the rest, only the tokens whose first byte the recognizer takes are fed, each
-// to a copy of the state, found through the table's index by first byte (between tokens of
-// the text, the first byte past leading whitespace, which changes nothing there).
+// takes them. Inside a patterned string or a regex reply, at a character's start, the
+// pattern's vocabulary (sampling/pattern_vocab.h) decides the tokens whose bytes only the
+// automaton reads, once the pattern lets so many tokens begin that feeding them would cost
+// more than building it. Of the rest, only the tokens whose first byte the recognizer takes
+// are fed, each to a copy of the state, found through the table's index by first byte
+// (between tokens of the text, the first byte past leading whitespace, which changes nothing
+// there).
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "sampling/choice_grammar.h"
 #include "sampling/json_schema.h"
+#include "sampling/pattern_vocab.h"
 #include "sampling/regex.h"
 #include "sampling/tool_call_grammar.h"
 #include "tokenizer/tokenizer.h"
@@ -103,7 +110,28 @@ private:
   Prefix state_;
   std::vector<uint8_t> allowed_;
   size_t blank_ = 0, breaks_ = 0;  // the whitespace run the reply ends with
+  bool limit_ = false;             // this mask bounds whitespace runs
+  std::vector<std::unique_ptr<PatternVocab>> patterns_;  // each pattern's, once built
+  // A mask that would feed more tokens than this builds the pattern's vocabulary (about
+  // the cost of feeding 16k-64k tokens once, with the DeepSeek-V3.2 tokenizer).
+  static constexpr size_t kPatternFanOut = 8192;
+  // The tokens a pattern's vocabulary decides: in a regex reply every byte goes through the
+  // automaton; in a JSON string a quote, a backslash or a control byte is the string's own,
+  // and in a tool call so is a byte that could begin markup.
+  static constexpr uint8_t kPatternTokens = std::is_same_v<Prefix, RegexPrefix> ? uint8_t(JsonVocab::kText)
+                                            : uint8_t(JsonVocab::kText | JsonVocab::kStringSafe | (Prefix::kGuardsMarkup ? JsonVocab::kNoMarkup : 0));
+  bool pattern_decides(size_t id) const { return (vocab_.flags(id) & kPatternTokens) == kPatternTokens; }
   bool is_eos(int32_t id) const;
+  // The token's leading whitespace fits after the run (blank bytes, breaks line feeds) the
+  // reply ends with; blank_ok: so, or this mask does not bound runs.
+  static bool blank_fits(const JsonVocab& v, size_t id, size_t blank, size_t breaks);
+  bool blank_ok(size_t id) const;
+  void allow_unfed();
+  const PatternVocab* allow_pattern();  // the pattern's vocabulary that decided tokens, if any
+  void allow_fed(const PatternVocab* pattern);
+  // At a pattern's character boundary, its automaton (s, count: the state); else null.
+  const Regex* pattern_at(Regex::Set& s, uint32_t& count) const;
+  size_t fan_out() const;
 };
 
 using JsonMode = GrammarMode<JsonSchemaPrefix>;

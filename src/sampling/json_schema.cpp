@@ -695,6 +695,12 @@ uint32_t JsonSchemaPrefix::string_room() const {
   return uint32_t(bounded_->max_length - count_);
 }
 
+const Regex* JsonSchemaPrefix::pattern_at(Regex::Set& s, uint32_t& count) const {
+  if (!in_leaf_ || !bounded_ || bound_ != Bound::Length || !bounded_->pattern || !leaf_.in_string() || esc_ != 0 || !dec_.idle()) return nullptr;
+  s = re_, count = uint32_t(count_);
+  return bounded_->pattern.get();
+}
+
 bool JsonSchemaPrefix::between_tokens() const {
   if (in_leaf_) return leaf_.between_tokens();  // inside a free value's object or array
   return depth_ == 0 || (top().phase != Phase::InKey && top().phase != Phase::InLiteral);

@@ -140,6 +140,11 @@ public:
   uint32_t string_room() const;
   // Between tokens of the text: whitespace leaves the state as it is.
   bool between_tokens() const;
+  // Inside a patterned string at a character's start (no escape or UTF-8 character under way):
+  // its automaton, with s and count set to the state and the characters so far; else null.
+  // There the string's bytes other than a quote, backslash or control byte go to the
+  // automaton alone.
+  const Regex* pattern_at(Regex::Set& s, uint32_t& count) const;
   // As ToolCallPrefix: no raw text, no markup to keep out, whitespace bounded everywhere.
   static constexpr bool kGuardsMarkup = false;
   bool in_raw() const { return false; }

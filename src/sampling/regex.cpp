@@ -434,25 +434,27 @@ Regex::Set Regex::next_of(const Set& s, uint32_t count) const {
   return out & live(count == UINT32_MAX ? count : count + 1);
 }
 
-Regex::Set Regex::step(const Set& s, char32_t c, uint32_t count) const {
-  const Set cand = next_of(s, count);
-  if (c < 128) return cand & ascii_[c];
+Regex::Set Regex::takers(char32_t c) const {
+  if (c < 128) return ascii_[c];
   Set out;
   for (size_t k = 0; k < classes_.size(); ++k)
     if (has(classes_[k], c)) out |= positions_of_[k];
-  return cand & out;
+  return out;
 }
 
-bool Regex::can_take(const Set& s, char32_t lo, char32_t hi, uint32_t count) const {
-  const Set cand = next_of(s, count);
+Regex::Set Regex::takers(char32_t lo, char32_t hi) const {
+  Set out;
   for (size_t k = 0; k < classes_.size(); ++k) {
-    if ((cand & positions_of_[k]).none()) continue;
     const Ranges& r = classes_[k];
     auto it = std::lower_bound(r.begin(), r.end(), lo, [](const auto& range, char32_t x) { return range.second < x; });
-    if (it != r.end() && it->first <= hi) return true;
+    if (it != r.end() && it->first <= hi) out |= positions_of_[k];
   }
-  return false;
+  return out;
 }
+
+Regex::Set Regex::step(const Set& s, char32_t c, uint32_t count) const { return next_of(s, count) & takers(c); }
+
+bool Regex::can_take(const Set& s, char32_t lo, char32_t hi, uint32_t count) const { return (next_of(s, count) & takers(lo, hi)).any(); }
 
 bool RegexPrefix::feed(unsigned char c) {
   char32_t cp = 0, lo = 0, hi = 0;

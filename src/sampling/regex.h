@@ -50,6 +50,12 @@ public:
   Set step(const Set& s, char32_t c, uint32_t count) const;
   // Some code point in [lo, hi] goes on from s after `count` characters.
   bool can_take(const Set& s, char32_t lo, char32_t hi, uint32_t count) const;
+  // The same steps in two halves, for a caller that steps many texts from one state: the live
+  // positions some character may take from s after `count` characters, and the positions
+  // that take c (or some code point of [lo, hi]). step() is next_of(s, count) & takers(c).
+  Set next_of(const Set& s, uint32_t count) const;
+  Set takers(char32_t c) const;
+  Set takers(char32_t lo, char32_t hi) const;
   // The `count` characters that led to s are a match within the bounds.
   bool accepts(const Set& s, uint32_t count) const { return count >= min_len_ && count <= max_len_ && (s & accept_).any(); }
   size_t bytes() const { return (follow_.size() + live_.size() + positions_of_.size() + ascii_.size()) * sizeof(Set); }  // what the automaton holds, roughly
@@ -70,7 +76,6 @@ private:
   void index_classes(const std::vector<Ranges>& ranges);
   void build_live();
   static bool has(const Ranges& r, char32_t c);
-  Set next_of(const Set& s, uint32_t count) const;  // the live positions some step from s reaches
   friend struct RegexBuilder;
 };
 
@@ -106,6 +111,13 @@ public:
   bool feed(std::string_view s);
   bool complete() const { return dec_.idle() && re_->accepts(s_, count_); }
   bool closed() const { return complete() && !re_->can_take(s_, 0, 0x10FFFF, count_); }
+  // At a character's start: the automaton, with s and count set to the state and the
+  // characters so far (null while a UTF-8 character is under way).
+  const Regex* pattern_at(Regex::Set& s, uint32_t& count) const {
+    if (!dec_.idle()) return nullptr;
+    s = s_, count = count_;
+    return re_;
+  }
 
 private:
   const Regex* re_;

@@ -79,6 +79,11 @@ public:
   bool in_raw() const { return (phase_ == Phase::Raw || phase_ == Phase::Think) && !markup_pending(); }
   bool between_tokens() const { return phase_ == Phase::Json && json_.between_tokens(); }
   uint32_t string_room() const;  // as JsonSchemaPrefix's, for a JSON string or raw text
+  // As JsonSchemaPrefix's, inside a JSON value's patterned string where no markup is under
+  // way (bytes free of '<' and 0xEF then go to the string alone).
+  const Regex* pattern_at(Regex::Set& s, uint32_t& count) const {
+    return phase_ == Phase::Json && !markup_pending() ? json_.pattern_at(s, count) : nullptr;
+  }
   // Whitespace runs are bounded by the mask outside raw text (code in a string parameter
   // keeps its indentation).
   bool bounded_blanks() const { return phase_ != Phase::Raw && phase_ != Phase::Think; }

@@ -46,7 +46,10 @@ void check_masks(const Tokenizer& tok, const Grammar& grammar, const Ref& fresh,
       Mode jm(vocab, grammar, is_eos, eos_ends);
       Ref ref = fresh;
       ASSERT_TRUE(ref.feed(reply));
-      for (int32_t id : tok.encode(reply)) jm.accept(id);
+      for (int32_t id : tok.encode(reply)) {
+        (void)jm.allowed();  // masks along the way (a pattern's vocabulary built by one serves the next)
+        jm.accept(id);
+      }
       const uint8_t* got = jm.allowed();
       int allowed = 0, wrong = 0;
       for (int32_t id = 0; id < V; ++id) {
@@ -110,12 +113,14 @@ TEST(ToolCallMode, MaskIsEveryTokenTheRecognizerTakes) {
                              days + "3</｜DSML｜parameter>", days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>",
                              days + "3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n"});
   const auto bounded_tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "set", "parameters":
-      {"type": "object", "properties": {"code": {"type": "string", "minLength": 4, "maxLength": 10}}, "required": ["code"]}}}])");
+      {"type": "object", "properties": {"code": {"type": "string", "minLength": 4, "maxLength": 10}, "tag": {"type": "string",
+      "pattern": "^[a-z <]*$"}}, "required": ["code"]}}}])");
   const ToolCallGrammar bounded(bounded_tools, false);
   const std::string code = open + "set\">\n<｜DSML｜parameter name=\"code\" string=\"";
+  const std::string tag = code + "true\">abcd</｜DSML｜parameter>\n<｜DSML｜parameter name=\"tag\" string=\"false\">\"";
   check_masks<ToolCallMode>(tok, bounded, ToolCallPrefix(bounded),
                             {code + "true\">", code + "true\">ab", code + "true\">abcdefg", code + "true\">ab</", code + "true\">abcdefg</｜D",
-                             code + "false\">\"abcdefg"});
+                             code + "false\">\"abcdefg", tag, tag + "a few words", tag + "a <b", tag + "ab\""});
   const ToolCallGrammar thinking(tools, false, true);
   check_masks<ToolCallMode>(tok, thinking, ToolCallPrefix(thinking),
                             {"", "Let me see", "Let me see\n\n\n" + std::string(40, ' '), "a <", "a </thi", "a <thi", "a <think", "a </think", "a ｜DS", "a</think>",
@@ -124,16 +129,20 @@ TEST(ToolCallMode, MaskIsEveryTokenTheRecognizerTakes) {
 
 // A schema's patterned strings: every byte goes through the automaton (no token is taken
 // whole inside them; tokens that hold part of a character are tried against each state), an
-// escape under way, lengths at their edge.
+// escape under way, lengths at their edge. Patterns that most tokens go on in (the pattern's
+// vocabulary decides them) and few do (they are fed), a length bound a few characters away.
 TEST(JsonMode, PatternedStringsMaskEveryTokenTheRecognizerTakes) {
   const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
   const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {"zip": {"type": "string",
       "pattern": "^\\d{5}(-\\d{4})?$"}, "word": {"type": "string", "pattern": "^[a-z\u00e9 ]+$", "maxLength": 8},
-      "any": {"type": "string", "pattern": "x", "minLength": 3}}})");
+      "any": {"type": "string", "pattern": "x", "minLength": 3}, "free": {"type": "string", "pattern": "^[^\"]{0,12}$"},
+      "han": {"type": "string", "pattern": "^([\u4e00-\u9fff]|[a-z]{2})+$"}}})");
   const JsonSchema compiled(schema);
   check_masks(tok, compiled, JsonSchemaPrefix(compiled),
               {"{\"zip\": \"", "{\"zip\": \"123", "{\"zip\": \"12345", "{\"zip\": \"12345-67", "{\"word\": \"caf", "{\"word\": \"café",
-               "{\"word\": \"abc \\u00", "{\"word\": \"abcdefg", "{\"any\": \"", "{\"any\": \"ab\\", "{\"any\": \"x"});
+               "{\"word\": \"abc \\u00", "{\"word\": \"abcdefg", "{\"any\": \"", "{\"any\": \"ab\\", "{\"any\": \"x", "{\"free\": \"",
+               "{\"free\": \"The quick", "{\"free\": \"The quick br", "{\"free\": \"naïve \\u00e9 ", "{\"han\": \"", "{\"han\": \"中文a",
+               "{\"word\": \"ab", "{\"word\": \"ab\", \"free\": \"x"});
 }
 
 // A regex (vLLM's guided_regex): the whole reply matches; a match others go on from (complete,
@@ -142,6 +151,9 @@ TEST(RegexMode, MaskIsEveryTokenTheRecognizerTakes) {
   const Tokenizer tok = Tokenizer::from_dir(test::tokenizer_dir());
   const Regex re("(yes|no)( [0-9]{1,3})?|[\u4e00-\u9fff]{2}", Regex::Match::Whole);
   check_masks<RegexMode>(tok, re, RegexPrefix(re), {"", "y", "yes", "yes ", "yes 12", "yes 123", "no", "中", "中文"});
+  // Most tokens go on: the pattern's vocabulary decides them, every byte included.
+  const Regex line("[^\\n]{0,24}\\n(ok|fail)", Regex::Match::Whole);
+  check_masks<RegexMode>(tok, line, RegexPrefix(line), {"", "Hello \"world\"", "naïve {\"a\": 1}  ", "Twenty-one characters", "abc\n", "abc\nfa"});
 }
 
 // A choice (vLLM's guided_choice): a prefix of several, one that others go on from (complete,
