@@ -1,4 +1,5 @@
-// `dsa tokenize` as external checks use it: JSON lines in, JSON lines out, clear errors.
+// `dsa tokenize` as external checks use it: JSON lines in, JSON lines out, clear errors; and
+// `dsa bench mask`, which reads the same tokenizer folder.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -90,6 +91,30 @@ TEST(TokenizeCli, EncodesAndDecodesTheGoldenLines) {
   EXPECT_NE(bad_id.status, 0);
   EXPECT_NE(bad_id.err.find("line 2"), std::string::npos) << bad_id.err;
   fs::remove_all(model);
+}
+
+// `dsa bench mask`: the mask it times allows, for a regex of one to three digits, exactly the
+// vocabulary's tokens of one to three digits (counted here from tokenizer.json); a prefix the
+// constraint refuses and a missing constraint are clear errors.
+TEST(BenchMaskCli, CountsWhatTheConstraintAllows) {
+  const std::string dir = dsa::test::tokenizer_dir();
+  std::ifstream f(dir + "/tokenizer.json", std::ios::binary);
+  const auto tj = nlohmann::json::parse(f);
+  size_t digits = 0;
+  for (const auto& [text, id] : tj["model"]["vocab"].items())
+    digits += !text.empty() && text.size() <= 3 && text.find_first_not_of("0123456789") == std::string::npos;
+  ASSERT_GT(digits, 0u);
+  const Result r = run_dsa("bench mask --model '" + dir + "' --regex '[0-9]{1,3}' --repeats 2", "");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("; " + std::to_string(digits) + " of "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("median"), std::string::npos) << r.out;
+
+  const Result refused = run_dsa("bench mask --model '" + dir + "' --regex '[0-9]{1,3}' --prefix x", "");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.err.find("--prefix"), std::string::npos) << refused.err;
+  const Result none = run_dsa("bench mask --model '" + dir + "'", "");
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.err.find("--regex"), std::string::npos) << none.err;
 }
 
 }  // namespace
