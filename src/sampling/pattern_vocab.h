@@ -31,7 +31,6 @@ public:
   // after `count` characters at a character boundary (a tail that ends inside a character:
   // some code point it may still become goes on); leaves the others as they are.
   void allow(const Regex::Set& s, uint32_t count, uint8_t* allowed);
-  size_t nodes() const { return nodes_.size(); }  // the trie's size, for tests and figures
 
 private:
   struct Node {
