@@ -162,6 +162,7 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
   nlohmann::json j = {{"model", a.model}, {"threads", threads}, {"isa", kernels::isa_name(kernels::isa())},
                       {"bf16_dot", kernels::bf16_dot()}, {"cpu_features", kernels::cpu_features()}, {"batch", B}, {"depth", a.depth}, {"gen_tokens", a.gen},
                       {"repeat", a.repeat}, {"kv_cache", a.kv_cache},
+                      {"weights_huge_page_fraction", double(m.files.huge_bytes()) / double(std::max<size_t>(1, m.files.total_bytes()))},
                       {"decode_aggregate_tokens_per_s", median(bt.tg) * B}, {"decode_per_seq_tokens_per_s", median(bt.tg)},
                       {"decode_step_ms", step_s * 1e3}, {"decode_step_bytes", dc.bytes}, {"decode_step_flops", dc.flops},
                       {"read_bandwidth_gbps", bw}, {"peak_gflops", peak}, {"bf16_dot_peak_gflops", sim::measure_bf16_dot_peak_gflops(threads)},
@@ -358,6 +359,7 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
                       {"cpu_features", kernels::cpu_features()},
                       {"numa_nodes", numa_status().nodes},
                       {"numa_interleaved", numa_status().interleaved},
+                      {"weights_huge_page_fraction", double(m.files.huge_bytes()) / double(std::max<size_t>(1, m.files.total_bytes()))},
                       {"depth", a.depth},
                       {"prompt_tokens", a.prompt},
                       {"gen_tokens", a.gen},
@@ -401,9 +403,10 @@ void print_single(const Args& a, const nlohmann::json& j) {
   const double bytes = num("decode_bytes_per_token"), flops = num("prefill_flops_per_token"), peak = num("peak_gflops");
   const double bw = num("read_bandwidth_gbps"), pps = num("prefill_tokens_per_s"), tgs = num("decode_tokens_per_s");
   const int nodes = j["numa_nodes"].get<int>();
-  std::printf("model %s, %d threads, %s kernels%s, depth %d, kv cache %s, %d NUMA node%s%s\n", a.model.c_str(), j["threads"].get<int>(),
-              kernels::isa_name(kernels::isa()), tier_note(j).c_str(), a.depth, a.kv_cache.c_str(), nodes, nodes > 1 ? "s" : "",
-              j["numa_interleaved"].get<bool>() ? " (pages interleaved)" : "");
+  std::printf("model %s, %d threads, %s kernels%s, depth %d, kv cache %s, %d NUMA node%s%s, %.0f%% of the weights on 2 MiB pages\n",
+              a.model.c_str(), j["threads"].get<int>(), kernels::isa_name(kernels::isa()), tier_note(j).c_str(), a.depth, a.kv_cache.c_str(),
+              nodes, nodes > 1 ? "s" : "", j["numa_interleaved"].get<bool>() ? " (pages interleaved)" : "",
+              100 * num("weights_huge_page_fraction"));
   std::printf("prefill %4d tokens: %8.1f tok/s  (%.2f GFLOP/token, %.0f GFLOP/s = %.2f of the %.0f GFLOP/s FMA peak)\n", a.prompt, pps,
               flops / 1e9, pps * flops / 1e9, pps * flops / (peak * 1e9), peak);
   std::printf("        GEMM part:   %8.0f GFLOP/s = %.2f of the FMA peak", num("prefill_gemm_gflops"), num("prefill_gemm_peak_fraction"));

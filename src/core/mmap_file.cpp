@@ -5,7 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -27,6 +31,42 @@ int open_regular(const std::string& path, const std::string& label, struct stat&
   return fd;
 }
 
+constexpr size_t kHuge = size_t(2) << 20;
+
+bool huge_pages_wanted() {
+  static const bool on = [] {
+    const char* e = std::getenv("DSA_HUGEPAGES");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+// Maps the file read-only at a multiple of 2 MiB, so that the mapping's addresses line up
+// with the file's offsets modulo 2 MiB: the condition for the kernel to map a 2 MiB folio
+// of the page cache with one TLB entry. Falls back to wherever the kernel puts it.
+void* map_aligned(int fd, size_t size) {
+  void* area = ::mmap(nullptr, size + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (area == MAP_FAILED) return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const uintptr_t at = (reinterpret_cast<uintptr_t>(area) + kHuge - 1) & ~uintptr_t(kHuge - 1);
+  void* p = ::mmap(reinterpret_cast<void*>(at), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::munmap(area, size + kHuge);
+    return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  }
+  // The reservation's slack before and after the file (the reservation is a whole number
+  // of pages, kHuge more than the file's).
+  const size_t lead = size_t(at - reinterpret_cast<uintptr_t>(area));
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE)), mapped = (size + page - 1) / page * page;
+  if (lead) ::munmap(area, lead);
+  ::munmap(static_cast<uint8_t*>(p) + mapped, kHuge - lead);
+#ifdef MADV_HUGEPAGE
+  // Pages read in through this mapping come as 2 MiB folios where the file system can hold
+  // them so. A hint: refused or ignored, the mapping stands.
+  if (huge_pages_wanted()) ::madvise(p, size, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
 }  // namespace
 
 MmapFile::MmapFile(const std::string& path) : path_(path) {
@@ -34,7 +74,7 @@ MmapFile::MmapFile(const std::string& path) : path_(path) {
   const int fd = open_regular(path, "'" + path + "'", st);
   size_ = size_t(st.st_size);
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = map_aligned(fd, size_);
     if (p == MAP_FAILED) {
       ::close(fd);
       throw Error("cannot mmap '" + path + "': " + std::strerror(errno));
@@ -86,6 +126,60 @@ void MmapFile::populate(const uint8_t* p, size_t n) const {
   volatile uint8_t sink = 0;
   for (size_t i = 0; i < len; i += page) sink = sink ^ start[i];
   (void)sink;
+}
+
+size_t MmapFile::huge_bytes() const {
+  if (!data_) return 0;
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return 0;
+  char line[512];
+  bool mine = false;
+  size_t kb = 0;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long a = 0, b = 0;
+    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2) {  // a mapping's first line (no field name is hex, then '-')
+      mine = a >= lo && a < hi;
+      continue;
+    }
+    size_t v = 0;
+    if (mine && std::sscanf(line, "FilePmdMapped: %zu kB", &v) == 1) kb += v;
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
+// Reads [off, off + len) (2 MiB aligned) of the file in again: unmaps it here, asks the page
+// cache to drop it (pages other processes map stay) and maps it again, reading what was
+// dropped.
+void MmapFile::reread(size_t off, size_t len) const {
+  uint8_t* p = const_cast<uint8_t*>(data_) + off;
+  ::madvise(p, len, MADV_DONTNEED);  // a private read-only mapping: drops the page table entries only
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::posix_fadvise(fd, off_t(off), off_t(len), POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  populate(p, len);
+}
+
+void MmapFile::populate_huge() const {
+  populate();
+  constexpr size_t kTrial = size_t(64) << 20;
+  // Set once a trial came back in 4 KiB pages: this kernel or file system does not hold
+  // files in 2 MiB folios, and the other files of a checkpoint are not tried.
+  static std::atomic<bool> futile{false};
+  if (!huge_pages_wanted() || futile || size_ < 2 * kTrial || huge_bytes() >= size_ / 2) return;
+  // Mostly 4 KiB pages: the file was written or copied lately, and its pages stayed in the
+  // cache as they were written. Read the first 64 MiB in again; if they come back as 2 MiB
+  // folios (the file system can hold them so), read in the rest too, once.
+  const size_t before = huge_bytes();
+  reread(0, kTrial);
+  if (huge_bytes() < before + kTrial / 2) {
+    futile = true;
+    return;
+  }
+  reread(kTrial, size_ - kTrial);
 }
 
 MmapFile::~MmapFile() {

@@ -44,10 +44,16 @@ size_t SafeTensors::total_bytes() const {
   return n;
 }
 
+size_t SafeTensors::huge_bytes() const {
+  size_t n = 0;
+  for (const auto& f : files_) n += f->huge_bytes();
+  return n;
+}
+
 void SafeTensors::populate(const std::function<void(size_t, size_t)>& progress) const {
   size_t done = 0;
   for (size_t i = 0; i < files_.size(); ++i) {
-    files_[i]->populate();
+    files_[i]->populate_huge();
     done += files_[i]->size();
     if (progress) progress(i + 1, done);
   }
@@ -57,13 +63,23 @@ void SafeTensors::populate(const std::function<std::pair<size_t, size_t>(const s
                            const std::function<void(size_t, size_t)>& progress) const {
   size_t done = 0;
   for (size_t i = 0; i < files_.size(); ++i) {
+    std::vector<std::pair<const uint8_t*, size_t>> ranges;
+    bool whole = true;  // every tensor of the file wanted whole (one process, or a rank's own shard file)
+    size_t bytes = 0;
     for (const auto& [name, t] : tensors_) {
       if (t.file != files_[i]->path()) continue;
       const auto [off, len] = part(name, t);
       DSA_CHECK(off + len <= t.nbytes, "SafeTensors::populate: a range outside tensor " + name);
-      files_[i]->populate(t.data + off, len);
-      done += len;
+      ranges.emplace_back(t.data + off, len);
+      whole = whole && off == 0 && len == t.nbytes;
+      bytes += len;
     }
+    if (whole) {
+      files_[i]->populate_huge();
+    } else {
+      for (const auto& [p, len] : ranges) files_[i]->populate(p, len);
+    }
+    done += bytes;
     if (progress) progress(i + 1, done);
   }
 }

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -53,6 +54,36 @@ TEST(MmapFile, PopulateMapsEveryPage) {
     f.populate();
     EXPECT_GE(resident_kb(f.data(), f.data() + f.size()), long(bytes / 1024));
     EXPECT_EQ(f.data()[bytes - 1], 'x');
+  }
+  std::filesystem::remove(path);
+}
+
+// The mapping starts on a 2 MiB boundary (so that the kernel can map the page cache's 2 MiB
+// folios whole), and populate_huge(), which on a file just written (its pages cached as
+// they were written) drops the file's pages and reads it again, leaves every byte as the
+// file holds it, maps every page, and reports no more huge bytes than the file has.
+TEST(MmapFile, PopulateHugeKeepsTheBytesAndMapsEveryPage) {
+  const std::filesystem::path path = dsa::test::scratch("mmap_huge");
+  const size_t bytes = (size_t(130) << 20) + 12345;  // above the 128 MiB from which it reads again; a ragged end
+  auto at = [](size_t i) { return uint8_t((i * 2654435761u) >> 13); };
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::vector<char> block(size_t(1) << 20);
+    for (size_t i = 0; i < bytes; i += block.size()) {
+      const size_t n = std::min(block.size(), bytes - i);
+      for (size_t j = 0; j < n; ++j) block[j] = char(at(i + j));
+      out.write(block.data(), std::streamsize(n));
+    }
+  }
+  {
+    dsa::MmapFile f(path.string());
+    ASSERT_EQ(f.size(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data()) % (size_t(2) << 20), 0u);
+    f.populate_huge();
+    EXPECT_GE(resident_kb(f.data(), f.data() + f.size()), long(bytes / 1024));
+    EXPECT_LE(f.huge_bytes(), bytes);
+    for (size_t i = 0; i < bytes; i += 4093) ASSERT_EQ(f.data()[i], at(i)) << "byte " << i;
+    EXPECT_EQ(f.data()[bytes - 1], at(bytes - 1));
   }
   std::filesystem::remove(path);
 }
