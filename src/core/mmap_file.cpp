@@ -45,13 +45,14 @@ bool huge_pages_wanted() {
 // with the file's offsets modulo 2 MiB: the condition for the kernel to map a 2 MiB folio
 // of the page cache with one TLB entry. Falls back to wherever the kernel puts it.
 void* map_aligned(int fd, size_t size) {
+  auto anywhere = [&] { return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0); };
   void* area = ::mmap(nullptr, size + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (area == MAP_FAILED) return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (area == MAP_FAILED) return anywhere();
   const uintptr_t at = (reinterpret_cast<uintptr_t>(area) + kHuge - 1) & ~uintptr_t(kHuge - 1);
   void* p = ::mmap(reinterpret_cast<void*>(at), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
     ::munmap(area, size + kHuge);
-    return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    return anywhere();
   }
   // The reservation's slack before and after the file (the reservation is a whole number
   // of pages, kHuge more than the file's).

@@ -44,10 +44,10 @@ size_t SafeTensors::total_bytes() const {
   return n;
 }
 
-size_t SafeTensors::huge_bytes() const {
+double SafeTensors::huge_fraction() const {
   size_t n = 0;
   for (const auto& f : files_) n += f->huge_bytes();
-  return n;
+  return double(n) / double(std::max<size_t>(1, total_bytes()));
 }
 
 void SafeTensors::populate(const std::function<void(size_t, size_t)>& progress) const {

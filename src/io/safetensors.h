@@ -39,7 +39,8 @@ public:
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   size_t num_files() const { return files_.size(); }
   size_t total_bytes() const;
-  size_t huge_bytes() const;  // of the files' mappings, mapped in 2 MiB pages now (MmapFile::huge_bytes)
+  // The share of the files' bytes the kernel maps in 2 MiB pages now (MmapFile::huge_bytes).
+  double huge_fraction() const;
   // Maps every file's pages now (MmapFile::populate), one file at a time; `progress` is
   // called after each with the files and bytes done so far.
   void populate(const std::function<void(size_t files_done, size_t bytes_done)>& progress = {}) const;
