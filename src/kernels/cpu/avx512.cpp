@@ -184,9 +184,11 @@ inline void fp8_fma4(const Fp8x64& f, const __m512 (&xv)[4], __m512 (&a)[2]) {
   a[1] = _mm512_fmadd_ps(f.b0, xv[3], a[1]);
 }
 
-// NT tokens against each row as it streams by (the one-token kernel below for NT = 1 rows
-// left over): every weight vector is widened once for all NT tokens. Rows [r0, r1) lie in
-// one 128-row block, whose scaled x xs is (scale_x_blocks), as in every fp8 kernel below.
+// NT tokens against each row as it streams by: every weight vector is widened once for all
+// NT tokens. One token runs here whole: one row at a time reads the weights in address order,
+// which on Zen 5 streamed 14-16% faster than four rows side by side sharing the x loads
+// (docs/KERNELS.md). Rows [r0, r1) lie in one 128-row block, whose scaled x xs is
+// (scale_x_blocks), as in every fp8 kernel below.
 template <int NT>
 void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
@@ -271,41 +273,6 @@ void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, s
   if (r == r1) return;
   if constexpr (NR > 2) gemv_fp8_tile<NR / 2, NT>(w, x, xs, y, ldy, base, r, r1, nb);
   else gemv_fp8_tokens<NT>(w, x, xs, y, ldy, base, r, r1);
-}
-
-// The sums of four rows against one token (sums[j] as fp8_fma4 leaves them). They are kept in
-// locals (as in bf16_tile_chunk): summed through the caller's array, GCC stored all eight to
-// the stack at every step of the loop, 8 of its 64 vector operations per 256 weight bytes.
-inline void fp8_one_rows(const uint8_t* const (&wr)[4], const float* xs, int kfull, size_t ahead, __m512 (&sums)[4][2]) {
-  __m512 a[4][2];
-  for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm512_setzero_ps();
-  for (int c = 0; c < kfull; c += 64) {
-    const __m512 xv[4] = {_mm512_loadu_ps(xs + c), _mm512_loadu_ps(xs + c + 16), _mm512_loadu_ps(xs + c + 32),
-                          _mm512_loadu_ps(xs + c + 48)};
-    for (int j = 0; j < 4; ++j) {
-      prefetch_stream(wr[j] + c + ahead);
-      fp8_fma4(fp8x64_bits(wr[j] + c), xv, a[j]);
-    }
-  }
-  std::memcpy(sums, a, sizeof a);
-}
-
-// One token, four rows at a time sharing the x loads; each row summed exactly as above.
-void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, int base, int r0, int r1) {
-  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
-  const size_t ahead = prefetch_ahead(size_t(K));
-  int r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    const uint8_t* wr[4];
-    for (int j = 0; j < 4; ++j) wr[j] = w.data + size_t(r + j) * size_t(K);
-    __m512 a[4][2];
-    fp8_one_rows(wr, xs, kfull, ahead, a);
-    for (int j = 0; j < 4; ++j) {
-      const float* srow = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
-      y[r + j - base] = fp8_finish(a[j][0], a[j][1], wr[j], srow, x, kfull, K, bc);
-    }
-  }
-  if (r < r1) gemv_fp8_tokens<1>(w, x, xs, y, 0, base, r, r1);
 }
 
 // ---- bf16: two weights per 32-bit lane ----------------------------------------------
@@ -468,15 +435,15 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
 // grouping changes no output bit.
 constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
-// The kernel for n prepared tokens. fp8: one token against four rows, two tokens against
-// four (two rows keep too few loads in flight), more against two. bf16: one and two tokens
+// The kernel for n prepared tokens. fp8: one token one row at a time, two tokens against
+// four rows (two rows keep too few loads in flight), more against two. bf16: one and two tokens
 // one row at a time (gemv_bf16_tokens), more against four rows (one row at a time loads each
 // x vector once per row, which from three tokens on costs more than the four streams do).
 void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   switch (n) {
     case 1:
-      if (fp8) gemv_fp8_one(w, x, xb, y, base, r0, r1);
+      if (fp8) gemv_fp8_tokens<1>(w, x, xb, y, 0, base, r0, r1);
       else gemv_bf16_tokens<1, false>(w, x, xb, y, 0, base, r0, r1);
       break;
     case 2:
