@@ -129,60 +129,8 @@ __attribute__((target("avx2,fma"))) inline Fp8x32 fp8x32_bits(const uint8_t* p) 
 constexpr float kFp8XScale = 0x1p64f;              // applied to x
 constexpr float kFp8BitsUndo = 0x1p120f * 0x1p-64f;  // 2^56, applied with the block scale
 
-// Rows are absolute (the scale lookup needs them); y[r - base] receives row r. xs is x
-// times kFp8XScale, permuted per 32 columns to the order of Fp8x32 (b3, b2, b1, b0);
-// x itself serves the scalar tail.
-template <int NT>
-__attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
-                                                             int base, int r0, int r1);
 template <int NT, bool kOneStream = false>
 __attribute__((target("avx2,fma"))) void gemv_bf16_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1);
-
-__attribute__((target("avx2,fma"))) void gemv_fp8_avx2(const Linear& w, const float* x, const float* xs, float* y, int base, int r0,
-                                                      int r1) {
-  const int K = w.cols, bc = w.block_cols, sc = w.scale_cols();
-  const int kfull = bc % 32 == 0 ? (K / bc) * bc : 0;  // columns covered by full blocks
-  const size_t ahead = size_t(4 * K) * size_t((8192 + 4 * K - 1) / (4 * K));
-  int r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const uint8_t* wr[4];
-    const float* srow[4];  // each row's scale row, looked up once
-    for (int j = 0; j < 4; ++j) {
-      wr[j] = w.data + size_t(r + j) * size_t(K);
-      srow[j] = w.scale + size_t((r + j) / w.block_rows) * size_t(sc);
-    }
-    for (int c0 = 0, blk = 0; c0 < kfull; c0 += bc, ++blk) {
-      __m256 a[4][2];
-      for (int j = 0; j < 4; ++j) a[j][0] = a[j][1] = _mm256_setzero_ps();
-      for (int c = c0; c < c0 + bc; c += 32) {
-        const __m256 x3 = _mm256_loadu_ps(xs + c), x2 = _mm256_loadu_ps(xs + c + 8);
-        const __m256 x1 = _mm256_loadu_ps(xs + c + 16), x0 = _mm256_loadu_ps(xs + c + 24);
-        for (int j = 0; j < 4; ++j) {
-          // Rows are short streams (0.5-4 KB) that the hardware prefetcher picks up late;
-          // fetch the same columns a few groups of four rows ahead (>= 8 KB).
-          prefetch_stream(wr[j] + c + ahead);
-          const Fp8x32 f = fp8x32_bits(wr[j] + c);
-          a[j][0] = _mm256_fmadd_ps(f.b3, x3, a[j][0]);
-          a[j][1] = _mm256_fmadd_ps(f.b2, x2, a[j][1]);
-          a[j][0] = _mm256_fmadd_ps(f.b1, x1, a[j][0]);
-          a[j][1] = _mm256_fmadd_ps(f.b0, x0, a[j][1]);
-        }
-      }
-      for (int j = 0; j < 4; ++j)
-        tot[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_set1_ps(srow[j][blk] * kFp8BitsUndo), tot[j]);
-    }
-    for (int j = 0; j < 4; ++j) {
-      float acc = hsum8(tot[j]);
-      for (int c = kfull; c < K; ++c)
-        acc += fp8_e4m3_to_f32(wr[j][c]) * w.scale[size_t((r + j) / w.block_rows) * size_t(sc) + size_t(c / bc)] * x[c];
-      y[r + j - base] = acc;
-    }
-  }
-  // Leftover rows in the same per-row order (one row at a time): a row's sum never depends
-  // on which rows share its call.
-  if (r < r1) gemv_fp8_tokens_avx2<1>(w, x, xs, y, 0, base, r, r1);
-}
 
 // x * kFp8XScale into a per-thread buffer (grown once, then reused), each full group of
 // 32 columns permuted to the lane order of fp8x32_bits: [4i+3 | 4i+2 | 4i+1 | 4i].
@@ -222,11 +170,13 @@ inline void deinterleave_x_into(const float* x, int n, float* b) {
   for (; c < n; ++c) b[c] = x[c];
 }
 
-// NT tokens against each row as it streams by (a speculative verify step): every weight
-// vector is loaded and widened once and used for all NT tokens, so the step reads the
-// weights once and pays the fp8 widening once. One row at a time keeps NT x 2
-// accumulators in registers; the x vectors come from L1. x [NT, K] (tails), xp [NT, K]
-// prepared as for the one-token kernels, y [NT, ldy] (row r at y[r - base]).
+// NT tokens against each row as it streams by (one decode token, or a speculative verify
+// step): every weight vector is loaded and widened once and used for all NT tokens. One row
+// at a time keeps NT x 2 accumulators in registers and reads the weights in address order
+// (one token: 12% faster than four rows side by side on Zen 5, docs/KERNELS.md); the x
+// vectors come from L1. Rows are absolute (the scale lookup needs them). x [NT, K] (the
+// scalar tails), xp [NT, K]: x times kFp8XScale, permuted per 32 columns to the order of
+// Fp8x32 (b3, b2, b1, b0); y [NT, ldy] (row r at y[r - base]).
 template <int NT>
 __attribute__((target("avx2,fma"))) void gemv_fp8_tokens_avx2(const Linear& w, const float* x, const float* xp, float* y, size_t ldy,
                                                              int base, int r0, int r1) {
@@ -346,7 +296,7 @@ __attribute__((target("avx2,fma"))) void gemv_prepared_avx2(const Linear& w, con
                                                            size_t ldy, int base, int r0, int r1) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   if (n == 1) {
-    if (fp8) gemv_fp8_avx2(w, x, xb, y, base, r0, r1);
+    if (fp8) gemv_fp8_tokens_avx2<1>(w, x, xb, y, 0, base, r0, r1);
     else gemv_bf16_tokens_avx2<1, true>(w, x, xb, y, 0, base, r0, r1);
   } else if (n == 2) {
     if (fp8) gemv_fp8_tokens_avx2<2>(w, x, xb, y, ldy, base, r0, r1);
@@ -843,7 +793,7 @@ namespace {
 
 // linear_t_one for fp8 weights whose width is a whole number of scale blocks (the block
 // width a multiple of 8): rows are streamed in order, eight at a time, each weight placed as f32 bits once (2^-120 times
-// its value, as in gemv_fp8_avx2) and multiplied by x[r] * its block scale * 2^64, y
+// its value, as in gemv_fp8_tokens_avx2) and multiplied by x[r] * its block scale * 2^64, y
 // accumulating in L1; the sums are scaled by 2^56 at the end. Each column sums its rows in
 // row order. Rows are prefetched 16 ahead: one head's block (64 KB for DeepSeek's k_nope
 // rows) is too short for the hardware prefetchers to get going, and without the prefetch
