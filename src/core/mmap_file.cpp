@@ -8,12 +8,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "core/error.h"
+#include "core/huge_pages.h"
 
 namespace dsa {
 
@@ -32,14 +31,6 @@ int open_regular(const std::string& path, const std::string& label, struct stat&
 }
 
 constexpr size_t kHuge = size_t(2) << 20;
-
-bool huge_pages_wanted() {
-  static const bool on = [] {
-    const char* e = std::getenv("DSA_HUGEPAGES");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
 
 // Maps the file read-only at a multiple of 2 MiB, so that the mapping's addresses line up
 // with the file's offsets modulo 2 MiB: the condition for the kernel to map a 2 MiB folio
@@ -129,26 +120,7 @@ void MmapFile::populate(const uint8_t* p, size_t n) const {
   (void)sink;
 }
 
-size_t MmapFile::huge_bytes() const {
-  if (!data_) return 0;
-  FILE* f = std::fopen("/proc/self/smaps", "r");
-  if (!f) return 0;
-  char line[512];
-  bool mine = false;
-  size_t kb = 0;
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
-  while (std::fgets(line, sizeof line, f)) {
-    unsigned long a = 0, b = 0;
-    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2) {  // a mapping's first line (no field name is hex, then '-')
-      mine = a >= lo && a < hi;
-      continue;
-    }
-    size_t v = 0;
-    if (mine && std::sscanf(line, "FilePmdMapped: %zu kB", &v) == 1) kb += v;
-  }
-  std::fclose(f);
-  return kb * 1024;
-}
+size_t MmapFile::huge_bytes() const { return data_ ? smaps_bytes(data_, size_, "FilePmdMapped") : 0; }
 
 // Reads [off, off + len) (2 MiB aligned) of the file in again: unmaps it here, asks the page
 // cache to drop it (pages other processes map stay) and maps it again, reading what was

@@ -1,14 +1,11 @@
 #include "model/kv_cache.h"
 
-#include <cstdlib>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
 namespace dsa {
-
-void KvCache::Free::operator()(void* p) const { std::free(p); }
 
 namespace {
 MlaCacheView latent_format(const ModelConfig& cfg, CacheType type) {
@@ -20,13 +17,12 @@ MlaCacheView latent_format(const ModelConfig& cfg, CacheType type) {
   return v;
 }
 
-// Zeroed pages from the system on first touch (calloc maps large blocks lazily): a large
-// pool costs memory only as sequences fill it.
-template <class T>
-T* zeroed(size_t n, const char* what) {
-  void* p = std::calloc(n ? n : 1, sizeof(T));
-  if (!p) throw Error(std::string("KV cache: cannot allocate the ") + what + " (" + std::to_string(n * sizeof(T)) + " bytes)");
-  return static_cast<T*>(p);
+// Zeroed pages from the system on first touch: a large pool costs memory only as sequences
+// fill it.
+AnonBuffer zeroed(size_t bytes, const char* what) {
+  AnonBuffer b(bytes);
+  if (!b.data()) throw Error(std::string("KV cache: cannot allocate the ") + what + " (" + std::to_string(bytes) + " bytes)");
+  return b;
 }
 }  // namespace
 
@@ -54,10 +50,10 @@ KvCache::KvCache(const ModelConfig& cfg, const KvCacheOptions& opt) : opt_(opt),
   for (int l = 0; l < n; ++l) {
     if (!held(cfg, opt, l)) continue;
     Layer& L = layers_[size_t(l)];
-    L.mla.reset(zeroed<uint8_t>(slots * proto_.token_bytes(), "latent cache"));
+    L.mla = zeroed(slots * proto_.token_bytes(), "latent cache");
     if (cfg.is_indexer_full(l)) {
-      L.index_k.reset(zeroed<uint8_t>(slots * 128, "indexer key cache"));
-      L.index_scale.reset(zeroed<float>(slots, "indexer scale cache"));
+      L.index_k = zeroed(slots * 128, "indexer key cache");
+      L.index_scale = zeroed(slots * sizeof(float), "indexer scale cache");
     }
   }
 }
@@ -66,13 +62,13 @@ size_t KvCache::bytes() const {
   const size_t slots = size_t(opt_.n_blocks) * size_t(opt_.block_size);
   size_t b = 0;
   for (const Layer& L : layers_)
-    if (L.mla) b += slots * (proto_.token_bytes() + (L.index_k ? 132 : 0));
+    if (L.mla.data()) b += slots * (proto_.token_bytes() + (L.index_k.data() ? 132 : 0));
   return b;
 }
 
 MlaCacheView KvCache::mla(int layer, const int32_t* blocks) const {
   MlaCacheView v = proto_;
-  v.data = layers_[size_t(layer)].mla.get();
+  v.data = layers_[size_t(layer)].mla.data();
   v.blocks = blocks;
   v.block_size = opt_.block_size;
   return v;

@@ -6,9 +6,9 @@
 // caches are one more layer. Which block belongs to whom is the block manager's business;
 // this type only stores and addresses.
 #include <cstdint>
-#include <memory>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
 
@@ -36,21 +36,22 @@ public:
   int block_size() const { return opt_.block_size; }
   int n_blocks() const { return opt_.n_blocks; }
   int n_layers() const { return int(layers_.size()); }  // main layers + the MTP layer when held
-  bool holds(int layer) const { return layers_[size_t(layer)].mla != nullptr; }
+  bool holds(int layer) const { return layers_[size_t(layer)].mla.data() != nullptr; }
   size_t bytes() const;
 
   // Layer `layer`'s latent cache seen through a sequence's block table.
   MlaCacheView mla(int layer, const int32_t* blocks) const;
-  bool has_index(int layer) const { return layers_[size_t(layer)].index_k != nullptr; }
-  uint8_t* index_k(int layer) const { return layers_[size_t(layer)].index_k.get(); }      // [slots, 128] e4m3
-  float* index_scale(int layer) const { return layers_[size_t(layer)].index_scale.get(); }  // [slots]
+  bool has_index(int layer) const { return layers_[size_t(layer)].index_k.data() != nullptr; }
+  uint8_t* index_k(int layer) const { return layers_[size_t(layer)].index_k.data(); }  // [slots, 128] e4m3
+  float* index_scale(int layer) const {  // [slots]
+    return reinterpret_cast<float*>(layers_[size_t(layer)].index_scale.data());
+  }
 
 private:
-  struct Free { void operator()(void* p) const; };
+  // On 2 MiB pages where the system allows (core/huge_pages.h): the sparse attention's
+  // gathers and the indexer scan read all over these.
   struct Layer {
-    std::unique_ptr<uint8_t[], Free> mla;
-    std::unique_ptr<uint8_t[], Free> index_k;
-    std::unique_ptr<float[], Free> index_scale;
+    AnonBuffer mla, index_k, index_scale;
   };
   KvCacheOptions opt_;
   MlaCacheView proto_;  // format of every layer's latent cache

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "core/mmap_file.h"
 #include "fixtures.h"
 
@@ -86,4 +87,29 @@ TEST(MmapFile, PopulateHugeKeepsTheBytesAndMapsEveryPage) {
     EXPECT_EQ(f.data()[bytes - 1], at(bytes - 1));
   }
   std::filesystem::remove(path);
+}
+
+// AnonBuffer: zeroed, writable, at a 2 MiB boundary, advised for 2 MiB pages (the flag the
+// kernel records whether or not it finds a 2 MiB page to give), and unmapped once; a move
+// hands the mapping over.
+TEST(AnonBuffer, IsZeroedAlignedAndAdvisedForHugePages) {
+  const size_t bytes = (size_t(5) << 20) + 100;  // a ragged size: rounded up to whole pages
+  dsa::AnonBuffer b(bytes);
+  ASSERT_NE(b.data(), nullptr);
+  EXPECT_GE(b.size(), bytes);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % (size_t(2) << 20), 0u);
+  for (size_t i = 0; i < bytes; i += 4093) ASSERT_EQ(b.data()[i], 0) << "byte " << i;
+  std::fill(b.data(), b.data() + bytes, uint8_t(7));
+  EXPECT_EQ(b.data()[bytes - 1], 7);
+  EXPECT_EQ(b.huge_advised(), dsa::huge_pages_wanted());
+  EXPECT_LE(b.huge_bytes(), b.size());
+  uint8_t* p = b.data();
+  dsa::AnonBuffer moved(std::move(b));
+  EXPECT_EQ(b.data(), nullptr);
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_EQ(moved.data(), p);
+  EXPECT_EQ(moved.data()[0], 7);
+  moved = dsa::AnonBuffer(1);
+  EXPECT_EQ(resident_kb(p, p + bytes), 0) << "the first mapping is still there";
+  EXPECT_EQ(moved.data()[0], 0);
 }
