@@ -44,18 +44,30 @@ bool huge_pages_wanted() {
   return on;
 }
 
-AnonBuffer::AnonBuffer(size_t bytes) {
+void* reserve_huge_aligned(size_t bytes) {
   const size_t page = size_t(::sysconf(_SC_PAGESIZE));
   const size_t size = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
   // kHuge more than needed, then the slack before the first 2 MiB boundary and after the
-  // buffer handed back.
-  void* area = ::mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (area == MAP_FAILED) return;
+  // region handed back.
+  void* area = ::mmap(nullptr, size + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (area == MAP_FAILED) return nullptr;
   const uintptr_t at = (reinterpret_cast<uintptr_t>(area) + kHuge - 1) & ~uintptr_t(kHuge - 1);
   const size_t lead = size_t(at - reinterpret_cast<uintptr_t>(area));
   if (lead) ::munmap(area, lead);
   if (kHuge - lead) ::munmap(reinterpret_cast<void*>(at + size), kHuge - lead);
-  data_ = reinterpret_cast<uint8_t*>(at);
+  return reinterpret_cast<void*>(at);
+}
+
+AnonBuffer::AnonBuffer(size_t bytes) {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t size = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  void* at = reserve_huge_aligned(size);
+  if (!at) return;
+  if (::mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    ::munmap(at, size);
+    return;
+  }
+  data_ = static_cast<uint8_t*>(at);
   size_ = size;
 #ifdef MADV_HUGEPAGE
   // A hint: refused (THP "never", an old kernel) the buffer stands on small pages.

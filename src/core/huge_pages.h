@@ -16,6 +16,12 @@ namespace dsa {
 // False when DSA_HUGEPAGES=0 (read once).
 bool huge_pages_wanted();
 
+// Address space for `bytes` (rounded up to whole pages) starting at a 2 MiB boundary,
+// reserved inaccessible and uncommitted, or nullptr. The caller maps over it with MAP_FIXED
+// (on failure, munmap it); a 2 MiB boundary is what lets the kernel give a mapping 2 MiB
+// pages from its first byte.
+void* reserve_huge_aligned(size_t bytes);
+
 class AnonBuffer {
 public:
   AnonBuffer() = default;

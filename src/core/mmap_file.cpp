@@ -30,27 +30,18 @@ int open_regular(const std::string& path, const std::string& label, struct stat&
   return fd;
 }
 
-constexpr size_t kHuge = size_t(2) << 20;
-
 // Maps the file read-only at a multiple of 2 MiB, so that the mapping's addresses line up
 // with the file's offsets modulo 2 MiB: the condition for the kernel to map a 2 MiB folio
 // of the page cache with one TLB entry. Falls back to wherever the kernel puts it.
 void* map_aligned(int fd, size_t size) {
   auto anywhere = [&] { return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0); };
-  void* area = ::mmap(nullptr, size + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (area == MAP_FAILED) return anywhere();
-  const uintptr_t at = (reinterpret_cast<uintptr_t>(area) + kHuge - 1) & ~uintptr_t(kHuge - 1);
-  void* p = ::mmap(reinterpret_cast<void*>(at), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  void* at = reserve_huge_aligned(size);
+  if (!at) return anywhere();
+  void* p = ::mmap(at, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
-    ::munmap(area, size + kHuge);
+    ::munmap(at, size);
     return anywhere();
   }
-  // The reservation's slack before and after the file (the reservation is a whole number
-  // of pages, kHuge more than the file's).
-  const size_t lead = size_t(at - reinterpret_cast<uintptr_t>(area));
-  const size_t page = size_t(::sysconf(_SC_PAGESIZE)), mapped = (size + page - 1) / page * page;
-  if (lead) ::munmap(area, lead);
-  ::munmap(static_cast<uint8_t*>(p) + mapped, kHuge - lead);
 #ifdef MADV_HUGEPAGE
   // Pages read in through this mapping come as 2 MiB folios where the file system can hold
   // them so. A hint: refused or ignored, the mapping stands.
