@@ -180,7 +180,7 @@ void silu_mul(const float* gate, const float* up, size_t n, float* out) {
 }
 void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved) {
   Timed t(KernelId::Other, 3.0 * dim, 12.0 * dim);
-  ref::rope(x, dim, cos, sin, interleaved);
+  DSA_DISPATCH(rope, x, dim, cos, sin, interleaved);
 }
 void hadamard128(float* x, int n_vec) {
   Timed t(KernelId::Other, 7.0 * 128 * n_vec, 8.0 * 128 * n_vec);
@@ -188,7 +188,7 @@ void hadamard128(float* x, int n_vec) {
 }
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales) {
   Timed t(KernelId::Other, 2.0 * n, 5.0 * n);
-  ref::act_quant_fp8(x, n, block, ue8m0, codes, scales);
+  DSA_DISPATCH(act_quant_fp8, x, n, block, ue8m0, codes, scales);
 }
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out) {
   Timed t(KernelId::IndexerScores, 2.0 * n_heads * 128.0 * n_keys, 132.0 * n_keys);

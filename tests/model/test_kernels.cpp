@@ -693,6 +693,45 @@ TEST_P(KernelTwins, ElementwiseAndHadamard) {
   EXPECT_LE(max_rel(h4, h3), 1e-6);
 }
 
+// RoPE and the fp8 activation quantization give the reference's bits on every tier: both
+// layouts of the pairs, lengths with a tail past the vector width, magnitudes from the e4m3
+// subnormal steps to the clamp, an all-zero block, ue8m0 and plain scales.
+TEST_P(KernelTwins, RopeAndActQuantAreTheReferenceBits) {
+  std::mt19937 rng(35);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int dim : {64, 128, 6, 22})
+    for (bool interleaved : {false, true}) {
+      auto x = randv(size_t(dim), uint32_t(36 + dim)), c = randv(size_t(dim / 2), 37), sn = randv(size_t(dim / 2), 38);
+      for (float& v : x) v *= std::ldexp(1.0f, int(rng() % 40) - 20);
+      auto y = x;
+      kernels::cpu::rope(x.data(), dim, c.data(), sn.data(), interleaved);
+      kernels::ref::rope(y.data(), dim, c.data(), sn.data(), interleaved);
+      EXPECT_EQ(x, y) << "dim " << dim << (interleaved ? " interleaved" : "");
+    }
+  const int n = 5 * 128 + 44;
+  std::vector<float> x(n);
+  for (int i = 0; i < n; ++i) x[size_t(i)] = u(rng) * std::ldexp(1.0f, int(rng() % 24) - 12);
+  std::fill(x.begin() + 256, x.begin() + 384, 0.0f);      // amax below the 1e-4 floor
+  for (int i = 384; i < 512; ++i) x[size_t(i)] *= 1e-3f;   // many codes in the subnormal steps
+  x[5] = 0.0f;
+  x[6] = -0.0f;
+  // Ties of the e4m3 rounding (block 1 holds 28, so its ue8m0 scale is exactly 2^-4): halfway
+  // between normal codes both ways, between subnormal steps, and one ulp under a tie.
+  const float ties[] = {28.0f, 1.0625f, 1.1875f, -1.0625f, 0x1p-10f, 0x1.8p-9f, -0x1.8p-9f, 0x1.5p-8f, std::nextafter(1.1875f, 0.0f)};
+  for (int i = 128; i < 256; ++i) {
+    const size_t t = size_t(i - 128) % std::size(ties);
+    x[size_t(i)] = ties[t] * (t == 0 ? 1.0f : 0x1p-4f);
+  }
+  for (bool ue8m0 : {true, false}) {
+    std::vector<uint8_t> a(n), b(n);
+    std::vector<float> sa(6), sb(6);
+    kernels::cpu::act_quant_fp8(x.data(), n, 128, ue8m0, a.data(), sa.data());
+    kernels::ref::act_quant_fp8(x.data(), n, 128, ue8m0, b.data(), sb.data());
+    EXPECT_EQ(sa, sb) << (ue8m0 ? "ue8m0" : "f32 scales");
+    EXPECT_EQ(a, b) << (ue8m0 ? "ue8m0" : "f32 scales");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelTwins, ::testing::ValuesIn(kTiers), test::tier_name);
 
 // The amx tier's start-up self-check passes on a correct tile unit (the model), so that on an

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
@@ -73,7 +74,95 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const 
   }
 }
 
+// RoPE on four pairs at a time in double, as the reference computes it: each product of two
+// floats is exact in a double, so x0 c - x1 s rounds once (to double, then to float) whether
+// the reference's compiler contracts it into an FMA or not, and every value is its bits.
+__attribute__((target("avx2,fma"))) inline void rope4(const __m128 x0f, const __m128 x1f, const float* cos, const float* sin, __m128& y0,
+                                                      __m128& y1) {
+  const __m256d x0 = _mm256_cvtps_pd(x0f), x1 = _mm256_cvtps_pd(x1f);
+  const __m256d c = _mm256_cvtps_pd(_mm_loadu_ps(cos)), s = _mm256_cvtps_pd(_mm_loadu_ps(sin));
+  y0 = _mm256_cvtpd_ps(_mm256_fmsub_pd(x0, c, _mm256_mul_pd(x1, s)));
+  y1 = _mm256_cvtpd_ps(_mm256_fmadd_pd(x0, s, _mm256_mul_pd(x1, c)));
+}
+
+__attribute__((target("avx2,fma"))) void rope_avx2(float* x, int dim, const float* cos, const float* sin, bool interleaved) {
+  const int half = dim / 2;
+  int i = 0;
+  for (; i + 4 <= half; i += 4) {
+    __m128 y0, y1;
+    if (!interleaved) {
+      rope4(_mm_loadu_ps(x + i), _mm_loadu_ps(x + half + i), cos + i, sin + i, y0, y1);
+      _mm_storeu_ps(x + i, y0);
+      _mm_storeu_ps(x + half + i, y1);
+      continue;
+    }
+    // Pairs (x[2i], x[2i + 1]): the even and the odd elements of eight, and back.
+    const __m128 a = _mm_loadu_ps(x + 2 * i), b = _mm_loadu_ps(x + 2 * i + 4);
+    rope4(_mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)), cos + i, sin + i, y0, y1);
+    _mm_storeu_ps(x + 2 * i, _mm_unpacklo_ps(y0, y1));
+    _mm_storeu_ps(x + 2 * i + 4, _mm_unpackhi_ps(y0, y1));
+  }
+  if (i < half) {
+    float* rest = interleaved ? x + 2 * i : x + i;
+    if (interleaved) return ref::rope(rest, dim - 2 * i, cos + i, sin + i, true);
+    // Non-interleaved halves are half apart: the last pairs one by one, as the reference does.
+    for (; i < half; ++i) {
+      const double x0 = x[i], x1 = x[i + half];
+      x[i] = float(x0 * cos[i] - x1 * sin[i]);
+      x[i + half] = float(x0 * sin[i] + x1 * cos[i]);
+    }
+  }
+}
+
+// f32_to_fp8_e4m3 on eight values at once (|q| <= 448): the subnormal steps by rounding
+// |q| * 512 to nearest even (the MXCSR default, as nearbyint), the normal range by rounding
+// the 20 dropped mantissa bits to nearest even and rebiasing the exponent; the sign on top.
+__attribute__((target("avx2,fma"))) inline void fp8_codes8(__m256 q, uint8_t* out) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 a = _mm256_andnot_ps(sign_bit, q);
+  const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)));
+  const __m256i u = _mm256_castps_si256(a);
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF), _mm256_and_si256(_mm256_srli_epi32(u, 20), _mm256_set1_epi32(1))));
+  const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, 20), _mm256_set1_epi32(120 << 3));
+  const __m256i is_sub = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0.015625f), _CMP_LT_OQ));
+  __m256i code = _mm256_blendv_epi8(normal, sub, is_sub);
+  code = _mm256_or_si256(code, _mm256_srli_epi32(_mm256_castps_si256(_mm256_and_ps(q, sign_bit)), 24));
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(w, w));
+}
+
+// One block of act_quant_fp8 (the reference's scale, then its codes eight at a time).
+__attribute__((target("avx2,fma"))) void act_quant_block_avx2(const float* x, int len, bool ue8m0, uint8_t* codes, float* scale) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 m = _mm256_setzero_ps();
+  int i = 0;
+  // max(|x|, m): a NaN input is skipped, as std::max(amax, |x|) skips it.
+  for (; i + 8 <= len; i += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask), m);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float amax = 0;
+  for (float v : lanes) amax = std::max(amax, v);
+  for (; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = ref::act_quant_scale(amax, ue8m0);
+  *scale = s;
+  const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-448.0f), hi = _mm256_set1_ps(448.0f);
+  i = 0;
+  for (; i + 8 <= len; i += 8) fp8_codes8(_mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), lo), hi), codes + i);
+  for (; i < len; ++i) codes[i] = f32_to_fp8_e4m3(std::min(448.0f, std::max(-448.0f, x[i] / s)));
+}
+
 }  // namespace
+
+void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved) {
+  if (!use_avx2()) return ref::rope(x, dim, cos, sin, interleaved);
+  rope_avx2(x, dim, cos, sin, interleaved);
+}
+
+void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales) {
+  if (!use_avx2()) return ref::act_quant_fp8(x, n, block, ue8m0, codes, scales);
+  for (int b0 = 0, bi = 0; b0 < n; b0 += block, ++bi)
+    act_quant_block_avx2(x + b0, std::min(block, n - b0), ue8m0, codes + b0, scales + bi);
+}
 
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) {
   const bool avx = use_avx2() && (w.dtype == DType::F32 || w.dtype == DType::BF16);

@@ -18,6 +18,8 @@ void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved);
 void hadamard128(float* x, int n_vec);
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
+// act_quant_fp8's scale for a block whose largest |x| is amax (the other tiers share it).
+float act_quant_scale(float amax, bool ue8m0);
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out);
 void topk(const float* scores, int n, int k, int32_t* out);
 void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope);

@@ -65,24 +65,29 @@ void hadamard128(float* x, int n_vec) {
   }
 }
 
+float act_quant_scale(float amax, bool ue8m0) {
+  amax = std::max(amax, 1e-4f);
+  // DeepSeek's kernel multiplies by the f32 constant 1/448 (dividing differs in the
+  // last bit for about half the scales).
+  float s = amax * (1.0f / 448.0f);
+  if (ue8m0) {
+    // 2^ceil(log2(s)) exactly from the bits: round the exponent up unless s is a power of two.
+    uint32_t u;
+    std::memcpy(&u, &s, 4);
+    const uint32_t exp = (u >> 23) & 0xff, man = u & 0x7fffff;
+    uint32_t e2 = exp + (man != 0 ? 1u : 0u);
+    u = e2 << 23;
+    std::memcpy(&s, &u, 4);
+  }
+  return s;
+}
+
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales) {
   for (int b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
     const int b1 = std::min(n, b0 + block);
     float amax = 0;
     for (int i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    amax = std::max(amax, 1e-4f);
-    // DeepSeek's kernel multiplies by the f32 constant 1/448 (dividing differs in the
-    // last bit for about half the scales).
-    float s = amax * (1.0f / 448.0f);
-    if (ue8m0) {
-      // 2^ceil(log2(s)) exactly from the bits: round the exponent up unless s is a power of two.
-      uint32_t u;
-      std::memcpy(&u, &s, 4);
-      const uint32_t exp = (u >> 23) & 0xff, man = u & 0x7fffff;
-      uint32_t e2 = exp + (man != 0 ? 1u : 0u);
-      u = e2 << 23;
-      std::memcpy(&s, &u, 4);
-    }
+    const float s = act_quant_scale(amax, ue8m0);
     scales[bi] = s;
     for (int i = b0; i < b1; ++i) {
       const float q = std::min(448.0f, std::max(-448.0f, x[i] / s));
