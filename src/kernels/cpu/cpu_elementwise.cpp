@@ -76,7 +76,7 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const 
 
 // RoPE on four pairs at a time in double, as the reference computes it: each product of two
 // floats is exact in a double, so x0 c - x1 s rounds once (to double, then to float) whether
-// the reference's compiler contracts it into an FMA or not, and every value is its bits.
+// the reference's compiler contracts it into an FMA or not: every value is the reference's.
 __attribute__((target("avx2,fma"))) inline void rope4(const __m128 x0f, const __m128 x1f, const float* cos, const float* sin, __m128& y0,
                                                       __m128& y1) {
   const __m256d x0 = _mm256_cvtps_pd(x0f), x1 = _mm256_cvtps_pd(x1f);
@@ -102,15 +102,14 @@ __attribute__((target("avx2,fma"))) void rope_avx2(float* x, int dim, const floa
     _mm_storeu_ps(x + 2 * i, _mm_unpacklo_ps(y0, y1));
     _mm_storeu_ps(x + 2 * i + 4, _mm_unpackhi_ps(y0, y1));
   }
-  if (i < half) {
-    float* rest = interleaved ? x + 2 * i : x + i;
-    if (interleaved) return ref::rope(rest, dim - 2 * i, cos + i, sin + i, true);
-    // Non-interleaved halves are half apart: the last pairs one by one, as the reference does.
-    for (; i < half; ++i) {
-      const double x0 = x[i], x1 = x[i + half];
-      x[i] = float(x0 * cos[i] - x1 * sin[i]);
-      x[i + half] = float(x0 * sin[i] + x1 * cos[i]);
-    }
+  if (i == half) return;
+  // The last pairs: interleaved ones are a shorter vector of their own; halves half apart
+  // are not, so those go one by one, as the reference computes them.
+  if (interleaved) return ref::rope(x + 2 * i, dim - 2 * i, cos + i, sin + i, true);
+  for (; i < half; ++i) {
+    const double x0 = x[i], x1 = x[i + half];
+    x[i] = float(x0 * cos[i] - x1 * sin[i]);
+    x[i + half] = float(x0 * sin[i] + x1 * cos[i]);
   }
 }
 
