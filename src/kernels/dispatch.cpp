@@ -139,6 +139,17 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
   Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows, &w);
   DSA_DISPATCH(linear_t, w, x, n, y, row0, nrows);
 }
+void linear(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows) {
+  const double r = nrows < 0 ? w.rows - row0 : nrows;
+  DSA_CHECK(ldx >= size_t(w.cols) && ldy >= size_t(r), "linear: row strides narrower than the rows");
+  Timed t(KernelId::Linear, 2.0 * n * r * w.cols, double(w.bytes()) * r / w.rows, &w);
+  DSA_DISPATCH(linear, w, x, ldx, n, y, ldy, row0, nrows);
+}
+void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows) {
+  DSA_CHECK(ldx >= size_t(nrows) && ldy >= size_t(w.cols), "linear_t: row strides narrower than the rows");
+  Timed t(KernelId::LinearT, 2.0 * n * nrows * w.cols, double(w.bytes()) * nrows / w.rows, &w);
+  DSA_DISPATCH(linear_t, w, x, ldx, n, y, ldy, row0, nrows);
+}
 void linear_multi(const LinearJob* jobs, int n_jobs) {
   if (n_jobs <= 0) return;
   double flops = 0, bytes = 0;

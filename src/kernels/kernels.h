@@ -148,6 +148,11 @@ void linear_decode(const Linear& w, const float* x, int n, float* y, int row0 = 
 // y[n, cols] = x[n, nrows] · W[row0 : row0 + nrows]  (the transposed direction, used to
 // absorb kv_b's k part into the query in MLA decode)
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+// The same two GEMMs over token rows ldx and ldy floats apart (x read from, y written into,
+// rows of wider matrices: one head's slice of a chunk's [tokens][heads] blocks), each
+// output the same bits as with packed rows.
+void linear(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows);
+void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows);
 // Several decode-role products in one call (one parallel region): y_j = x_j · W_jᵀ for n_j
 // tokens, each output exactly as linear_decode computes it. Decode uses it for the
 // projections that share an input and for the routed experts its tokens picked; a job may

@@ -88,9 +88,10 @@ void absorbed_queries(const Step& st, const MlaWeights& a, int cache_layer, int 
 }
 
 // A prefill chunk (tokens [t0, t0 + n) at positions pos0 ..), in the absorbed form like
-// decode: the chunk's q_nope through the k part of kv_b together per head (the GEMM), the
-// layer's cache dequantized once into f32 rows (the chunk's queries select overlapping
-// keys), one query per thread over the f32 view, the outputs through the v part (the GEMM).
+// decode: the chunk's q_nope through the k part of kv_b together per head (the GEMM, reading
+// and writing each head's slice of the [tokens][heads] rows in place), the layer's cache
+// dequantized once into f32 rows (the chunk's queries select overlapping keys), one query
+// per thread over the f32 view, the outputs through the v part (the GEMM).
 // Every step of it computes a token from that token's inputs and the cache alone, so a
 // prompt's cache and logits are the same bits however it is chunked, and a prefix taken
 // from the prefix cache gives what computing it would.
@@ -99,18 +100,15 @@ void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& 
   Workspace& ws = st.ws;
   const int nh = st.m.shard.n_heads(c.num_attention_heads), nope = c.qk_nope_head_dim, R = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int qk = c.qk_head_dim(), Lr = c.kv_lora_rank, K = c.index_topk, h0 = st.m.shard.head0(c.num_attention_heads);
-  DSA_CHECK(ws.kv.size() >= size_t(n) * size_t(nope + Lr + vd), "kv scratch too small for the absorbed path");
-  float* qn = ws.kv.data();                             // [n, nope] one head's q_nope
-  float* lat = ws.kv.data() + size_t(n) * size_t(nope);  // [n, kv_lora] one head's latents
   auto row = [&](int i, int h) { return (size_t(t0 + i) * size_t(nh) + size_t(h)); };
-  for (int h = 0; h < nh; ++h) {
-    for_each_token(n, [&](int i) { std::memcpy(qn + size_t(i) * size_t(nope), &ws.q[row(i, h) * size_t(qk)], size_t(nope) * sizeof(float)); });
-    kernels::linear_t(a.kv_b_proj, qn, n, lat, (h0 + h) * (nope + vd), nope);
-    for_each_token(n, [&](int i) {
-      std::memcpy(&ws.q_lat[row(i, h) * size_t(Lr)], lat + size_t(i) * size_t(Lr), size_t(Lr) * sizeof(float));
+  const size_t tok = size_t(nh);  // rows of one token in the per-head arrays
+  for (int h = 0; h < nh; ++h)
+    kernels::linear_t(a.kv_b_proj, &ws.q[row(0, h) * size_t(qk)], tok * size_t(qk), n, &ws.q_lat[row(0, h) * size_t(Lr)],
+                      tok * size_t(Lr), (h0 + h) * (nope + vd), nope);
+  for_each_token(n, [&](int i) {
+    for (int h = 0; h < nh; ++h)
       std::memcpy(&ws.q_pe[row(i, h) * size_t(R)], &ws.q[row(i, h) * size_t(qk) + size_t(nope)], size_t(R) * sizeof(float));
-    });
-  }
+  });
   MlaCacheView view = cache;
   const int ctx = pos0 + n;
   if (view.type != CacheType::F32 && ws.lat_f32.size() >= size_t(ctx) * size_t(Lr + R)) {
@@ -133,14 +131,9 @@ void prefill_attention(const Step& st, const MlaWeights& a, const MlaCacheView& 
   } else {
     for (int i = 0; i < n; ++i) attend(i);  // not inside an inactive parallel region (see indexer_block)
   }
-  float* ov = lat + size_t(n) * size_t(Lr);  // [n, v] one head's output, after the latents
-  for (int h = 0; h < nh; ++h) {
-    for_each_token(n, [&](int i) { std::memcpy(lat + size_t(i) * size_t(Lr), &ws.o_lat[row(i, h) * size_t(Lr)], size_t(Lr) * sizeof(float)); });
-    kernels::linear(a.kv_b_proj, lat, n, ov, (h0 + h) * (nope + vd) + nope, vd);
-    for_each_token(n, [&](int i) {
-      std::memcpy(&ws.attn[(size_t(t0 + i) * size_t(nh) + size_t(h)) * size_t(vd)], ov + size_t(i) * size_t(vd), size_t(vd) * sizeof(float));
-    });
-  }
+  for (int h = 0; h < nh; ++h)
+    kernels::linear(a.kv_b_proj, &ws.o_lat[row(0, h) * size_t(Lr)], tok * size_t(Lr), n, &ws.attn[row(0, h) * size_t(vd)],
+                    tok * size_t(vd), (h0 + h) * (nope + vd) + nope, vd);
 }
 
 // o_proj over the heads' outputs. Tensor parallelism gathers every rank's heads and then

@@ -59,7 +59,7 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   const size_t L = size_t(cfg.kv_lora_rank), R = size_t(cfg.qk_rope_head_dim);
   fill_rope(cfg, C, rope_cos, rope_sin);
 
-  const size_t qk = size_t(cfg.qk_head_dim()), nope = size_t(cfg.qk_nope_head_dim), v = size_t(cfg.v_head_dim);
+  const size_t qk = size_t(cfg.qk_head_dim()), v = size_t(cfg.v_head_dim);
   const size_t ih = size_t(cfg.index_n_heads), K = size_t(cfg.index_topk);
   pos.resize(T); tok_seq.resize(T); ids.resize(T); seq_first.resize(size_t(opt.max_seqs) + 1); logit_first.resize(size_t(opt.max_seqs));
   x.resize(T * H); xn.resize(T * H); h_final.resize(T * H); proj.resize(T * H); moe_out.resize(T * H); moe_acc.resize(T * H);
@@ -67,9 +67,6 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   q.resize(T * nh * qk);
   kva.resize(T * (L + R));
   latent.resize(T * L); k_rope.resize(T * R);
-  // Also the absorbed path's scratch ([n, nope] + [n, kv_lora] + [n, v]), which can exceed
-  // [n, heads * (nope + v)] when there are few heads.
-  kv.resize(T * std::max(nh * (nope + v), nope + L + v));
   q_lat.resize(T * nh * L); o_lat.resize(T * nh * L); q_pe.resize(T * nh * R);
   attn.resize(T * nh * v);
   if (opt.tp > 1) {

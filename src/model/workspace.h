@@ -41,7 +41,6 @@ struct Workspace {
   std::vector<float> q;                      // [T, heads * qk_head]
   std::vector<float> kva;                    // [T, kv_lora + rope]
   std::vector<float> latent, k_rope;         // [T, kv_lora], [T, rope]
-  std::vector<float> kv;                     // [T, heads * (nope + v)] prefill expansion
   std::vector<float> q_lat, o_lat;           // [T, heads * kv_lora] absorbed decode
   std::vector<float> q_pe;                   // [T, heads * rope] query rope parts, contiguous
   std::vector<float> attn;                   // [T, heads * v] (this rank's heads under tensor parallelism)

@@ -356,6 +356,49 @@ TEST_P(KernelTwins, PrefillGemmIsTokenCountInvariant) {
   }
 }
 
+// The GEMMs over rows of wider matrices (one head's slice of a prefill chunk's per-head
+// rows): each output the packed call's bits, nothing written between the rows, and the
+// naive twins agree with themselves the same way.
+TEST_P(KernelTwins, StridedGemmsAreThePackedBits) {
+  struct Case {
+    DType dt;
+    int rows, cols;
+  };
+  // 176 and 384 columns take linear_t's panel GEMM, 200 its column-block path.
+  for (const Case c : {Case{DType::F8_E4M3, 144, 384}, Case{DType::F8_E4M3, 300, 200}, Case{DType::BF16, 96, 176}, Case{DType::F32, 40, 128}}) {
+    SCOPED_TRACE(std::string(dtype_name(c.dt)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols));
+    const auto w = make_linear(c.dt, c.rows, c.cols, 41);
+    const int n = 13, r0 = 16, nr = std::min(64, c.rows - r0);
+    const float kGap = -7.25f;
+    for (auto fwd : {true, false}) {
+      SCOPED_TRACE(fwd ? "linear" : "linear_t");
+      const size_t in = size_t(fwd ? c.cols : nr), out = size_t(fwd ? nr : c.cols);
+      const size_t ldx = in * 3 + 5, ldy = out * 2 + 3;
+      auto x = randv(size_t(n) * ldx, 43);
+      std::vector<float> xp(size_t(n) * in);
+      for (int i = 0; i < n; ++i) std::copy_n(&x[size_t(i) * ldx + 2], in, &xp[size_t(i) * in]);
+      for (bool naive : {false, true}) {
+        SCOPED_TRACE(naive ? "ref" : "cpu");
+        std::vector<float> packed(size_t(n) * out), wide(size_t(n) * ldy, kGap);
+        using Packed = void (*)(const Linear&, const float*, int, float*, int, int);
+        using Strided = void (*)(const Linear&, const float*, size_t, int, float*, size_t, int, int);
+        const Packed packed_fn = fwd ? (naive ? Packed(kernels::ref::linear) : Packed(kernels::cpu::linear))
+                                     : (naive ? Packed(kernels::ref::linear_t) : Packed(kernels::cpu::linear_t));
+        const Strided strided_fn = fwd ? (naive ? Strided(kernels::ref::linear) : Strided(kernels::cpu::linear))
+                                       : (naive ? Strided(kernels::ref::linear_t) : Strided(kernels::cpu::linear_t));
+        packed_fn(w.l, xp.data(), n, packed.data(), r0, nr);
+        strided_fn(w.l, x.data() + 2, ldx, n, wide.data() + 1, ldy, r0, nr);
+        for (int i = 0; i < n; ++i) {
+          const float* row = &wide[size_t(i) * ldy];
+          EXPECT_TRUE(std::equal(row + 1, row + 1 + out, &packed[size_t(i) * out])) << "token " << i;
+          EXPECT_EQ(row[0], kGap) << "token " << i;
+          EXPECT_TRUE(std::all_of(row + 1 + out, row + ldy, [&](float v) { return v == kGap; })) << "token " << i;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
                          ::testing::Combine(::testing::ValuesIn(kTiers), ::testing::Values(1, 144, 300), ::testing::Values(128, 176, 200, 384, 517),
                                             ::testing::Values(1, 2, 3, 17)),

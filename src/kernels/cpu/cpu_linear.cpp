@@ -594,7 +594,7 @@ void multiply_panels(const float* pk, const float* pk1, int kc, const float* xp,
   else gemm_panel_scalar(pk, kc, xp, n, y, ldy, nr, accumulate);
 }
 void gemm_unit(const Linear& w, int row0, int nrows, int u, bool pairs, int k0, int kc, const float* xp, int n, float* y,
-               float* pk, bool avx) {
+               size_t ldy, float* pk, bool avx) {
   const int p = pairs ? 2 * u : u, r0 = p * kNr, nr = std::min(kNr, nrows - r0);
   pack_panel(w, row0 + r0, nr, k0, kc, pk, avx);
   float* pk1 = nullptr;
@@ -604,7 +604,7 @@ void gemm_unit(const Linear& w, int row0, int nrows, int u, bool pairs, int k0, 
     nr1 = std::min(kNr, nrows - r0 - kNr);
     pack_panel(w, row0 + r0 + kNr, nr1, k0, kc, pk1, avx);
   }
-  multiply_panels(pk, pk1, kc, xp, n, y + r0, nrows, nr, nr1, k0 > 0, avx);
+  multiply_panels(pk, pk1, kc, xp, n, y + r0, int(ldy), nr, nr1, k0 > 0, avx);
 }
 
 // The amx tier's GEMM takes bf16 weights, and fp8 ones with scale blocks a multiple of 32
@@ -624,7 +624,7 @@ uint16_t* amx_scratch() {
 // K in chunks of whole scale blocks; per chunk the tokens are split into bf16 parts once
 // (shared by the threads), then units of weight rows are packed and multiplied across
 // threads. A token's row of the tiles is its own: its outputs do not depend on n.
-void linear_amx(const Linear& w, const float* x, int n, float* y, int row0, int nrows, bool nested) {
+void linear_amx(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows, bool nested) {
   const AmxKernels& k = amx_kernels();
   const int n_pad = (n + 15) / 16 * 16;
   const int chunk = w.dtype == DType::F8_E4M3 ? kAmxKc / w.block_cols * w.block_cols : kAmxKc;
@@ -637,17 +637,17 @@ void linear_amx(const Linear& w, const float* x, int n, float* y, int row0, int 
     const int kc = std::min(chunk, w.cols - k0);
     auto run_unit = [&](int u) {
       const int r = u * kAmxUnitRows;
-      k.unit(w, row0 + r, std::min(kAmxUnitRows, nrows - r), k0, kc, xs, n, n_pad, y + r, size_t(nrows), k0 > 0, amx_scratch());
+      k.unit(w, row0 + r, std::min(kAmxUnitRows, nrows - r), k0, kc, xs, n, n_pad, y + r, ldy, k0 > 0, amx_scratch());
     };
     if (nested) {
-      k.split_x(x, size_t(w.cols), n, 0, n_pad, k0, kc, n_pad, xs);
+      k.split_x(x, ldx, n, 0, n_pad, k0, kc, n_pad, xs);
       for (int u = 0; u < units; ++u) run_unit(u);
       continue;
     }
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-      for (int i0 = 0; i0 < n_pad; i0 += 16) k.split_x(x, size_t(w.cols), n, i0, i0 + 16, k0, kc, n_pad, xs);
+      for (int i0 = 0; i0 < n_pad; i0 += 16) k.split_x(x, ldx, n, i0, i0 + 16, k0, kc, n_pad, xs);
 #pragma omp for schedule(dynamic, 1)
       for (int u = 0; u < units; ++u) run_unit(u);
     }
@@ -658,13 +658,18 @@ void linear_amx(const Linear& w, const float* x, int n, float* y, int row0, int 
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
   if (nrows < 0) nrows = w.rows - row0;
+  linear(w, x, size_t(w.cols), n, y, size_t(std::max(nrows, 0)), row0, nrows);
+}
+
+void linear(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows) {
+  if (nrows < 0) nrows = w.rows - row0;
   if (n <= 0 || nrows <= 0) return;
   const bool avx = use_avx2();
   // Inside a caller's parallel loop (one MoE expert per thread in prefill) the call runs on
   // its own thread: no nested region, per-thread scratch only.
   const bool nested = omp_get_level() > 0;  // any enclosing region, active or not
   if (isa() == Isa::Amx && amx_takes(w)) {
-    linear_amx(w, x, n, y, row0, nrows, nested);
+    linear_amx(w, x, ldx, n, y, ldy, row0, nrows, nested);
     return;
   }
   // GEMM: K in chunks of kKc; per chunk the tokens are packed once (shared by the threads),
@@ -677,18 +682,18 @@ void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrow
   for (int k0 = 0; k0 < w.cols; k0 += kKc) {
     const int kc = std::min(kKc, w.cols - k0);
     if (nested) {
-      pack_x(x, n, w.cols, k0, kc, xp);
-      for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, xp, n, y, panel_scratch(), avx);
+      pack_x(x, n, int(ldx), k0, kc, xp);
+      for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, xp, n, y, ldy, panel_scratch(), avx);
       continue;
     }
 #pragma omp parallel
     {
       // The tokens are packed by all threads (blocks of kMr), then the panels run.
 #pragma omp for schedule(static)
-      for (int i0 = 0; i0 < n; i0 += kMr) pack_x_block(x, n, w.cols, k0, kc, xp, i0);
+      for (int i0 = 0; i0 < n; i0 += kMr) pack_x_block(x, n, int(ldx), k0, kc, xp, i0);
       float* pk = panel_scratch();
 #pragma omp for schedule(dynamic, 1)
-      for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, xp, n, y, pk, avx);
+      for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, xp, n, y, ldy, pk, avx);
     }
   }
 }
@@ -732,6 +737,10 @@ void pack_panel_t(const Linear& w, int row0, int k0, int kc, int c0, int nc, flo
 }
 
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  linear_t(w, x, size_t(nrows), n, y, size_t(w.cols), row0, nrows);
+}
+
+void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows) {
   // y[i, :] = Σ_r x[i, r] W[row0 + r, :].
   const bool avx = use_avx2();
   // The form depends on the weight's shape only, never on n (batch invariance, kernels.h).
@@ -746,7 +755,7 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
     const int units = gemm_units(n_panels, pairs);
     for (int k0 = 0; k0 < nrows; k0 += kKc) {
       const int kc = std::min(kKc, nrows - k0);
-      pack_x(x, n, nrows, k0, kc, xpack.data());
+      pack_x(x, n, int(ldx), k0, kc, xpack.data());
 #pragma omp parallel
       {
         float* pk = panel_scratch();
@@ -760,7 +769,7 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
             pk1 = pk + size_t(kKc) * kNr;
             pack_panel_t(w, row0, k0, kc, (p + 1) * kNr, kNr, pk1, avx);
           }
-          multiply_panels(pk, pk1, kc, xpack.data(), n, yp, w.cols, kNr, kNr, k0 > 0, avx);
+          multiply_panels(pk, pk1, kc, xpack.data(), n, yp, int(ldy), kNr, kNr, k0 > 0, avx);
         }
       }
     }
@@ -770,7 +779,7 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
   // outputs; each weight element is dequantized once.
   const int bc = w.dtype == DType::F8_E4M3 ? w.block_cols : 128;
   const int nblk = (w.cols + bc - 1) / bc;
-  for (int i = 0; i < n; ++i) std::fill(y + size_t(i) * size_t(w.cols), y + size_t(i + 1) * size_t(w.cols), 0.0f);
+  for (int i = 0; i < n; ++i) std::fill(y + size_t(i) * ldy, y + size_t(i) * ldy + size_t(w.cols), 0.0f);
 #pragma omp parallel for schedule(static)
   for (int b = 0; b < nblk; ++b) {
     float wbuf[512];
@@ -781,8 +790,8 @@ void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nr
       if (avx) load_row_avx2(w, wr, c0, len, wbuf); else load_row_scalar(w, wr, c0, len, wbuf);
       const float s = block_scale(w, wr, c0);
       for (int i = 0; i < n; ++i) {
-        const float xv = x[size_t(i) * size_t(nrows) + size_t(r)] * s;
-        float* yi = y + size_t(i) * size_t(w.cols) + size_t(c0);
+        const float xv = x[size_t(i) * ldx + size_t(r)] * s;
+        float* yi = y + size_t(i) * ldy + size_t(c0);
         for (int c = 0; c < len; ++c) yi[c] += xv * wbuf[c];
       }
     }

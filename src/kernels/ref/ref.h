@@ -7,6 +7,8 @@ namespace dsa::kernels::ref {
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
+void linear(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows);
+void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows);
 void linear_decode(const Linear& w, const float* x, int n, float* y, int row0, int nrows);
 void linear_multi(const LinearJob* jobs, int n_jobs);
 void linear_t_heads(const Linear& w, const float* x, int x_stride, int n_heads, int head_stride, int row0, int nrows, float* y, int n_tok);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -19,26 +20,33 @@ float weight_at(const Linear& w, int r, int c) {
   return 0;
 }
 
-void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+void linear(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows) {
   if (nrows < 0) nrows = w.rows - row0;
   for (int i = 0; i < n; ++i)
     for (int r = 0; r < nrows; ++r) {
       double acc = 0;
-      for (int c = 0; c < w.cols; ++c) acc += double(weight_at(w, row0 + r, c)) * x[size_t(i) * size_t(w.cols) + size_t(c)];
-      y[size_t(i) * size_t(nrows) + size_t(r)] = float(acc);
+      for (int c = 0; c < w.cols; ++c) acc += double(weight_at(w, row0 + r, c)) * x[size_t(i) * ldx + size_t(c)];
+      y[size_t(i) * ldy + size_t(r)] = float(acc);
     }
 }
+void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  if (nrows < 0) nrows = w.rows - row0;
+  linear(w, x, size_t(w.cols), n, y, size_t(std::max(nrows, 0)), row0, nrows);
+}
 
-void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows) {
   std::vector<double> acc(static_cast<size_t>(w.cols));
   for (int i = 0; i < n; ++i) {
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int r = 0; r < nrows; ++r) {
-      const double xv = x[size_t(i) * size_t(nrows) + size_t(r)];
+      const double xv = x[size_t(i) * ldx + size_t(r)];
       for (int c = 0; c < w.cols; ++c) acc[size_t(c)] += xv * weight_at(w, row0 + r, c);
     }
-    for (int c = 0; c < w.cols; ++c) y[size_t(i) * size_t(w.cols) + size_t(c)] = float(acc[size_t(c)]);
+    for (int c = 0; c < w.cols; ++c) y[size_t(i) * ldy + size_t(c)] = float(acc[size_t(c)]);
   }
+}
+void linear_t(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
+  linear_t(w, x, size_t(nrows), n, y, size_t(w.cols), row0, nrows);
 }
 
 // The naive product is batch-invariant in any role: one f64 sum per output.
