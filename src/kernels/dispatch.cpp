@@ -201,6 +201,14 @@ void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes,
   Timed t(KernelId::Other, 2.0 * n, 5.0 * n);
   DSA_DISPATCH(act_quant_fp8, x, n, block, ue8m0, codes, scales);
 }
+void gather_rows(const float* x, size_t ldx, const int32_t* rows, int n, int width, float* y) {
+  Timed t(KernelId::Other, 0, 8.0 * n * width);
+  DSA_DISPATCH(gather_rows, x, ldx, rows, n, width, y);
+}
+void moe_combine(const float* d, int width, const int32_t* pos, const float* w, int n, int k, double* acc) {
+  Timed t(KernelId::Other, 2.0 * n * k * width, (4.0 * k + 8.0) * n * width);
+  DSA_DISPATCH(moe_combine, d, width, pos, w, n, k, acc);
+}
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out) {
   Timed t(KernelId::IndexerScores, 2.0 * n_heads * 128.0 * n_keys, 132.0 * n_keys);
   DSA_DISPATCH(indexer_scores, q8, w, n_heads, keys, n_keys, out);

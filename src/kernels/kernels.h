@@ -194,6 +194,16 @@ void hadamard128(float* x, int n_vec);
 // multiply), ue8m0 rounds s up to a power of two, codes = rne_e4m3(clamp(x/s, ±448)).
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
 
+// ---- MoE dispatch and combine --------------------------------------------------
+// y[i, 0:width] = x[rows[i], 0:width] for i < n (x rows ldx floats apart): the tokens that
+// picked an expert, gathered into its GEMM's input.
+void gather_rows(const float* x, size_t ldx, const int32_t* rows, int n, int width, float* y);
+// acc[t, 0:width] = Σ_j w[t * k + j] · d[pos[t * k + j], 0:width] for t < n, the k slots in
+// order, a slot with pos < 0 left out (another rank's expert); d rows `width` floats. In
+// doubles: a product of two floats is exact, so fused or not each sum is the reference's
+// bits on every tier.
+void moe_combine(const float* d, int width, const int32_t* pos, const float* w, int n, int k, double* acc);
+
 // ---- lightning indexer ---------------------------------------------------------
 // A sequence's cached indexer keys: key t in slot slot(t) of k8 [slots, 128] (e4m3 codes)
 // and k_scale [slots], paged like MlaCacheView.

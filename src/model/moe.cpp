@@ -63,18 +63,17 @@ void route(const ModelConfig& c, const float* sig, const Vec& bias, int32_t* ids
 
 // Copies the tokens (rows of xn) that picked expert e (grouped by expert_offset /
 // expert_rows) into their rows of ws.xg and returns those rows.
-static const float* gather_tokens(Workspace& ws, const float* xn, int e, int k, int H) {
+static const float* gather_tokens(Workspace& ws, const float* xn, int e, int H) {
   const int cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
   float* xg = &ws.xg[size_t(off) * size_t(H)];
-  for (int j = 0; j < cnt; ++j)
-    std::copy_n(&xn[size_t(ws.expert_rows[size_t(off + j)] / k) * size_t(H)], H, xg + size_t(j) * size_t(H));
+  kernels::gather_rows(xn, size_t(H), &ws.expert_token[size_t(off)], cnt, H, xg);
   return xg;
 }
 
 // Row t of acc = the routing-weighted sum of token t's k expert outputs, slots in order
 // (the reference's order); on an expert-parallel rank, of the slots whose experts it owns
-// (the ranks' partial rows are summed afterwards). Rows of `width` columns in d and acc: the
-// hidden size, or a tensor-parallel member's columns of it.
+// (group_by_expert marks the others; the ranks' partial rows are summed afterwards). Rows of
+// `width` columns in d and acc: the hidden size, or a tensor-parallel member's columns of it.
 //
 // Why doubles: the ranks of an expert-parallel layout hold disjoint slots, and adding their
 // rounded f32 partial sums differs from one process's sum by an ulp or so; with an fp8
@@ -83,16 +82,8 @@ static const float* gather_tokens(Workspace& ws, const float* xn, int e, int k, 
 // of k + 1 of them rounds at 2^-53 of the largest, so the float each row ends as
 // (round_rows) is the same bits however the terms are grouped over ranks, unless the sum
 // lies within that of a float rounding boundary (about one value in 5e8).
-static void combine_token(Workspace& ws, const RankShard& shard, int E, double* acc, int t, int k, int width) {
-  acc += size_t(t) * size_t(width);
-  std::fill(acc, acc + width, 0.0);
-  for (int j = 0; j < k; ++j) {
-    const int r = t * k + j;
-    if (!shard.owns(ws.expert_ids[size_t(r)], E)) continue;
-    const double wt = ws.expert_w[size_t(r)];
-    const float* dj = &ws.d[size_t(ws.expert_pos[size_t(r)]) * size_t(width)];
-    for (int h = 0; h < width; ++h) acc[h] += wt * double(dj[h]);
-  }
+static void combine(Workspace& ws, double* acc, int n, int k, int width) {
+  kernels::moe_combine(ws.d.data(), width, ws.expert_pos.data(), ws.expert_w.data(), n, k, acc);
 }
 
 // The shared expert's rows of this rank, [n, rs.out] at ds, added into the combined rows
@@ -140,9 +131,14 @@ static int group_by_expert(const Step& st, int n) {
     const int e = ws.expert_ids[size_t(r)];
     ws.expert_rows[size_t(ws.expert_offset[size_t(e)] + ws.expert_count[size_t(e)]++)] = r;
   }
-  for (int e = 0; e < E; ++e)
-    for (int j = 0; j < ws.expert_count[size_t(e)]; ++j)
-      ws.expert_pos[size_t(ws.expert_rows[size_t(ws.expert_offset[size_t(e)] + j)])] = ws.expert_offset[size_t(e)] + j;
+  for (int e = 0; e < E; ++e) {
+    const bool mine = st.m.shard.owns(e, E);
+    for (int j = 0; j < ws.expert_count[size_t(e)]; ++j) {
+      const int g = ws.expert_offset[size_t(e)] + j, r = ws.expert_rows[size_t(g)];
+      ws.expert_pos[size_t(r)] = mine ? g : -1;
+      ws.expert_token[size_t(g)] = r / k;
+    }
+  }
   // Every rank routes every token (the router is replicated); each runs only its own experts.
   int n_active = 0;
   for (int e = 0; e < E; ++e)
@@ -190,7 +186,7 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
   int nj = 0;
   for (int a = 0; a < n_active; ++a) {
     const int e = ws.expert_active[size_t(a)], cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
-    const float* xg = gather_tokens(ws, xn, e, k, H);
+    const float* xg = gather_tokens(ws, xn, e, H);
     const MlpWeights& ex = w.experts[size_t(e)];
     jobs[nj++] = {&ex.gate_proj, xg, &ws.g[size_t(off) * size_t(re.inter)], cnt, re.inter0, re.inter};
     jobs[nj++] = {&ex.up_proj, xg, &ws.u[size_t(off) * size_t(re.inter)], cnt, re.inter0, re.inter};
@@ -224,7 +220,7 @@ static void experts_decode(const Step& st, const MoeWeights& w, const float* xn,
   if (shared) jobs[nj++] = {&w.shared_experts.down_proj, act_s, ds, n, rs.out0, rs.out};
   run_jobs(jobs, nj);
   // Weighted combine per token, then the shared expert.
-  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, acc, t, k, re.out);
+  combine(ws, acc, n, k, re.out);
   if (shared) add_shared(acc, ds, rs, n, re.out, re.out0);
 }
 
@@ -239,7 +235,7 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
   const MlpRows re = expert_rows(st, w);
   auto gate_up = [&](int e) {
     const int cnt = ws.expert_count[size_t(e)], off = ws.expert_offset[size_t(e)];
-    const float* xg = gather_tokens(ws, xn, e, k, H);
+    const float* xg = gather_tokens(ws, xn, e, H);
     const MlpWeights& ex = w.experts[size_t(e)];
     float* g = &ws.g[size_t(off) * size_t(re.inter)];
     float* u = &ws.u[size_t(off) * size_t(re.inter)];
@@ -266,9 +262,7 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
     for (int a = 0; a < n_active; ++a) down(ws.expert_active[size_t(a)], ws.u.data());
   }
 
-  // Weighted combine per token (each output row written by one thread).
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < n; ++t) combine_token(ws, st.m.shard, c.n_routed_experts, acc, t, k, re.out);
+  combine(ws, acc, n, k, re.out);
   if (runs_shared_expert(st, w)) {
     const MlpRows rs = mlp_rows(st.m.shard, w.shared_experts, st.m.shard.splits_mlps());
     mlp_part(st, w.shared_experts, rs, n, false, xn, ws.d.data());

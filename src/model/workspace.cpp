@@ -95,7 +95,7 @@ Workspace::Workspace(const ModelConfig& cfg, const WorkspaceOptions& o) : opt(o)
   const size_t shared_inter = size_t(cfg.moe_intermediate_size) * size_t(cfg.n_shared_experts);
   const size_t gu = std::max(T * dense_inter, T * k * size_t(cfg.moe_intermediate_size) + T * shared_inter);
   router.resize(T * E); expert_ids.resize(T * k); expert_w.resize(T * k);
-  expert_count.resize(E); expert_offset.resize(E + 1); expert_rows.resize(T * k); expert_pos.resize(T * k); expert_active.resize(E);
+  expert_count.resize(E); expert_offset.resize(E + 1); expert_rows.resize(T * k); expert_pos.resize(T * k); expert_token.resize(T * k); expert_active.resize(E);
   xg.resize(T * k * H); g.resize(gu); u.resize(gu); d.resize((T * k + T) * H);
   if (opt.mtp) mtp_cat.resize(T * 2 * H);
   if (opt.dp_ranks > 1) {

@@ -60,7 +60,8 @@ struct Workspace {
   std::vector<int32_t> expert_ids;           // [T, experts_per_tok]
   std::vector<float> expert_w;               // [T, experts_per_tok]
   std::vector<int32_t> expert_count, expert_offset, expert_rows;  // tokens grouped by expert
-  std::vector<int32_t> expert_pos;           // [T * k] row of (token, slot) in the grouped order
+  std::vector<int32_t> expert_pos;           // [T * k] row of (token, slot) in the grouped order, -1: another rank's expert
+  std::vector<int32_t> expert_token;         // [T * k] token of each grouped row
   std::vector<int32_t> expert_active;        // [n_routed] experts with tokens in this call
   std::vector<float> xg, g, u, d;            // [T * experts_per_tok, hidden|inter]
   std::vector<float> moe_out;                // [T, hidden]

@@ -775,6 +775,38 @@ TEST_P(KernelTwins, RopeAndActQuantAreTheReferenceBits) {
   }
 }
 
+// The MoE glue: gathered rows are the rows, and the combine is the reference's bits (each
+// product exact in double, the slots in order), left-out slots included, on every tier.
+TEST_P(KernelTwins, MoeGatherAndCombineAreTheReferenceBits) {
+  std::mt19937 rng(47);
+  for (const int width : {2048, 40, 7}) {
+    for (const int n : {1, 37}) {
+      SCOPED_TRACE("width " + std::to_string(width) + ", " + std::to_string(n) + " tokens");
+      const int k = 6, rows = n * k;
+      const auto d = randv(size_t(rows) * size_t(width), 53);
+      std::vector<int32_t> pos(static_cast<size_t>(rows));
+      std::vector<float> w(static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) {
+        pos[size_t(r)] = rng() % 5 == 0 ? -1 : int32_t(rng() % uint32_t(rows));
+        w[size_t(r)] = std::ldexp(float(rng() % 1000 + 1), -10) * (r % 2 ? 1.0f : -1.0f) + 1e-7f * float(r);
+      }
+      std::vector<double> got(size_t(n) * size_t(width), -1.0), want(got.size(), -2.0);
+      kernels::cpu::moe_combine(d.data(), width, pos.data(), w.data(), n, k, got.data());
+      kernels::ref::moe_combine(d.data(), width, pos.data(), w.data(), n, k, want.data());
+      EXPECT_TRUE(got == want);
+      const size_t ldx = size_t(width) + 3;
+      const auto x = randv(size_t(rows) * ldx, 59);
+      std::vector<float> g(size_t(n) * size_t(width)), r(g.size());
+      std::vector<int32_t> pick(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) pick[size_t(i)] = int32_t(rng() % uint32_t(rows));
+      kernels::cpu::gather_rows(x.data(), ldx, pick.data(), n, width, g.data());
+      kernels::ref::gather_rows(x.data(), ldx, pick.data(), n, width, r.data());
+      EXPECT_TRUE(g == r);
+      EXPECT_TRUE(std::equal(g.begin(), g.begin() + width, x.begin() + std::ptrdiff_t(size_t(pick[0]) * ldx)));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelTwins, ::testing::ValuesIn(kTiers), test::tier_name);
 
 // The amx tier's start-up self-check passes on a correct tile unit (the model), so that on an

@@ -18,6 +18,8 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y);
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void hadamard128(float* x, int n_vec);
+void gather_rows(const float* x, size_t ldx, const int32_t* rows, int n, int width, float* y);
+void moe_combine(const float* d, int width, const int32_t* pos, const float* w, int n, int k, double* acc);
 void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved);
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
 void indexer_scores(const uint8_t* q8, const float* w, int n_heads, const IndexKeyView& keys, int n_keys, float* out);

@@ -163,6 +163,48 @@ void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes,
     act_quant_block_avx2(x + b0, std::min(block, n - b0), ue8m0, codes + b0, scales + bi);
 }
 
+void gather_rows(const float* x, size_t ldx, const int32_t* rows, int n, int width, float* y) {
+  for (int i = 0; i < n; ++i) std::copy_n(x + size_t(rows[i]) * ldx, width, y + size_t(i) * size_t(width));
+}
+
+namespace {
+// One token's combine, 16 columns at a time held in registers across the slots (the
+// reference's order per column; each product exact in double, so the FMA rounds as its add).
+__attribute__((target("avx2,fma"))) void combine_row_avx2(const float* d, int width, const int32_t* pos, const float* w, int k,
+                                                         double* a) {
+  int c = 0;
+  for (; c + 16 <= width; c += 16) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    for (int j = 0; j < k; ++j) {
+      if (pos[j] < 0) continue;
+      const float* r = d + size_t(pos[j]) * size_t(width) + size_t(c);
+      const __m256d wt = _mm256_set1_pd(double(w[j]));
+      s0 = _mm256_fmadd_pd(wt, _mm256_cvtps_pd(_mm_loadu_ps(r)), s0);
+      s1 = _mm256_fmadd_pd(wt, _mm256_cvtps_pd(_mm_loadu_ps(r + 4)), s1);
+      s2 = _mm256_fmadd_pd(wt, _mm256_cvtps_pd(_mm_loadu_ps(r + 8)), s2);
+      s3 = _mm256_fmadd_pd(wt, _mm256_cvtps_pd(_mm_loadu_ps(r + 12)), s3);
+    }
+    _mm256_storeu_pd(a + c, s0);
+    _mm256_storeu_pd(a + c + 4, s1);
+    _mm256_storeu_pd(a + c + 8, s2);
+    _mm256_storeu_pd(a + c + 12, s3);
+  }
+  for (; c < width; ++c) {
+    double s = 0.0;
+    for (int j = 0; j < k; ++j)
+      if (pos[j] >= 0) s += double(w[j]) * double(d[size_t(pos[j]) * size_t(width) + size_t(c)]);
+    a[c] = s;
+  }
+}
+}  // namespace
+
+void moe_combine(const float* d, int width, const int32_t* pos, const float* w, int n, int k, double* acc) {
+  if (!use_avx2()) return ref::moe_combine(d, width, pos, w, n, k, acc);
+#pragma omp parallel for schedule(static) if (n > 1 && parallel_worth(int64_t(n) * k * width))
+  for (int t = 0; t < n; ++t)
+    combine_row_avx2(d, width, pos + size_t(t) * size_t(k), w + size_t(t) * size_t(k), k, acc + size_t(t) * size_t(width));
+}
+
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) {
   const bool avx = use_avx2() && (w.dtype == DType::F32 || w.dtype == DType::BF16);
   const bool wide = avx && use_avx512();

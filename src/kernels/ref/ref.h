@@ -19,6 +19,8 @@ void layernorm(const float* x, const Vec& w, const Vec& b, int n, int dim, float
 void silu_mul(const float* gate, const float* up, size_t n, float* out);
 void rope(float* x, int dim, const float* cos, const float* sin, bool interleaved);
 void hadamard128(float* x, int n_vec);
+void gather_rows(const float* x, size_t ldx, const int32_t* rows, int n, int width, float* y);
+void moe_combine(const float* d, int width, const int32_t* pos, const float* w, int n, int k, double* acc);
 void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes, float* scales);
 // act_quant_fp8's scale for a block whose largest |x| is amax (the other tiers share it).
 float act_quant_scale(float amax, bool ue8m0);

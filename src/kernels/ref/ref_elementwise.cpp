@@ -96,4 +96,22 @@ void act_quant_fp8(const float* x, int n, int block, bool ue8m0, uint8_t* codes,
   }
 }
 
+void gather_rows(const float* x, size_t ldx, const int32_t* rows, int n, int width, float* y) {
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < width; ++c) y[size_t(i) * size_t(width) + size_t(c)] = x[size_t(rows[i]) * ldx + size_t(c)];
+}
+
+void moe_combine(const float* d, int width, const int32_t* pos, const float* w, int n, int k, double* acc) {
+  for (int t = 0; t < n; ++t) {
+    double* a = acc + size_t(t) * size_t(width);
+    for (int c = 0; c < width; ++c) a[c] = 0.0;
+    for (int j = 0; j < k; ++j) {
+      const int32_t p = pos[size_t(t) * size_t(k) + size_t(j)];
+      if (p < 0) continue;
+      const double wt = w[size_t(t) * size_t(k) + size_t(j)];
+      for (int c = 0; c < width; ++c) a[c] += wt * double(d[size_t(p) * size_t(width) + size_t(c)]);
+    }
+  }
+}
+
 }  // namespace dsa::kernels::ref
