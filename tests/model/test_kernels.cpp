@@ -2,6 +2,7 @@
 // blocks, every weight dtype and every cache layout, on every instruction-set tier
 // (tiers.h).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -336,13 +337,23 @@ TEST_P(KernelTwins, PrefillGemmIsTokenCountInvariant) {
     SCOPED_TRACE(std::string(dtype_name(c.dt)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " blocks " +
                  std::to_string(c.block_rows) + "x" + std::to_string(c.block_cols));
     const auto w = c.block_cols ? fp8_blocked(c.rows, c.cols, c.block_rows, c.block_cols, 6, -9, 31) : make_linear(c.dt, c.rows, c.cols, 31);
-    const int n_max = 70;
+    // 200 tokens on 2 or 3 threads take the GEMM split by tokens, 70 on 2 only for the
+    // narrow weights, one thread never.
+    const int n_max = 200;
     const auto x = randv(size_t(n_max) * size_t(c.cols), 37);
     std::vector<float> all(size_t(n_max) * size_t(c.rows)), ref(all.size());
     kernels::cpu::linear(w.l, x.data(), n_max, all.data(), 0, c.rows);
     kernels::ref::linear(w.l, x.data(), n_max, ref.data(), 0, c.rows);
     EXPECT_LE(max_rel(all, ref), 2e-6);
-    for (int n : {1, 31, 33}) {
+    const int threads = omp_get_max_threads();
+    for (int t : {1, 2, 3}) {
+      omp_set_num_threads(t);
+      std::vector<float> y(all.size());
+      kernels::cpu::linear(w.l, x.data(), n_max, y.data(), 0, c.rows);
+      EXPECT_TRUE(y == all) << t << " threads";
+    }
+    omp_set_num_threads(threads);
+    for (int n : {1, 31, 33, 70}) {
       std::vector<float> y(size_t(n) * size_t(c.rows));
       kernels::cpu::linear(w.l, x.data(), n, y.data(), 0, c.rows);
       EXPECT_TRUE(std::equal(y.begin(), y.end(), all.begin())) << n << " tokens in one call";
@@ -353,6 +364,20 @@ TEST_P(KernelTwins, PrefillGemmIsTokenCountInvariant) {
     kernels::cpu::linear(w.l, x.data(), n_max, part.data(), r0, nr);
     for (int t = 0; t < n_max; ++t) std::copy_n(&all[size_t(t) * size_t(c.rows) + size_t(r0)], nr, &want[size_t(t) * size_t(nr)]);
     EXPECT_TRUE(part == want) << "rows from " << r0;
+    // The transposed direction (K = the rows taken), split by tokens or not.
+    const int kr = std::min(c.rows, 150);
+    const auto xt = randv(size_t(n_max) * size_t(kr), 41);
+    std::vector<float> t_all(size_t(n_max) * size_t(c.cols));
+    kernels::cpu::linear_t(w.l, xt.data(), n_max, t_all.data(), 0, kr);
+    for (int t : {1, 2, 3}) {
+      omp_set_num_threads(t);
+      for (int n : {1, 33, n_max}) {
+        std::vector<float> y(size_t(n) * size_t(c.cols));
+        kernels::cpu::linear_t(w.l, xt.data(), n, y.data(), 0, kr);
+        EXPECT_TRUE(std::equal(y.begin(), y.end(), t_all.begin())) << "linear_t, " << n << " tokens, " << t << " threads";
+      }
+    }
+    omp_set_num_threads(threads);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -654,6 +655,40 @@ void linear_amx(const Linear& w, const float* x, size_t ldx, int n, float* y, si
   }
 }
 
+// The GEMM of n tokens on the calling thread alone: K in chunks of kKc, the tokens packed
+// into the thread's own scratch, then every panel.
+void gemm_on_thread(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t ldy, int row0, int nrows, bool avx) {
+  static thread_local std::vector<float> own;  // grows to the largest share of a chunk, then stays
+  if (own.size() < size_t(n) * size_t(std::min(kKc, w.cols))) own.resize(size_t(n) * size_t(std::min(kKc, w.cols)));
+  const bool pairs = use_avx512();
+  const int units = gemm_units((nrows + kNr - 1) / kNr, pairs);
+  for (int k0 = 0; k0 < w.cols; k0 += kKc) {
+    const int kc = std::min(kKc, w.cols - k0);
+    pack_x(x, n, int(ldx), k0, kc, own.data());
+    for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, own.data(), n, y, ldy, panel_scratch(), avx);
+  }
+}
+
+// Whether a GEMM's threads each take a share of the tokens through every panel, packing their
+// own tokens and dequantizing every panel, rather than packing the tokens once together and
+// splitting the panels. With enough tokens per thread the duplicated panel work is small
+// beside what the shared packing costs (each thread waits for the others' packing and reads
+// half the packed tokens from another core); with few panels there is little to split. On
+// Zen 5 with 2 threads a 512-token chunk ran 5-10% faster through the large products this
+// way and 1.2-1.7x through kv_b's per-head slices and the indexer's wk (docs/KERNELS.md).
+bool split_by_tokens(int n, int units) {
+  constexpr int kSplitTokens = 96;  // tokens per thread from which the split pays for any shape
+  const int T = omp_get_max_threads();
+  if (T < 2 || n < 2 * kMr * T) return false;
+  return n >= kSplitTokens * T || units < 4 * T;
+}
+
+// The threads' shares of n tokens for split_by_tokens: whole blocks of kMr.
+std::pair<int, int> token_share(int n) {
+  const int T = omp_get_num_threads(), t = omp_get_thread_num(), blocks = (n + kMr - 1) / kMr;
+  return {std::min(n, blocks * t / T * kMr), std::min(n, blocks * (t + 1) / T * kMr)};
+}
+
 }  // namespace
 
 void linear(const Linear& w, const float* x, int n, float* y, int row0, int nrows) {
@@ -672,20 +707,24 @@ void linear(const Linear& w, const float* x, size_t ldx, int n, float* y, size_t
     linear_amx(w, x, ldx, n, y, ldy, row0, nrows, nested);
     return;
   }
-  // GEMM: K in chunks of kKc; per chunk the tokens are packed once (shared by the threads),
-  // then 16-row weight panels are dequantized and multiplied across threads.
+  if (nested) return gemm_on_thread(w, x, ldx, n, y, ldy, row0, nrows, avx);
+  const bool pairs = use_avx512();
+  const int units = gemm_units((nrows + kNr - 1) / kNr, pairs);
+  if (split_by_tokens(n, units)) {
+#pragma omp parallel
+    {
+      const auto [i0, i1] = token_share(n);
+      if (i1 > i0) gemm_on_thread(w, x + size_t(i0) * ldx, ldx, i1 - i0, y + size_t(i0) * ldy, ldy, row0, nrows, avx);
+    }
+    return;
+  }
+  // Otherwise K in chunks of kKc; per chunk the tokens are packed once (shared by the
+  // threads), then 16-row weight panels are dequantized and multiplied across threads.
   static thread_local std::vector<float> xpack;  // grows to the largest prefill chunk, then stays
   if (xpack.size() < size_t(n) * size_t(std::min(kKc, w.cols))) xpack.resize(size_t(n) * size_t(std::min(kKc, w.cols)));
   float* xp = xpack.data();  // a plain pointer: inside the region the name would be each thread's own
-  const bool pairs = use_avx512();
-  const int units = gemm_units((nrows + kNr - 1) / kNr, pairs);
   for (int k0 = 0; k0 < w.cols; k0 += kKc) {
     const int kc = std::min(kKc, w.cols - k0);
-    if (nested) {
-      pack_x(x, n, int(ldx), k0, kc, xp);
-      for (int u = 0; u < units; ++u) gemm_unit(w, row0, nrows, u, pairs, k0, kc, xp, n, y, ldy, panel_scratch(), avx);
-      continue;
-    }
 #pragma omp parallel
     {
       // The tokens are packed by all threads (blocks of kMr), then the panels run.
@@ -753,6 +792,30 @@ void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size
     const int n_panels = w.cols / kNr;
     const bool pairs = use_avx512();
     const int units = gemm_units(n_panels, pairs);
+    auto unit = [&](int u, int k0, int kc, const float* xp, int nn, float* yy, float* pk) {
+      const int p = pairs ? 2 * u : u;
+      pack_panel_t(w, row0, k0, kc, p * kNr, kNr, pk, avx);
+      float* pk1 = nullptr;
+      if (pairs && p + 1 < n_panels) {
+        pk1 = pk + size_t(kKc) * kNr;
+        pack_panel_t(w, row0, k0, kc, (p + 1) * kNr, kNr, pk1, avx);
+      }
+      multiply_panels(pk, pk1, kc, xp, nn, yy + p * kNr, int(ldy), kNr, kNr, k0 > 0, avx);
+    };
+    if (split_by_tokens(n, units)) {
+#pragma omp parallel
+      {
+        const auto [i0, i1] = token_share(n);
+        static thread_local std::vector<float> own;  // grows to the largest share, then stays
+        if (own.size() < size_t(i1 - i0) * size_t(std::min(kKc, nrows))) own.resize(size_t(i1 - i0) * size_t(std::min(kKc, nrows)));
+        for (int k0 = 0; k0 < nrows && i1 > i0; k0 += kKc) {
+          const int kc = std::min(kKc, nrows - k0);
+          pack_x(x + size_t(i0) * ldx, i1 - i0, int(ldx), k0, kc, own.data());
+          for (int u = 0; u < units; ++u) unit(u, k0, kc, own.data(), i1 - i0, y + size_t(i0) * ldy, panel_scratch());
+        }
+      }
+      return;
+    }
     for (int k0 = 0; k0 < nrows; k0 += kKc) {
       const int kc = std::min(kKc, nrows - k0);
       pack_x(x, n, int(ldx), k0, kc, xpack.data());
