@@ -424,6 +424,12 @@ struct Builder {
     const double act_elems = assigned * n_d + (c.n_shared_experts > 0 ? T * double(c.n_shared_experts) * mI / l.tp : 0.0);
     memory("moe.act", act_elems * 3.0 * 2.0, act_elems * 4.0, "T=" + std::to_string(int64_t(T)));
     add(dn);
+    // The assignments' inputs gathered into expert order before the experts, and each
+    // token's k outputs summed back with its routing weights after them: one pass over the
+    // assigned rows each (the CPU engine's gather and combine, the GPU frameworks' permute and
+    // moe_sum).
+    memory("moe.gather_tokens", assigned * h * 2.0 * 2.0, 0.0, "T=" + std::to_string(int64_t(T)));
+    memory("moe.sum_outputs", assigned * h * 2.0 + T * h * 2.0, assigned * h * 2.0, "T=" + std::to_string(int64_t(T)));
     return assigned;
   }
 

@@ -531,7 +531,7 @@ double elementwise_plan_bytes() {
   double bytes = 0;
   for (const Op& op : op_plan(mini, Step{Phase::Prefill, 1, kEltTokens, 0}, Layout{}, Options{}))
     if (op.name == "layer.norms" || op.name == "attn.rope" || op.name == "indexer.quant" || op.name == "moe.act" ||
-        op.name == "attn.cache_write")
+        op.name == "attn.cache_write" || op.name == "moe.gather_tokens" || op.name == "moe.sum_outputs")
       bytes += op.bytes / op.count;
   return bytes;
 }
@@ -539,11 +539,12 @@ double elementwise_plan_bytes() {
 // Element-wise work of one MoE layer with an indexer, called as the engine's forward pass
 // calls it for a chunk of kEltTokens prompt tokens with the benchmark model's shapes (hidden
 // 2048, 16 heads, latent 512, rope 64, indexer 16 x 128, 6 + 1 experts of 512): RMSNorms,
-// per-vector RoPE, the indexer's Hadamard rotation and fp8 quantization, the experts'
-// silu * up and the fp8 cache write. Its rate is expressed in the operator table's own
+// per-vector RoPE, the indexer's Hadamard rotation and fp8 quantization, the experts' input
+// gather (one expert per thread, 64 experts), silu * up and weighted combine, and the fp8
+// cache write. Its rate is expressed in the operator table's own
 // bytes for that work, so that the plan charges the same kernels at the speed they ran here.
 Probe elementwise_probe() {
-  constexpr int T = kEltTokens, Hd = 2048, Hq = 16, QL = 512, KL = 512, RR = 64, IH = 16, MI = 512, EX = 7;
+  constexpr int T = kEltTokens, Hd = 2048, Hq = 16, QL = 512, KL = 512, RR = 64, IH = 16, MI = 512, EX = 7, K = 6, kExperts = 64;
   struct State {
     std::vector<float> x = floats(size_t(T) * Hd, 21), y = std::vector<float>(size_t(T) * Hd), q = floats(size_t(T) * Hq * 192, 22);
     std::vector<float> k_rope = floats(size_t(T) * RR, 23), iq = std::vector<float>(size_t(T) * IH * 128), ik = std::vector<float>(size_t(T) * 128);
@@ -554,11 +555,28 @@ Probe elementwise_probe() {
     std::vector<uint8_t> norm_bf16 = std::vector<uint8_t>(size_t(Hd) * 2);
     std::vector<float> ln_w = std::vector<float>(128, 1.0f), ln_b = std::vector<float>(128, 0.0f);
     LatentCache cache{size_t(T)};
+    // Token t's slot j went to expert (7t + j) % 64: its rows in expert order, and back.
+    std::vector<int32_t> tok = std::vector<int32_t>(size_t(T) * K), pos = std::vector<int32_t>(size_t(T) * K);
+    std::vector<int32_t> first = std::vector<int32_t>(kExperts + 1);
+    std::vector<float> xg = std::vector<float>(size_t(T) * K * Hd), d = floats(size_t(T) * K * Hd, 26), wt = floats(size_t(T) * K, 27);
+    std::vector<double> acc = std::vector<double>(size_t(T) * Hd);
   };
   auto st = std::make_shared<State>();
   for (int i = 0; i < RR / 2; ++i) {
     st->cos[size_t(i)] = std::cos(0.1f * float(i));
     st->sin[size_t(i)] = std::sin(0.1f * float(i));
+  }
+  {
+    int g = 0;
+    for (int e = 0; e < kExperts; ++e) {
+      st->first[size_t(e)] = g;
+      for (int r = 0; r < T * K; ++r)
+        if ((7 * (r / K) + r % K) % kExperts == e) {
+          st->tok[size_t(g)] = r / K;
+          st->pos[size_t(r)] = g++;
+        }
+    }
+    st->first[kExperts] = g;
   }
   for (int i = 0; i < Hd; ++i) {  // bf16 norm weights (1.0), as the checkpoints store them
     st->norm_bf16[size_t(2 * i)] = 0x80;
@@ -586,7 +604,13 @@ Probe elementwise_probe() {
             hadamard128(e.ik.data(), T);
             for (int i = 0; i < T; ++i) act_quant_fp8(&e.ik[size_t(i) * 128], 128, 128, true, &e.ik8[size_t(i) * 128], &e.kscale[size_t(i)]);
             for (int i = 0; i < T; ++i) mla_cache_write(e.cache.view, i, &e.x[size_t(i) * Hd], &e.k_rope[size_t(i) * RR]);
+#pragma omp parallel for schedule(dynamic, 1)
+            for (int x = 0; x < kExperts; ++x) {
+              const int g0 = e.first[size_t(x)], cnt = e.first[size_t(x) + 1] - g0;
+              gather_rows(e.y.data(), Hd, &e.tok[size_t(g0)], cnt, Hd, &e.xg[size_t(g0) * Hd]);
+            }
             silu_mul(e.g.data(), e.u.data(), e.g.size(), e.g.data());  // in place, as the experts run it
+            moe_combine(e.d.data(), Hd, e.pos.data(), e.wt.data(), T, K, e.acc.data());
             rmsnorm(e.x.data(), w, T, Hd, 1e-6f, e.y.data());           // post-attention norm
           },
           2, elementwise_plan_bytes()};

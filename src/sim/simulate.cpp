@@ -167,7 +167,9 @@ static Stages stages(const PhaseResult& r) {
     if (ends_with(n, "moe.dispatch")) st.dispatch += t.time_us;
     else if (ends_with(n, "moe.combine")) st.combine += t.time_us;
     else if (t.op.cls == OpClass::CommEP || t.op.cls == OpClass::CommTP || t.op.cls == OpClass::CommPP) continue;
-    else if (ends_with(n, "moe.experts_gate_up") || ends_with(n, "moe.experts_down") || ends_with(n, "moe.act")) st.experts += t.time_us;
+    else if (ends_with(n, "moe.experts_gate_up") || ends_with(n, "moe.experts_down") || ends_with(n, "moe.act") ||
+             ends_with(n, "moe.gather_tokens") || ends_with(n, "moe.sum_outputs"))
+      st.experts += t.time_us;
     else st.rest += t.time_us;
   }
   return st;

@@ -617,7 +617,9 @@ static StageSums stage_sums(const PhaseResult& r) {
     const std::string& n = t.op.name;
     if (n == "moe.dispatch") s.dispatch += t.time_us;
     else if (n == "moe.combine") s.combine += t.time_us;
-    else if (n == "moe.experts_gate_up" || n == "moe.experts_down" || n == "moe.act") s.experts += t.time_us;
+    else if (n == "moe.experts_gate_up" || n == "moe.experts_down" || n == "moe.act" || n == "moe.gather_tokens" ||
+             n == "moe.sum_outputs")
+      s.experts += t.time_us;
     else if (t.op.cls != OpClass::CommTP && t.op.cls != OpClass::CommPP) s.rest += t.time_us;
   }
   return s;
