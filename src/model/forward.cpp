@@ -17,16 +17,24 @@ void linear_by_role(const Linear& w, const float* x, int n, int nd, float* y, in
   if (n > nd) kernels::linear(w, x + size_t(nd) * size_t(w.cols), n - nd, y + size_t(nd) * size_t(rows), row0, rows);
 }
 
+// x[n, H] += y[n, H], the tokens across the threads in a prefill chunk.
+static void add_rows(float* x, const float* y, int n, int H) {
+  for_each_token(n, [&](int i) {
+    float* xi = x + size_t(i) * size_t(H);
+    const float* yi = y + size_t(i) * size_t(H);
+    for (int h = 0; h < H; ++h) xi[h] += yi[h];
+  });
+}
+
 void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_layer) {
   const ModelConfig& c = st.m.config;
   Workspace& ws = st.ws;
   const int H = c.hidden_size, n = st.n, nd = st.nd;
   const float eps = float(c.rms_norm_eps);
-  const size_t nH = size_t(n) * size_t(H);
 
   kernels::rmsnorm(ws.x.data(), w.input_layernorm, n, H, eps, ws.xn.data());
   attention_block(st, w, layer, cache_layer);
-  for (size_t i = 0; i < nH; ++i) ws.x[i] += ws.proj[i];
+  add_rows(ws.x.data(), ws.proj.data(), n, H);
 
   kernels::rmsnorm(ws.x.data(), w.post_attention_layernorm, n, H, eps, ws.xn.data());
   // The two roles run apart (each expert's weights are read once per role): a decode
@@ -42,7 +50,7 @@ void decoder_layer(const Step& st, const LayerWeights& w, int layer, int cache_l
     if (nd > 0) mlp_block(st, w.mlp, nd, true, ws.xn.data(), ws.moe_out.data());
     if (n > nd) mlp_block(st, w.mlp, n - nd, false, ws.xn.data() + dH, ws.moe_out.data() + dH);
   }
-  for (size_t i = 0; i < nH; ++i) ws.x[i] += ws.moe_out[i];
+  add_rows(ws.x.data(), ws.moe_out.data(), n, H);
 
   const Tap* tap = st.b.tap;
   if (tap && tap->floats && layer < c.num_hidden_layers)

@@ -89,11 +89,11 @@ static void combine(Workspace& ws, double* acc, int n, int k, int width) {
 // The shared expert's rows of this rank, [n, rs.out] at ds, added into the combined rows
 // (`width` columns from column `col0` of the hidden state) where its columns fall.
 static void add_shared(double* acc, const float* ds, const MlpRows& rs, int n, int width, int col0) {
-  for (int t = 0; t < n; ++t) {
+  for_each_token(n, [&](int t) {
     double* a = acc + size_t(t) * size_t(width) + size_t(rs.out0 - col0);
     const float* d = ds + size_t(t) * size_t(rs.out);
     for (int h = 0; h < rs.out; ++h) a[h] += double(d[h]);
-  }
+  });
 }
 
 // Routes tokens xn [n, hidden]: each token's k experts and weights into ws.expert_ids and
@@ -274,7 +274,10 @@ static void experts_prefill(const Step& st, const MoeWeights& w, const float* xn
 // columns are gathered from every member.
 static void round_rows(const Step& st, const MlpRows& re, const double* acc, int n, float* out) {
   float* o = re.split ? st.ws.proj_part.data() : out;
-  for (size_t i = 0; i < size_t(n) * size_t(re.out); ++i) o[i] = float(acc[i]);
+  for_each_token(n, [&](int t) {
+    const size_t r = size_t(t) * size_t(re.out);
+    for (size_t i = r; i < r + size_t(re.out); ++i) o[i] = float(acc[i]);
+  });
   if (re.split) st.m.shard.gather_columns(o, n, st.m.config.hidden_size, out);
 }
 
