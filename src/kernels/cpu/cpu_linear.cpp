@@ -785,8 +785,6 @@ void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size
   // The form depends on the weight's shape only, never on n (batch invariance, kernels.h).
   if (w.cols % kNr == 0 && (w.dtype != DType::F8_E4M3 || w.block_cols % kNr == 0)) {
     // The packed GEMM with K = nrows (the absorbed path of a prefill chunk).
-    static std::vector<float> xpack;
-    if (xpack.size() < size_t(n) * size_t(std::min(kKc, nrows))) xpack.resize(size_t(n) * size_t(std::min(kKc, nrows)));
     // Output columns in units of one 16-column panel, or two on the avx512 tier (its 6x32
     // micro-kernel, as linear's GEMM): the same sums either way.
     const int n_panels = w.cols / kNr;
@@ -816,6 +814,8 @@ void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size
       }
       return;
     }
+    static std::vector<float> xpack;
+    if (xpack.size() < size_t(n) * size_t(std::min(kKc, nrows))) xpack.resize(size_t(n) * size_t(std::min(kKc, nrows)));
     for (int k0 = 0; k0 < nrows; k0 += kKc) {
       const int kc = std::min(kKc, nrows - k0);
       pack_x(x, n, int(ldx), k0, kc, xpack.data());
@@ -823,17 +823,7 @@ void linear_t(const Linear& w, const float* x, size_t ldx, int n, float* y, size
       {
         float* pk = panel_scratch();
 #pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < units; ++u) {
-          const int p = pairs ? 2 * u : u;
-          float* yp = y + p * kNr;
-          pack_panel_t(w, row0, k0, kc, p * kNr, kNr, pk, avx);
-          float* pk1 = nullptr;
-          if (pairs && p + 1 < n_panels) {
-            pk1 = pk + size_t(kKc) * kNr;
-            pack_panel_t(w, row0, k0, kc, (p + 1) * kNr, kNr, pk1, avx);
-          }
-          multiply_panels(pk, pk1, kc, xpack.data(), n, yp, int(ldy), kNr, kNr, k0 > 0, avx);
-        }
+        for (int u = 0; u < units; ++u) unit(u, k0, kc, xpack.data(), n, y, pk);
       }
     }
     return;
