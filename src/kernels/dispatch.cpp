@@ -175,7 +175,7 @@ void linear_heads(const Linear& w, const float* x, int n_heads, int head_stride,
 }
 void embed(const Linear& table, const int32_t* ids, int n, float* y) {
   Timed t(KernelId::Other, 0, double(table.bytes()) / table.rows * n);
-  ref::embed(table, ids, n, y);
+  DSA_DISPATCH(embed, table, ids, n, y);
 }
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) {
   Timed t(KernelId::Other, 4.0 * n * dim, 8.0 * n * dim);
@@ -183,7 +183,7 @@ void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) 
 }
 void layernorm(const float* x, const Vec& w, const Vec& b, int n, int dim, float eps, float* y) {
   Timed t(KernelId::Other, 7.0 * n * dim, 8.0 * n * dim);
-  ref::layernorm(x, w, b, n, dim, eps, y);
+  DSA_DISPATCH(layernorm, x, w, b, n, dim, eps, y);
 }
 void silu_mul(const float* gate, const float* up, size_t n, float* out) {
   Timed t(KernelId::Other, 4.0 * double(n), 12.0 * double(n));
@@ -219,9 +219,9 @@ void topk(const float* scores, int n, int k, int32_t* out) {
 }
 void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
   Timed timed(KernelId::Other, 0, double(c.token_bytes()));
-  ref::mla_cache_write(c, t, latent, k_rope);
+  DSA_DISPATCH(mla_cache_write, c, t, latent, k_rope);
 }
-void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) { ref::mla_cache_read(c, t, latent, k_rope); }
+void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) { DSA_DISPATCH(mla_cache_read, c, t, latent, k_rope); }
 void mla_sparse_decode(const MlaCacheView& c, const float* q_lat, const float* q_rope, int n_heads,
                        const int32_t* idx, int n_idx, float scale, float* o_lat) {
   Timed t(KernelId::SparseDecode, 2.0 * n_heads * n_idx * (2.0 * c.kv_lora + c.rope), double(c.token_bytes()) * n_idx);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "kernels/cpu/cpu.h"
@@ -830,6 +832,107 @@ TEST_P(KernelTwins, MoeGatherAndCombineAreTheReferenceBits) {
       EXPECT_TRUE(std::equal(g.begin(), g.begin() + width, x.begin() + std::ptrdiff_t(size_t(pick[0]) * ldx)));
     }
   }
+}
+
+// The embedding gather: bf16, f16 and f32 rows (a row length with a tail, rows at an odd
+// byte offset as a safetensors file may place them) are the reference's bits.
+TEST_P(KernelTwins, EmbedIsTheReferenceBits) {
+  std::mt19937 rng(61);
+  const int rows = 7, cols = 300;
+  for (const DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    SCOPED_TRACE(std::string("dtype ") + dtype_name(dt));
+    const size_t es = dtype_size(dt);
+    std::vector<uint8_t> buf(1 + size_t(rows) * size_t(cols) * es);
+    for (size_t i = 1; i < buf.size(); i += es) {
+      uint32_t bits = rng();
+      if (dt == DType::F16 && (bits & 0x7C00u) == 0x7C00u) bits &= ~0x4000u;  // finite halves
+      if (dt == DType::F32) bits &= ~0x40000000u;                            // finite floats
+      std::memcpy(&buf[i], &bits, es);
+    }
+    Linear t;
+    t.dtype = dt;
+    t.rows = rows;
+    t.cols = cols;
+    t.data = buf.data() + 1;
+    const std::vector<int32_t> ids{3, 0, 6, 3, 5};
+    std::vector<float> got(ids.size() * size_t(cols), -1.0f), want(got.size(), -2.0f);
+    kernels::cpu::embed(t, ids.data(), int(ids.size()), got.data());
+    kernels::ref::embed(t, ids.data(), int(ids.size()), want.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  }
+}
+
+// layernorm with f32 and bf16 weights: within a few ulp of the reference (its sums run in
+// another order); with inputs whose sums are exact in any order (multiples of 1/64 over 128
+// columns) the reference's bits, in place too.
+TEST_P(KernelTwins, LayernormMatchesTheReference) {
+  for (const DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(std::string("weights ") + dtype_name(dt));
+    const int dim = 130;
+    const auto gw = randv(size_t(dim), 62), gb = randv(size_t(dim), 63);
+    std::vector<uint8_t> wb(size_t(dim) * 4), bb(size_t(dim) * 4);
+    for (int i = 0; i < dim; ++i) {
+      if (dt == DType::F32) {
+        std::memcpy(&wb[4 * size_t(i)], &gw[size_t(i)], 4);
+        std::memcpy(&bb[4 * size_t(i)], &gb[size_t(i)], 4);
+      } else {
+        const uint16_t hw = f32_to_bf16(gw[size_t(i)]), hb = f32_to_bf16(gb[size_t(i)]);
+        std::memcpy(&wb[2 * size_t(i)], &hw, 2);
+        std::memcpy(&bb[2 * size_t(i)], &hb, 2);
+      }
+    }
+    const Vec w{dt, wb.data(), dim}, b{dt, bb.data(), dim};
+    const auto x = randv(5 * size_t(dim), 64);
+    std::vector<float> got(x.size()), want(x.size());
+    kernels::cpu::layernorm(x.data(), w, b, 5, dim, 1e-6f, got.data());
+    kernels::ref::layernorm(x.data(), w, b, 5, dim, 1e-6f, want.data());
+    EXPECT_LE(max_rel(got, want), 1e-6);
+    std::mt19937 rng(65);
+    std::vector<float> e(3 * 128);
+    for (float& v : e) v = float(int(rng() % 257) - 128) / 64.0f;
+    std::vector<float> e_want(e.size());
+    kernels::ref::layernorm(e.data(), w, b, 3, 128, 1e-6f, e_want.data());
+    kernels::cpu::layernorm(e.data(), w, b, 3, 128, 1e-6f, e.data());
+    EXPECT_EQ(e, e_want);
+  }
+}
+
+// A token's MLA cache row in every layout: the bytes written and the values read back are
+// the reference's, for latent and rope widths with tails, ue8m0 and plain fp8 scales, bf16
+// rounding ties, infinities and NaNs where the layout stores floats or bf16.
+TEST_P(KernelTwins, CacheRowsAreTheReferenceBits) {
+  std::mt19937 rng(66);
+  for (const CacheType type : {CacheType::F32, CacheType::BF16, CacheType::FP8, CacheType::FP8_656})
+    for (const bool ue8m0 : {true, false})
+      for (const auto& [L, R] : {std::pair{512, 64}, std::pair{200, 22}}) {
+        SCOPED_TRACE(::testing::Message() << "cache " << int(type) << (ue8m0 ? " ue8m0" : "") << " " << L << "+" << R);
+        auto lat = randv(size_t(L), uint32_t(67 + L)), kr = randv(size_t(R), uint32_t(68 + R));
+        for (float& v : lat) v *= std::ldexp(1.0f, int(rng() % 20) - 10);
+        kr[1] = 1.0f + 0x1p-8f;  // halfway between two bf16 values: to even
+        kr[2] = 1.0f + 0x1.8p-7f;  // halfway, to even upwards
+        kr[3] = -std::numeric_limits<float>::infinity();
+        kr[4] = std::numeric_limits<float>::quiet_NaN();
+        if (type == CacheType::F32 || type == CacheType::BF16) {
+          lat[7] = 1.0f + 0x1.8p-7f;
+          lat[9] = std::numeric_limits<float>::quiet_NaN();
+        }
+        MlaCacheView c;
+        c.type = type;
+        c.kv_lora = L;
+        c.rope = R;
+        c.ue8m0 = ue8m0;
+        std::vector<uint8_t> a(c.token_bytes() * 3, 0xAB), bref(a.size(), 0xAB);
+        c.data = a.data();
+        kernels::cpu::mla_cache_write(c, 1, lat.data(), kr.data());
+        c.data = bref.data();
+        kernels::ref::mla_cache_write(c, 1, lat.data(), kr.data());
+        EXPECT_TRUE(a == bref);  // the neighbouring rows untouched as well
+        std::vector<float> la(static_cast<size_t>(L)), lb(la.size()), ra(static_cast<size_t>(R)), rb(ra.size());
+        kernels::cpu::mla_cache_read(c, 1, la.data(), ra.data());
+        kernels::ref::mla_cache_read(c, 1, lb.data(), rb.data());
+        EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
+        EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * sizeof(float)));
+      }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelTwins, ::testing::ValuesIn(kTiers), test::tier_name);

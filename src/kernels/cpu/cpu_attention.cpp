@@ -644,4 +644,80 @@ void reserve_decode_scratch(int n_heads, int latent_dim, int kv_lora, int max_se
   t_decode_scratch.size_parts(hp, latent_dim, kv_lora, std::max(1, (max_selected + kDecodePart - 1) / kDecodePart));
 }
 
+
+// ---- a token's row of the MLA cache ---------------------------------------------------
+// Layouts as the reference's: [latent | k_rope] in f32 or bf16; fp8 [kv_lora e4m3 | one f32
+// scale per 128 | k_rope f32 (FP8) or bf16 (FP8_656)]. Every conversion is exact or rounds
+// as the reference does, so both directions give its bits.
+void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
+  if (!use_avx2()) return ref::mla_cache_write(c, t, latent, k_rope);
+  uint8_t* p = c.token(t);
+  const size_t L = size_t(c.kv_lora), R = size_t(c.rope);
+  switch (c.type) {
+    case CacheType::F32:
+      std::memcpy(p, latent, L * 4);
+      std::memcpy(p + L * 4, k_rope, R * 4);
+      return;
+    case CacheType::BF16:
+      narrow_bf16(latent, c.kv_lora, p);
+      narrow_bf16(k_rope, c.rope, p + 2 * L);
+      return;
+    case CacheType::FP8:
+    case CacheType::FP8_656: {
+      // Runs every decode step: no heap allocation (kv_lora_rank <= 1024 is validated).
+      const int nb = (c.kv_lora + 127) / 128;
+      DSA_CHECK(nb <= 8, "kv_lora_rank above 1024");
+      float scales[8];
+      act_quant_fp8(latent, c.kv_lora, 128, c.ue8m0, p, scales);
+      std::memcpy(p + L, scales, size_t(nb) * 4);
+      uint8_t* r = p + L + 4 * size_t(nb);
+      if (c.type == CacheType::FP8) std::memcpy(r, k_rope, R * 4);
+      else narrow_bf16(k_rope, c.rope, r);
+      return;
+    }
+  }
+}
+
+namespace {
+// n e4m3 codes times their block's scale s, as the reference computes code * s: fp8x8_bits
+// is 2^-120 times a code's value, and times 2^120 it is that value exactly. (The cache never
+// holds the two NaN codes: the writer clamps to +-448.)
+__attribute__((target("avx2,fma"))) void widen_fp8_scaled(const uint8_t* codes, int n, float s, float* y) {
+  const __m256 undo = _mm256_set1_ps(0x1p120f), vs = _mm256_set1_ps(s);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(fp8x8_bits(codes + i), undo), vs));
+  for (; i < n; ++i) y[i] = fp8_e4m3_to_f32(codes[i]) * s;
+}
+}  // namespace
+
+void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) {
+  if (!use_avx2()) return ref::mla_cache_read(c, t, latent, k_rope);
+  const uint8_t* p = c.token(t);
+  const size_t L = size_t(c.kv_lora), R = size_t(c.rope);
+  switch (c.type) {
+    case CacheType::F32:
+      std::memcpy(latent, p, L * 4);
+      std::memcpy(k_rope, p + L * 4, R * 4);
+      return;
+    case CacheType::BF16:
+      widen16(p, true, c.kv_lora, latent);
+      widen16(p + 2 * L, true, c.rope, k_rope);
+      return;
+    case CacheType::FP8:
+    case CacheType::FP8_656: {
+      const int nb = (c.kv_lora + 127) / 128;
+      for (int b = 0; b < nb; ++b) {
+        float s;
+        std::memcpy(&s, p + L + 4 * size_t(b), 4);
+        const int i0 = 128 * b;
+        widen_fp8_scaled(p + i0, std::min(128, c.kv_lora - i0), s, latent + i0);
+      }
+      const uint8_t* r = p + L + 4 * size_t(nb);
+      if (c.type == CacheType::FP8) std::memcpy(k_rope, r, R * 4);
+      else widen16(r, true, c.rope, k_rope);
+      return;
+    }
+  }
+}
+
 }  // namespace dsa::kernels::cpu

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
@@ -51,6 +53,47 @@ __attribute__((target("avx2,fma"))) void rmsnorm_row_avx2(const float* x, const 
   c = 0;
   for (; c + 8 <= dim; c += 8) _mm256_storeu_ps(y + c, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c), vi), load_weights8(w, c)));
   for (; c < dim; ++c) y[c] = x[c] * inv * w.at(c);
+}
+
+// Four weights of a norm vector (f32 or bf16) as doubles.
+__attribute__((target("avx2"))) inline __m256d load_weights4d(const Vec& w, int c) {
+  if (w.dtype == DType::F32) return _mm256_cvtps_pd(_mm_loadu_ps(reinterpret_cast<const float*>(w.data) + c));
+  const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.data + 2 * size_t(c)));
+  return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
+}
+
+__attribute__((target("avx2"))) inline double hsum4d(__m256d s) {
+  const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+
+// One row of layernorm (x and y may be the same row). The mean and the variance are summed in
+// four double lanes, where the reference adds in index order: the two differ far below a
+// float's ulp. Each output is then the reference's double expression, rounded op by op and
+// once to float: this function's target has no FMA, so the compiler cannot fuse it.
+__attribute__((target("avx2"))) void layernorm_row_avx2(const float* x, const Vec& w, const Vec& b, int dim, float eps, float* y) {
+  __m256d s = _mm256_setzero_pd();
+  int c = 0;
+  for (; c + 4 <= dim; c += 4) s = _mm256_add_pd(s, _mm256_cvtps_pd(_mm_loadu_ps(x + c)));
+  double mean = hsum4d(s);
+  for (; c < dim; ++c) mean += x[c];
+  mean /= dim;
+  const __m256d m = _mm256_set1_pd(mean);
+  __m256d v = _mm256_setzero_pd();
+  for (c = 0; c + 4 <= dim; c += 4) {
+    const __m256d d = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + c)), m);
+    v = _mm256_add_pd(v, _mm256_mul_pd(d, d));
+  }
+  double var = hsum4d(v);
+  for (; c < dim; ++c) var += (x[c] - mean) * (x[c] - mean);
+  const double inv = 1.0 / std::sqrt(var / dim + eps);
+  const __m256d vi = _mm256_set1_pd(inv);
+  for (c = 0; c + 4 <= dim; c += 4) {
+    const __m256d d = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + c)), m);
+    const __m256d r = _mm256_add_pd(_mm256_mul_pd(_mm256_mul_pd(d, vi), load_weights4d(w, c)), load_weights4d(b, c));
+    _mm_storeu_ps(y + c, _mm256_cvtpd_ps(r));
+  }
+  for (; c < dim; ++c) y[c] = float((x[c] - mean) * inv * w.at(c) + b.at(c));
 }
 
 __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const float* up, size_t b, size_t e, float* out) {
@@ -205,6 +248,19 @@ void moe_combine(const float* d, int width, const int32_t* pos, const float* w, 
     combine_row_avx2(d, width, pos + size_t(t) * size_t(k), w + size_t(t) * size_t(k), k, acc + size_t(t) * size_t(width));
 }
 
+void embed(const Linear& table, const int32_t* ids, int n, float* y) {
+  const DType dt = table.dtype;
+  if (!use_avx2() || (dt != DType::BF16 && dt != DType::F16 && dt != DType::F32)) return ref::embed(table, ids, n, y);
+  const size_t cols = size_t(table.cols), row_bytes = cols * dtype_size(dt);
+  for (int i = 0; i < n; ++i) {
+    DSA_CHECK(ids[i] >= 0 && ids[i] < table.rows, "token id out of range");
+    const uint8_t* row = table.data + size_t(ids[i]) * row_bytes;
+    float* yi = y + size_t(i) * cols;
+    if (dt == DType::F32) std::memcpy(yi, row, row_bytes);
+    else widen16(row, dt == DType::BF16, table.cols, yi);
+  }
+}
+
 void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) {
   const bool avx = use_avx2() && (w.dtype == DType::F32 || w.dtype == DType::BF16);
   const bool wide = avx && use_avx512();
@@ -217,6 +273,13 @@ void rmsnorm(const float* x, const Vec& w, int n, int dim, float eps, float* y) 
   };
 #pragma omp parallel for schedule(static) if (n > 1 && parallel_worth(int64_t(n) * dim))
   for (int i = 0; i < n; ++i) row(i);
+}
+
+void layernorm(const float* x, const Vec& w, const Vec& b, int n, int dim, float eps, float* y) {
+  auto norm_vec = [](const Vec& v) { return v.dtype == DType::F32 || v.dtype == DType::BF16; };
+  if (!use_avx2() || !norm_vec(w) || !norm_vec(b)) return ref::layernorm(x, w, b, n, dim, eps, y);
+#pragma omp parallel for schedule(static) if (n > 1 && parallel_worth(int64_t(n) * dim))
+  for (int i = 0; i < n; ++i) layernorm_row_avx2(x + size_t(i) * size_t(dim), w, b, dim, eps, y + size_t(i) * size_t(dim));
 }
 
 void silu_mul(const float* gate, const float* up, size_t n, float* out) {

@@ -3,6 +3,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
 
 namespace dsa::kernels::cpu {
 
@@ -35,6 +38,43 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 s) {
 __attribute__((target("avx2,fma"))) inline __m256 fp8x8_bits(const uint8_t* p) {
   const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u))));
+}
+
+// n bf16 (or f16) values as f32, the conversions' exact results: bf16 by a 16-bit shift,
+// f16 by F16C. Unaligned sources (checkpoint rows, cache rows) are read bytewise in the tail.
+__attribute__((target("avx2,f16c"))) inline void widen16(const uint8_t* src, bool bf16, int n, float* y) {
+  int c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * c));
+    _mm256_storeu_ps(y + c, bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h));
+  }
+  for (; c < n; ++c) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * c, 2);
+    y[c] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+  }
+}
+
+// n floats as bf16 into dst (any alignment): f32_to_bf16 on eight lanes, rounding to nearest
+// even and keeping a NaN a (quiet) NaN.
+__attribute__((target("avx2"))) inline void narrow_bf16(const float* x, int n, uint8_t* dst) {
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  int c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c));
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(hi, one))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i v = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
+    // packus packs within 128-bit halves: lanes 0-3 land in quadword 0, lanes 4-7 in quadword 2.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * c), _mm256_castsi256_si128(packed));
+  }
+  for (; c < n; ++c) {
+    const uint16_t h = f32_to_bf16(x[c]);
+    std::memcpy(dst + 2 * c, &h, 2);
+  }
 }
 
 // A lightning-indexer key's score before its key scale: Σ_h relu(dots[h]) * w[h] over hp
