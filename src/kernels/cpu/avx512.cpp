@@ -185,10 +185,11 @@ inline void fp8_fma4(const Fp8x64& f, const __m512 (&xv)[4], __m512 (&a)[2]) {
 }
 
 // NT tokens against each row as it streams by: every weight vector is widened once for all
-// NT tokens. One token runs here whole: one row at a time reads the weights in address order,
-// which on Zen 5 streamed 14-16% faster than four rows side by side sharing the x loads
-// (docs/KERNELS.md). Rows [r0, r1) lie in one 128-row block, whose scaled x xs is
-// (scale_x_blocks), as in every fp8 kernel below.
+// NT tokens. One token runs here for rows of up to 512 columns (gemv_fp8_one takes longer
+// ones): one row at a time reads the weights in address order, which on Zen 5 streamed 14-16%
+// faster than four adjacent rows side by side sharing the x loads (docs/KERNELS.md). Rows
+// [r0, r1) lie in one 128-row block, whose scaled x xs is (scale_x_blocks), as in every fp8
+// kernel below.
 template <int NT>
 void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
@@ -210,6 +211,35 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y,
     for (int t = 0; t < NT; ++t)
       y[size_t(t) * ldy + size_t(r - base)] = fp8_finish(a[t][0], a[t][1], wr, srow, x + size_t(t) * size_t(K), kfull, K, bc);
   }
+}
+
+// One token: the first and the second half of the rows side by side, row r0 + i beside row
+// r0 + h + i. A row's sum is a chain of dependent FMAs (two per 64 codes into each of its two
+// accumulators) that one row at a time leaves the core waiting on; two rows in flight run two
+// chains and share each x load, and each half is still one sequential stream. Every row sums
+// its columns in order into its own pair of accumulators: the one-token order, bit for bit.
+// On Zen 5, 256 x 2048 in L2, one core: 85-86 -> 104-109 GFLOP/s. (Two adjacent rows skewed
+// by half a row ran as fast in L2 but lost half the rate streaming from memory.)
+void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, int base, int r0, int r1) {
+  const int K = w.cols, bc = w.block_cols, kfull = fp8_vector_cols(w);
+  const size_t ahead = prefetch_ahead(size_t(K));
+  const float* srow = w.scale + size_t(r0 / w.block_rows) * size_t(w.scale_cols());
+  const int h = (r1 - r0) / 2;
+  for (int i = 0; i < h; ++i) {
+    const uint8_t* p = w.data + size_t(r0 + i) * size_t(K);
+    const uint8_t* q = w.data + size_t(r0 + h + i) * size_t(K);
+    __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, b[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int c = 0; c < kfull; c += 64) {
+      prefetch_stream(p + c + ahead);
+      prefetch_stream(q + c + ahead);
+      const __m512 xv[4] = {_mm512_loadu_ps(xs + c), _mm512_loadu_ps(xs + c + 16), _mm512_loadu_ps(xs + c + 32), _mm512_loadu_ps(xs + c + 48)};
+      fp8_fma4(fp8x64_bits(p + c), xv, a);
+      fp8_fma4(fp8x64_bits(q + c), xv, b);
+    }
+    y[r0 + i - base] = fp8_finish(a[0], a[1], p, srow, x, kfull, K, bc);
+    y[r0 + h + i - base] = fp8_finish(b[0], b[1], q, srow, x, kfull, K, bc);
+  }
+  if (r0 + 2 * h < r1) gemv_fp8_tokens<1>(w, x, xs, y, 0, base, r0 + 2 * h, r1);
 }
 
 // NT tokens against NR rows at a time: each x vector loaded once for all NR rows (half the x
@@ -299,8 +329,8 @@ inline float bf16_finish(__m512 a, const uint16_t* wr, const float* x, int K) {
   return acc;
 }
 
-// NT tokens against one row at a time: for one and two tokens the whole product (the rows
-// then stream in address order), else the rows a tile leaves over. One row at a time reads
+// NT tokens against one row at a time: for one token and rows of up to 512 columns the whole
+// product, else the rows a tile or the halves leave over. One row at a time reads
 // the weights as one sequential stream, where four rows side by side are four streams a row
 // (4 KB at 2048 columns) apart: on Zen 4, 2 threads, 129280 x 2048 (the lm_head), in the
 // read probe's fast state (55-62 GB/s) one token took 10.1-10.2 ms against 12.3-12.9 with four
@@ -328,6 +358,46 @@ void gemv_bf16_tokens(const Linear& w, const float* x, const float* xp, float* y
     }
     for (int t = 0; t < NT; ++t) y[size_t(t) * ldy + size_t(r - base)] = bf16_finish(a[t], wr, x + size_t(t) * size_t(K), K);
   }
+}
+
+// One or two tokens: the two halves of the rows side by side, as gemv_fp8_one does, each
+// (row, token) pair one accumulator in the one-token order; each half prefetched into L2 (the
+// hardware prefetcher alone kept one stream a core fed, not two). On Zen 5, 2 threads, the
+// lm_head (129280 x 2048) for one token took 10.9-12.4 ms against 13.4-13.6 one row at a
+// time in a slow state of the machine, 9.90-9.95 against 10.18-10.35 in a fast one; a
+// verification step (two tokens, mostly this product) 19.3-23.5 ms against 23.6-26.2.
+template <int NT>
+void gemv_bf16_halves(const Linear& w, const float* x, const float* xp, float* y, size_t ldy, int base, int r0, int r1) {
+  const int K = w.cols, k32 = K / 32 * 32;
+  const size_t ahead = prefetch_ahead(2 * size_t(K));
+  const __m512i hi_mask = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  const int h = (r1 - r0) / 2;
+  for (int i = 0; i < h; ++i) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + size_t(r0 + i) * size_t(K);
+    const uint16_t* q = p + size_t(h) * size_t(K);
+    __m512 a[NT], b[NT];
+    for (int t = 0; t < NT; ++t) a[t] = b[t] = _mm512_setzero_ps();
+    for (int c = 0; c < k32; c += 32) {
+      prefetch_stream(reinterpret_cast<const char*>(p + c) + ahead);
+      prefetch_stream(reinterpret_cast<const char*>(q + c) + ahead);
+      const __m512i u = load_weights64(p + c), v = load_weights64(q + c);
+      const __m512 ue = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)), uo = _mm512_castsi512_ps(_mm512_and_si512(u, hi_mask));
+      const __m512 ve = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), vo = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+      for (int t = 0; t < NT; ++t) {
+        const __m512 xe = _mm512_loadu_ps(xp + size_t(t) * size_t(K) + c), xo = _mm512_loadu_ps(xp + size_t(t) * size_t(K) + c + 16);
+        a[t] = _mm512_fmadd_ps(ue, xe, a[t]);
+        b[t] = _mm512_fmadd_ps(ve, xe, b[t]);
+        a[t] = _mm512_fmadd_ps(uo, xo, a[t]);
+        b[t] = _mm512_fmadd_ps(vo, xo, b[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const float* xt = x + size_t(t) * size_t(K);
+      y[size_t(t) * ldy + size_t(r0 + i - base)] = bf16_finish(a[t], p, xt, K);
+      y[size_t(t) * ldy + size_t(r0 + h + i - base)] = bf16_finish(b[t], q, xt, K);
+    }
+  }
+  if (r0 + 2 * h < r1) gemv_bf16_tokens<NT, NT != 1>(w, x, xp, y, ldy, base, r0 + 2 * h, r1);
 }
 
 // NT tokens against NR rows at a time, each x vector loaded once for all NR rows; every
@@ -435,20 +505,30 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
 // grouping changes no output bit.
 constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
-// The kernel for n prepared tokens. fp8: one token one row at a time, two tokens against
-// four rows (two rows keep too few loads in flight), more against two. bf16: one and two tokens
-// one row at a time (gemv_bf16_tokens), more against four rows (one row at a time loads each
-// x vector once per row, which from three tokens on costs more than the four streams do).
+// The kernel for n prepared tokens. fp8: one token two rows at a time from the two halves of
+// the range (one row at a time for short rows), two tokens against four rows (two rows keep
+// too few loads in flight), more against two. bf16: one and two tokens two rows at a time from
+// the halves (gemv_bf16_halves), more against four rows (one row at a time loads each x vector
+// once per row, which from three tokens on costs more than the four streams do).
 void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   switch (n) {
     case 1:
-      if (fp8) gemv_fp8_tokens<1>(w, x, xb, y, 0, base, r0, r1);
-      else gemv_bf16_tokens<1, false>(w, x, xb, y, 0, base, r0, r1);
+      // Rows of 512 columns or fewer are short enough for the core to overlap consecutive
+      // rows' chains by itself: there the second stream cost more than it gave (the experts'
+      // 2048 x 512 down projections in a decode step 1.23-1.36 -> 1.42-1.49 ms).
+      if (w.cols <= 512) {
+        if (fp8) gemv_fp8_tokens<1>(w, x, xb, y, 0, base, r0, r1);
+        else gemv_bf16_tokens<1, false>(w, x, xb, y, 0, base, r0, r1);
+      } else if (fp8) {
+        gemv_fp8_one(w, x, xb, y, base, r0, r1);
+      } else {
+        gemv_bf16_halves<1>(w, x, xb, y, 0, base, r0, r1);
+      }
       break;
     case 2:
       if (fp8) gemv_fp8_tile<4, 2>(w, x, xb, y, ldy, base, r0, r1, nb);
-      else gemv_bf16_tokens<2, true>(w, x, xb, y, ldy, base, r0, r1);
+      else gemv_bf16_halves<2>(w, x, xb, y, ldy, base, r0, r1);
       break;
     case 3:
       if (fp8) gemv_fp8_tile<2, 3>(w, x, xb, y, ldy, base, r0, r1, nb);
