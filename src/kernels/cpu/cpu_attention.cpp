@@ -278,54 +278,48 @@ void topk(const float* scores, int n, int k, int32_t* out) {
 
 namespace {
 
-// One cached token as f32 [latent | rope]: a view for the f32 cache, else dequantized
-// into buf with the same bit tricks as the weight kernels.
-__attribute__((target("avx2,fma,f16c"))) const float* load_token(const MlaCacheView& c, int32_t t, float* buf) {
-  const uint8_t* p = c.token(t);
+// A bf16 or fp8 cached token's row as f32: latent [kv_lora] and k_rope [rope], with the same
+// bit tricks as the weight kernels; every value is the reference's (mla_cache_read).
+__attribute__((target("avx2,fma,f16c"))) void dequantize_row(const MlaCacheView& c, const uint8_t* p, float* latent, float* k_rope) {
   const int L = c.kv_lora, R = c.rope;
-  switch (c.type) {
-    case CacheType::F32: return reinterpret_cast<const float*>(p);
-    case CacheType::BF16: {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      int i = 0;
-      for (; i + 8 <= L + R; i += 8)
-        _mm256_storeu_ps(buf + i, _mm256_castsi256_ps(_mm256_slli_epi32(
-                                      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))), 16)));
-      for (; i < L + R; ++i) buf[i] = bf16_to_f32(h[i]);
-      return buf;
-    }
-    case CacheType::FP8:
-    case CacheType::FP8_656: {
-      const int nb = (L + 127) / 128;
-      int i = 0;
-      // e4m3 -> f32 by bit placement (fp8x8_bits) with the 2^120 folded into the block
-      // scale: one exact multiply, no conversion instruction.
-      for (; i + 128 <= L; i += 128) {
-        float s;
-        std::memcpy(&s, p + L + 4 * (i / 128), 4);
-        if (!(s < 0x1p7f)) {  // s * 2^120 would overflow: the plain conversion
-          for (int k = 0; k < 128; ++k) buf[i + k] = fp8_e4m3_to_f32(p[i + k]) * s;
-          continue;
-        }
-        if (use_avx512()) {
-          avx512_kernels().widen_fp8(p + i, 128, s * 0x1p120f, buf + i);
-          continue;
-        }
-        const __m256 sv = _mm256_set1_ps(s * 0x1p120f);
-        for (int k = 0; k < 128; k += 8) _mm256_storeu_ps(buf + i + k, _mm256_mul_ps(fp8x8_bits(p + i + k), sv));
-      }
-      for (; i < L; ++i) {
-        float s;
-        std::memcpy(&s, p + L + 4 * (i / 128), 4);
-        buf[i] = fp8_e4m3_to_f32(p[i]) * s;
-      }
-      const uint8_t* r = p + L + 4 * nb;
-      if (c.type == CacheType::FP8) std::memcpy(buf + L, r, size_t(R) * 4);
-      else
-        for (int k = 0; k < R; ++k) { uint16_t h; std::memcpy(&h, r + 2 * k, 2); buf[L + k] = bf16_to_f32(h); }
-      return buf;
-    }
+  if (c.type == CacheType::BF16) {
+    widen16(p, true, L, latent);
+    widen16(p + 2 * size_t(L), true, R, k_rope);
+    return;
   }
+  const int nb = (L + 127) / 128;
+  int i = 0;
+  // e4m3 -> f32 by bit placement (fp8x8_bits) with the 2^120 folded into the block scale: one
+  // multiply of the exact product, no conversion instruction.
+  for (; i + 128 <= L; i += 128) {
+    float s;
+    std::memcpy(&s, p + L + 4 * (i / 128), 4);
+    if (!(s < 0x1p7f)) {  // s * 2^120 would overflow: the plain conversion
+      for (int k = 0; k < 128; ++k) latent[i + k] = fp8_e4m3_to_f32(p[i + k]) * s;
+      continue;
+    }
+    if (use_avx512()) {
+      avx512_kernels().widen_fp8(p + i, 128, s * 0x1p120f, latent + i);
+      continue;
+    }
+    const __m256 sv = _mm256_set1_ps(s * 0x1p120f);
+    for (int k = 0; k < 128; k += 8) _mm256_storeu_ps(latent + i + k, _mm256_mul_ps(fp8x8_bits(p + i + k), sv));
+  }
+  for (; i < L; ++i) {
+    float s;
+    std::memcpy(&s, p + L + 4 * (i / 128), 4);
+    latent[i] = fp8_e4m3_to_f32(p[i]) * s;
+  }
+  const uint8_t* r = p + L + 4 * nb;
+  if (c.type == CacheType::FP8) std::memcpy(k_rope, r, size_t(R) * 4);
+  else widen16(r, true, R, k_rope);
+}
+
+// One cached token as f32 [latent | rope]: a view for the f32 cache, else dequantized into buf.
+const float* load_token(const MlaCacheView& c, int32_t t, float* buf) {
+  const uint8_t* p = c.token(t);
+  if (c.type == CacheType::F32) return reinterpret_cast<const float*>(p);
+  dequantize_row(c, p, buf, buf + c.kv_lora);
   return buf;
 }
 
@@ -648,7 +642,7 @@ void reserve_decode_scratch(int n_heads, int latent_dim, int kv_lora, int max_se
 // ---- a token's row of the MLA cache ---------------------------------------------------
 // Layouts as the reference's: [latent | k_rope] in f32 or bf16; fp8 [kv_lora e4m3 | one f32
 // scale per 128 | k_rope f32 (FP8) or bf16 (FP8_656)]. Every conversion is exact or rounds
-// as the reference does, so both directions give its bits.
+// as the reference does, so both directions give its bits (the read is dequantize_row).
 void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, const float* k_rope) {
   if (!use_avx2()) return ref::mla_cache_write(c, t, latent, k_rope);
   uint8_t* p = c.token(t);
@@ -678,46 +672,12 @@ void mla_cache_write(const MlaCacheView& c, int64_t t, const float* latent, cons
   }
 }
 
-namespace {
-// n e4m3 codes times their block's scale s, as the reference computes code * s: fp8x8_bits
-// is 2^-120 times a code's value, and times 2^120 it is that value exactly. (The cache never
-// holds the two NaN codes: the writer clamps to +-448.)
-__attribute__((target("avx2,fma"))) void widen_fp8_scaled(const uint8_t* codes, int n, float s, float* y) {
-  const __m256 undo = _mm256_set1_ps(0x1p120f), vs = _mm256_set1_ps(s);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(fp8x8_bits(codes + i), undo), vs));
-  for (; i < n; ++i) y[i] = fp8_e4m3_to_f32(codes[i]) * s;
-}
-}  // namespace
-
 void mla_cache_read(const MlaCacheView& c, int64_t t, float* latent, float* k_rope) {
   if (!use_avx2()) return ref::mla_cache_read(c, t, latent, k_rope);
   const uint8_t* p = c.token(t);
-  const size_t L = size_t(c.kv_lora), R = size_t(c.rope);
-  switch (c.type) {
-    case CacheType::F32:
-      std::memcpy(latent, p, L * 4);
-      std::memcpy(k_rope, p + L * 4, R * 4);
-      return;
-    case CacheType::BF16:
-      widen16(p, true, c.kv_lora, latent);
-      widen16(p + 2 * L, true, c.rope, k_rope);
-      return;
-    case CacheType::FP8:
-    case CacheType::FP8_656: {
-      const int nb = (c.kv_lora + 127) / 128;
-      for (int b = 0; b < nb; ++b) {
-        float s;
-        std::memcpy(&s, p + L + 4 * size_t(b), 4);
-        const int i0 = 128 * b;
-        widen_fp8_scaled(p + i0, std::min(128, c.kv_lora - i0), s, latent + i0);
-      }
-      const uint8_t* r = p + L + 4 * size_t(nb);
-      if (c.type == CacheType::FP8) std::memcpy(k_rope, r, R * 4);
-      else widen16(r, true, c.rope, k_rope);
-      return;
-    }
-  }
+  if (c.type != CacheType::F32) return dequantize_row(c, p, latent, k_rope);
+  std::memcpy(latent, p, size_t(c.kv_lora) * 4);
+  std::memcpy(k_rope, p + size_t(c.kv_lora) * 4, size_t(c.rope) * 4);
 }
 
 }  // namespace dsa::kernels::cpu
