@@ -700,11 +700,13 @@ void linear_t_fp8(const Linear& w, const float* x, size_t ldx, int n, int r0, in
 // 2 x MR FMAs into 2 x MR accumulators, each output summing k in order from zero as the
 // avx2 6x16 kernel does.
 template <int MR>
-void micro_6x32(const float* pk0, const float* pk1, int kc, const float* xp, float* y, int ldy, int nr0, int nr1, bool accumulate) {
+void micro_6x32(const float* pk0, const float* pk1, int kc, const float* xp, float* y, int ldy, int nr0, int nr1, bool accumulate,
+                LinePrefetch& pf) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
   for (int k = 0; k < kc; ++k) {
+    if ((k & 7) == 0) pf.next();
     const __m512 w0 = _mm512_loadu_ps(pk0 + size_t(k) * 16), w1 = _mm512_loadu_ps(pk1 + size_t(k) * 16);
     const float* xk = xp + size_t(k) * MR;
 #pragma GCC unroll 6
@@ -763,17 +765,19 @@ void pack_fp8_chunk(const uint8_t* w0, size_t ldw, int len, const float* s, floa
 }
 
 void gemm_panels2(const float* pk0, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr0, int nr1,
-                  bool accumulate) {
+                  bool accumulate, LinePrefetch* pf) {
+  LinePrefetch none;
+  LinePrefetch& p = pf ? *pf : none;
   for (int i0 = 0; i0 < n; i0 += 6) {
     const float* b = xp + size_t(i0) * size_t(kc);
     float* yr = y + size_t(i0) * size_t(ldy);
     switch (std::min(6, n - i0)) {
-      case 6: micro_6x32<6>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
-      case 5: micro_6x32<5>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
-      case 4: micro_6x32<4>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
-      case 3: micro_6x32<3>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
-      case 2: micro_6x32<2>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
-      default: micro_6x32<1>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate); break;
+      case 6: micro_6x32<6>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate, p); break;
+      case 5: micro_6x32<5>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate, p); break;
+      case 4: micro_6x32<4>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate, p); break;
+      case 3: micro_6x32<3>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate, p); break;
+      case 2: micro_6x32<2>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate, p); break;
+      default: micro_6x32<1>(pk0, pk1, kc, b, yr, ldy, nr0, nr1, accumulate, p); break;
     }
   }
 }

@@ -39,6 +39,21 @@ int num_threads();
 bool use_avx2();  // the tier in use has the AVX2 kernels (every tier but generic)
 bool use_avx512();  // the tier in use has the AVX-512 kernels (avx512 and amx)
 
+// Weight lines pulled into L2 one at a time while a kernel computes: the rows of the GEMM's
+// next panel unit, which its pack would otherwise wait for line by line from memory.
+struct LinePrefetch {
+  const char* base = nullptr;  // first row; none when null
+  size_t ld = 0;               // bytes between rows
+  int rows = 0, row_bytes = 0;
+  int r = 0, off = 0;          // the next line
+  void next() {
+    if (r >= rows) return;
+    __builtin_prefetch(base + size_t(r) * ld + size_t(off), 0, 2);
+    off += 64;
+    if (off >= row_bytes) off = 0, ++r;
+  }
+};
+
 // The kernels the avx512 tier runs in place of the avx2 ones; everything else in the tier
 // is the avx2 code. One table per build of avx512.cpp: the native one, and in the
 // tests the same source built on an emulation of the intrinsics, so that the tier's logic is
@@ -53,8 +68,9 @@ struct Avx512Kernels {
   // [kc][16]; nr0, nr1 of their rows valid) for n tokens packed in blocks of six (the avx2
   // layout): y [n, ldy] columns 0..nr0 from pk0 and 16..16+nr1 from pk1, added to y when
   // accumulate. Each output sums k in order: bitwise the avx2 GEMM.
+  // pf, if not null, takes a line every eight k steps.
   void (*gemm_panels2)(const float* pk0, const float* pk1, int kc, const float* xp, int n, float* y, int ldy, int nr0, int nr1,
-                       bool accumulate);
+                       bool accumulate, LinePrefetch* pf);
   // The panel pack of a full fp8 chunk: rows [0, 16) x columns [0, len) of w0 (row stride ldw,
   // len a multiple of 16, one scale block; s[j] = row j's block scale times 2^120) into dst
   // [len][16], each value code * scale rounded once: the avx2 pack's values.
