@@ -144,6 +144,9 @@ const char* isa_name(Isa t) {
 }
 
 bool bf16_dot_supported() { return supported(Isa::Avx512) && features().avx512bf16; }
+namespace cpu {
+bool vbmi_supported() { return supported(Isa::Avx512) && features().avx512vbmi; }
+}  // namespace cpu
 
 namespace {
 bool& bf16_state() {

@@ -431,6 +431,42 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTwin,
                                             ::testing::Values(1, 2, 3, 17)),
                          linear_case_name);
 
+// The avx512 tier's two fp8 panel packs write the same bits: every e4m3 code in every row
+// (zeros of both signs, subnormals, the NaN codes) at every column position, row scales of
+// both signs; each value the one rounding of code times scale.
+TEST_P(KernelTwins, PanelPacksAreTheSameBits) {
+  if (!kernels::cpu::use_avx512()) GTEST_SKIP() << "tier " << GetParam().name << " has no avx512 panel pack";
+  const auto& k = kernels::cpu::avx512_kernels();
+  if (!k.pack_fp8_chunk_vbmi) GTEST_SKIP() << "the VBMI pack: this CPU has no AVX512-VBMI (it has " << kernels::cpu_features() << ")";
+  constexpr int kLen = 256;
+  constexpr size_t kLd = kLen + 24;
+  std::vector<uint8_t> w(16 * kLd + 3);
+  for (int j = 0; j < 16; ++j)
+    for (size_t c = 0; c < kLd; ++c) w[3 + size_t(j) * kLd + c] = uint8_t(c + 17 * size_t(j));
+  float scale[16], s[16];
+  for (int j = 0; j < 16; ++j) {
+    scale[j] = std::ldexp((j % 3 == 1 ? -1.0f : 1.0f) * (1.0f + float(j) / 7.0f), j - 9);
+    s[j] = scale[j] * 0x1p120f;
+  }
+  std::vector<float> plain(size_t(kLen) * 16, 1.5f), vbmi(size_t(kLen) * 16, -2.5f);
+  k.pack_fp8_chunk(w.data() + 3, kLd, kLen, s, plain.data());
+  k.pack_fp8_chunk_vbmi(w.data() + 3, kLd, kLen, s, vbmi.data());
+  EXPECT_EQ(std::memcmp(plain.data(), vbmi.data(), plain.size() * sizeof(float)), 0);
+  int checked = 0;
+  for (int c = 0; c < kLen; ++c)
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t code = w[3 + size_t(j) * kLd + size_t(c)];
+      if ((code & 0x7F) == 0x7F) continue;  // NaN: no value to compare
+      const float want = fp8_e4m3_to_f32(code) * scale[j];
+      uint32_t a, b;
+      std::memcpy(&a, &vbmi[size_t(c) * 16 + size_t(j)], 4);
+      std::memcpy(&b, &want, 4);
+      EXPECT_EQ(a, b) << "row " << j << " column " << c << " code " << int(code);
+      ++checked;
+    }
+  EXPECT_EQ(checked, 16 * 254);
+}
+
 TEST_P(KernelTwins, IndexerScores) {
   // 1 head (one padded lane group), 16 (a pair), 24 (a pair and an odd group), 64; key counts
   // that leave partial blocks of every size the kernels take apart (1, 6, 8 and 4 keys past

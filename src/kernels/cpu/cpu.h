@@ -75,6 +75,8 @@ struct Avx512Kernels {
   // len a multiple of 16, one scale block; s[j] = row j's block scale times 2^120) into dst
   // [len][16], each value code * scale rounded once: the avx2 pack's values.
   void (*pack_fp8_chunk)(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst);
+  // The same pack on AVX512-VBMI byte permutes, bitwise the same; null where the CPU lacks VBMI.
+  void (*pack_fp8_chunk_vbmi)(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst);
   // The indexer scan of keys [t0, t1) of one contiguous run (indexer_scores' inner kernel):
   // qT [128][hp] for hp a multiple of 16, w [hp]; every score bitwise the avx2 kernel's.
   void (*indexer_lanes)(const float* qT, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1, float* out);
@@ -122,6 +124,7 @@ struct Avx512Kernels {
 // 1.85 GB on V3.2), where 24 read it three times. Costs 4 x 64 x cols floats per thread.
 constexpr int kTokBuf = 64;
 constexpr int kTokChunkT = 16;  // tokens per call of a transposed fp8 kernel (linear_t_fp8 and the avx2 ones)
+bool vbmi_supported();  // the avx512 tier can run and the CPU has AVX512-VBMI
 const Avx512Kernels& avx512_native();
 // The table the avx512 tier uses: the native one, or the one a test installs with
 // emulate_avx512, which also puts the tier in use without asking the CPU (nullptr: back to
