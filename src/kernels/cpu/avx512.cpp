@@ -769,19 +769,18 @@ void pack_fp8_chunk(const uint8_t* w0, size_t ldw, int len, const float* s, floa
 // halves into four-column quarters), then each column's 16 codes go to the top bytes of the
 // 32-bit lanes with one zero-masking permute; an arithmetic shift of the lanes' high halves
 // by 4 then places sign, exponent and mantissa where the shift by 20 of the sign-extended
-// code puts them. The same
-// bits as pack_fp8_chunk with a quarter of its shuffles (the 16 x 16 f32 transpose was most of
-// them).
+// code puts them. The same bits as pack_fp8_chunk with a quarter of its shuffles (the 16 x 16
+// f32 transpose was most of them).
 #ifdef DSA_AVX512_EMULATED
 #define DSA_VBMI_TARGET
 #else
 #define DSA_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
 #endif
 struct VbmiPackIndex {
-  alignas(64) uint8_t pair[2][64];     // rows 0-7 of two four-row vectors: [8 c + r] = column 8 x + c of row r
-  alignas(64) uint8_t quarter[2][64];  // the two row halves: [16 c + j] = column 4 h + c of row j
-  alignas(64) uint8_t lanes[4][64];    // column c of a quarter into byte 4 j + 3
-  VbmiPackIndex() {
+  alignas(64) uint8_t pair[2][64]{};     // rows 0-7 of two four-row vectors: [8 c + r] = column 8 x + c of row r
+  alignas(64) uint8_t quarter[2][64]{};  // the two row halves: [16 c + j] = column 4 h + c of row j
+  alignas(64) uint8_t lanes[4][64]{};    // column c of a quarter into byte 4 j + 3
+  constexpr VbmiPackIndex() {
     for (int x = 0; x < 2; ++x)
       for (int c = 0; c < 8; ++c)
         for (int r = 0; r < 8; ++r) pair[x][8 * c + r] = uint8_t(64 * (r / 4) + 16 * (r % 4) + 8 * x + c);
@@ -792,7 +791,7 @@ struct VbmiPackIndex {
       for (int i = 0; i < 64; ++i) lanes[c][i] = uint8_t(i % 4 == 3 ? 16 * c + i / 4 : 0);
   }
 };
-const VbmiPackIndex kVbmiPack;
+constexpr VbmiPackIndex kVbmiPack;
 
 DSA_VBMI_TARGET void pack_fp8_chunk_vbmi(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst) {
   const __m512i mask = _mm512_set1_epi32(int32_t(0x87F00000u));
@@ -1315,7 +1314,7 @@ int topk_emit(const float* scores, int n, uint32_t tau, int ties, int k, int32_t
 namespace dsa::kernels::cpu {
 #ifdef DSA_AVX512_EMULATED
 const Avx512Kernels& avx512_emulated_kernels() {
-  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk, avx512_emulated::pack_fp8_chunk_vbmi, avx512_emulated::indexer_lanes, avx512_emulated::indexer_lanes_bf16, avx512_emulated::scores16, avx512_emulated::accumulate16,
+  static const Avx512Kernels k{avx512_emulated::gemv_rows, avx512_emulated::gemm_panels2, avx512_emulated::pack_fp8_chunk_vbmi, avx512_emulated::pack_fp8_chunk, avx512_emulated::indexer_lanes, avx512_emulated::indexer_lanes_bf16, avx512_emulated::scores16, avx512_emulated::accumulate16,
                                  avx512_emulated::softmax16, avx512_emulated::rmsnorm_row, avx512_emulated::silu_mul,
                                  avx512_emulated::topk_bins, avx512_emulated::topk_gather, avx512_emulated::topk_emit,
                                  avx512_emulated::hadamard128_one, avx512_emulated::linear_t_fp8, avx512_emulated::widen_fp8};
@@ -1323,7 +1322,7 @@ const Avx512Kernels& avx512_emulated_kernels() {
 }
 #else
 const Avx512Kernels& avx512_native() {
-  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, avx512::pack_fp8_chunk, vbmi_supported() ? avx512::pack_fp8_chunk_vbmi : nullptr, avx512::indexer_lanes, avx512::indexer_lanes_bf16, avx512::scores16, avx512::accumulate16,
+  static const Avx512Kernels k{avx512::gemv_rows, avx512::gemm_panels2, vbmi_supported() ? avx512::pack_fp8_chunk_vbmi : avx512::pack_fp8_chunk, avx512::pack_fp8_chunk, avx512::indexer_lanes, avx512::indexer_lanes_bf16, avx512::scores16, avx512::accumulate16,
                                  avx512::softmax16, avx512::rmsnorm_row, avx512::silu_mul, avx512::topk_bins, avx512::topk_gather,
                                  avx512::topk_emit, avx512::hadamard128_one, avx512::linear_t_fp8, avx512::widen_fp8};
   return k;

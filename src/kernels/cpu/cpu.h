@@ -73,10 +73,11 @@ struct Avx512Kernels {
                        bool accumulate, LinePrefetch* pf);
   // The panel pack of a full fp8 chunk: rows [0, 16) x columns [0, len) of w0 (row stride ldw,
   // len a multiple of 16, one scale block; s[j] = row j's block scale times 2^120) into dst
-  // [len][16], each value code * scale rounded once: the avx2 pack's values.
+  // [len][16], each value code * scale rounded once: the avx2 pack's values. On AVX512-VBMI
+  // byte permutes where the CPU has them (always in the emulated table); pack_fp8_chunk_plain
+  // is the pack on shuffles alone, the same bits, kept for the test that holds them equal.
   void (*pack_fp8_chunk)(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst);
-  // The same pack on AVX512-VBMI byte permutes, bitwise the same; null where the CPU lacks VBMI.
-  void (*pack_fp8_chunk_vbmi)(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst);
+  void (*pack_fp8_chunk_plain)(const uint8_t* w0, size_t ldw, int len, const float* s, float* dst);
   // The indexer scan of keys [t0, t1) of one contiguous run (indexer_scores' inner kernel):
   // qT [128][hp] for hp a multiple of 16, w [hp]; every score bitwise the avx2 kernel's.
   void (*indexer_lanes)(const float* qT, const float* w, int hp, const uint8_t* k8, const float* k_scale, int t0, int t1, float* out);

@@ -417,13 +417,8 @@ void pack_panel(const Linear& w, int r0, int nr, int k0, int kc, float* pk, bool
       }
       if (ok) {
         const uint8_t* w0 = w.data + size_t(r0) * size_t(w.cols) + size_t(c0);
-        float* dst = pk + size_t(c0 - k0) * kNr;
-        if (use_avx512() && len % 16 == 0) {
-          const Avx512Kernels& k = avx512_kernels();
-          (k.pack_fp8_chunk_vbmi ? k.pack_fp8_chunk_vbmi : k.pack_fp8_chunk)(w0, size_t(w.cols), len, sv, dst);
-        } else {
-          pack_fp8_chunk_avx2(w0, size_t(w.cols), len, sv, dst);
-        }
+        if (use_avx512() && len % 16 == 0) avx512_kernels().pack_fp8_chunk(w0, size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
+        else pack_fp8_chunk_avx2(w0, size_t(w.cols), len, sv, pk + size_t(c0 - k0) * kNr);
         c0 += len;
         continue;
       }
