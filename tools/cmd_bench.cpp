@@ -222,7 +222,7 @@ void print_batch(const Args& a, const nlohmann::json& j, WeightTable weights) {
 struct SingleTimings {
   std::vector<double> pp, tg, vs;  // prefill and decode tok/s; verification seconds per step
   KernelTable prefill, decode;
-  WeightTable weights;
+  WeightTable prefill_weights, weights, verify_weights;
 };
 
 // One sequence's steps through the engine.
@@ -237,17 +237,23 @@ struct OneSeq {
 
 // The MTP verification's shape: the main model over a token and its draft in one decode
 // step (both rows of logits), the draft then rejected, so each step adds one token as a
-// plain decode step does and the context grows alike. Seconds per step.
-double time_verify(const Args& a, OneSeq& q, const std::vector<int32_t>& ids) {
+// plain decode step does and the context grows alike. Profiled like the decode steps it is
+// compared with; seconds per step.
+void time_verify(const Args& a, OneSeq& q, const std::vector<int32_t>& ids, SingleTimings& st) {
   q.e.truncate(q.sq, a.depth);
   q.step(ids.data(), 2, true, 2, 1);  // warm-up
   q.e.truncate(q.sq, a.depth);
-  const double s = now();
-  for (int i = 0; i < a.gen; ++i) {
-    q.step(&ids[size_t(i)], 2, true, 2, 1);
-    q.e.truncate(q.sq, q.e.length(q.sq) - 1);
-  }
-  return (now() - s) / a.gen;
+  profiled([&] {
+    const double s = now();
+    for (int i = 0; i < a.gen; ++i) {
+      q.step(&ids[size_t(i)], 2, true, 2, 1);
+      q.e.truncate(q.sq, q.e.length(q.sq) - 1);
+    }
+    st.vs.push_back((now() - s) / a.gen);
+  });
+  st.verify_weights.collect();
+  dsa::kernels::profile_reset();
+  if (!a.json) std::fprintf(stderr, "  verify %d @ depth %d: %.2f ms/step\n", a.gen, a.depth, st.vs.back() * 1e3);
 }
 
 // -n decode steps from --depth, timed and profiled.
@@ -282,15 +288,13 @@ SingleTimings time_single(const Args& a, dsa::Engine& e, const std::vector<int32
         q.step(ids.data(), a.prompt, false);
         st.pp.push_back(a.prompt / (now() - s));
       });
+      st.prefill_weights.collect();  // before the kernel table, whose collect resets the profile
       st.prefill.collect();
       if (!a.json) std::fprintf(stderr, "  prefill %d @ depth %d: %.1f tok/s\n", a.prompt, a.depth, st.pp.back());
     }
     if (a.gen == 0) continue;
     time_decode(a, q, ids, st);
-    if (a.verify) {
-      st.vs.push_back(time_verify(a, q, ids));
-      if (!a.json) std::fprintf(stderr, "  verify %d @ depth %d: %.2f ms/step\n", a.gen, a.depth, st.vs.back() * 1e3);
-    }
+    if (a.verify) time_verify(a, q, ids, st);
   }
   return st;
 }
@@ -322,6 +326,7 @@ nlohmann::json weight_rows(WeightTable t, double tokens) {
                     {"jobs", w.jobs},
                     {"calls_per_token", double(w.calls) / tokens},
                     {"ms_per_token", w.seconds * 1e3 / tokens},
+                    {"gflops", w.seconds > 0 ? w.flops / w.seconds / 1e9 : 0},
                     {"gbps", w.seconds > 0 ? w.bytes / w.seconds / 1e9 : 0}});
   return rows;
 }
@@ -381,6 +386,7 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
                       {"prefill_gemm_amx_peak_fraction", amx_peak > 0 ? gemm_gflops / amx_peak : 0.0},
                       {"prefill_kernels", kernel_breakdown(st.prefill, double(a.prompt) * a.repeat, threads)},
                       {"decode_kernels", kernel_breakdown(st.decode, dtok, threads)},
+                      {"prefill_weights", weight_rows(st.prefill_weights, double(a.prompt) * a.repeat)},
                       {"decode_weights", weight_rows(st.weights, dtok)},
                       {"decode_outside_kernels_ms_per_token", outside_ms(st.decode, st.tg, a.gen, threads)},
                       {"prefill_outside_kernels_ms_per_token", outside_ms(st.prefill, st.pp, a.prompt, threads)}};
@@ -389,7 +395,8 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
     // What the ratio can be at best: the two steps' rooflines. The draft routes to experts of
     // its own, so the verification step reads more bytes than a one-token step.
     const auto roofline = [&](int64_t tokens) { return roofline_s(plan_step(sm, sim::Phase::Decode, 1, tokens, mid), bw, peak); };
-    j.update({{"verify_step_ms", two},
+    j.update({{"verify_weights", weight_rows(st.verify_weights, double(a.gen) * a.repeat)},
+              {"verify_step_ms", two},
               {"decode_step_ms", one},
               {"verify_over_decode_step", two / one},
               {"verify_roofline_over_decode", roofline(2) / roofline(1)}});
@@ -423,12 +430,25 @@ void print_single(const Args& a, const nlohmann::json& j) {
   if (j.contains("verify_step_ms"))
     std::printf("verify  %4d steps:  %8.2f ms/step for a token and its draft = %.2fx a one-token step (%.2f ms; rooflines %.2fx)\n",
                 a.gen, num("verify_step_ms"), num("verify_over_decode_step"), num("decode_step_ms"), num("verify_roofline_over_decode"));
-  const auto& by_weight = j["decode_weights"];
-  if (!by_weight.empty()) std::printf("decode matrix products by weight (first of a multi-weight call; x jobs):\n");
-  for (const auto& w : by_weight)
-    std::printf("  %-16s %-8s %-8s x%-3d %5.1f calls/token %8.3f ms/token %7.1f GB/s\n", w["kernel"].get<std::string>().c_str(),
+  // Prefill's products are compute-bound (GFLOP/s); decode's stream their weights (GB/s).
+  // The experts of a prefill chunk run one per thread inside a parallel loop and are not
+  // listed: their time is in the kernel table above.
+  const auto& pre = j["prefill_weights"];
+  if (!pre.empty()) std::printf("prefill matrix products by weight, outside the experts' loop (x jobs):\n");
+  for (const auto& w : pre)
+    std::printf("  %-16s %-8s %-10s x%-3d %5.1f calls/prompt %8.3f ms/token %7.1f GFLOP/s\n", w["kernel"].get<std::string>().c_str(),
                 w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
-                w["calls_per_token"].get<double>(), w["ms_per_token"].get<double>(), w["gbps"].get<double>());
+                w["calls_per_token"].get<double>() * a.prompt, w["ms_per_token"].get<double>(), w["gflops"].get<double>());
+  const auto streams = [](const char* title, const char* per, const nlohmann::json& rows) {
+    if (!rows.empty()) std::printf("%s matrix products by weight (first of a multi-weight call; x jobs):\n", title);
+    for (const auto& w : rows)
+      std::printf("  %-16s %-8s %-8s x%-3d %5.1f calls/%-5s %8.3f ms/%-5s %7.1f GB/s\n", w["kernel"].get<std::string>().c_str(),
+                  w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
+                  w["calls_per_token"].get<double>(), per, w["ms_per_token"].get<double>(), per, w["gbps"].get<double>());
+  };
+  streams("decode", "token", j["decode_weights"]);
+  // The verification step beside it: where its second token costs more than its bytes.
+  if (j.contains("verify_weights")) streams("verification step", "step", j["verify_weights"]);
 }
 
 // ---- setup ------------------------------------------------------------------------------

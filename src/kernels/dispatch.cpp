@@ -56,8 +56,8 @@ WeightStat g_weights[kMaxWeightStats];
 int g_n_weights = 0;
 
 // Adds one call of a matrix product to its weight's row of the table.
-void record_weight(KernelId kernel, const Linear& w, int jobs, double dt, double bytes) {
-  const WeightStat call{kernel, w.rows, w.cols, jobs, w.dtype, dt, bytes, 1};
+void record_weight(KernelId kernel, const Linear& w, int jobs, double dt, double bytes, double flops) {
+  const WeightStat call{kernel, w.rows, w.cols, jobs, w.dtype, dt, bytes, flops, 1};
   int i = 0;
   while (i < g_n_weights && !g_weights[i].same_row(call)) ++i;
   if (i < g_n_weights) g_weights[i].add(call);
@@ -91,7 +91,7 @@ struct Timed {
     st.flops += flops;
     st.bytes += bytes;
     ++st.calls;
-    if (weight) record_weight(id, *weight, jobs, dt, bytes);
+    if (weight) record_weight(id, *weight, jobs, dt, bytes, flops);
   }
 };
 }  // namespace

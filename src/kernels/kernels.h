@@ -119,7 +119,7 @@ struct WeightStat {
   KernelId kernel = KernelId::Linear;
   int rows = 0, cols = 0, jobs = 1;
   DType dtype = DType::F32;
-  double seconds = 0, bytes = 0;
+  double seconds = 0, bytes = 0, flops = 0;
   long calls = 0;
   // One row of the table per kernel, weight shape, dtype and job count.
   bool same_row(const WeightStat& o) const {
@@ -128,6 +128,7 @@ struct WeightStat {
   void add(const WeightStat& o) {
     seconds += o.seconds;
     bytes += o.bytes;
+    flops += o.flops;
     calls += o.calls;
   }
 };

@@ -116,6 +116,27 @@ TEST(Cli, BenchJsonContract) {
                            (k.contains("linear_t") ? k["linear_t"]["ms_per_token"].get<double>() : 0.0);
   EXPECT_LE(by_weight_ms, linear_ms * 1.0001 + 1e-6);
   EXPECT_GE(by_weight_ms, linear_ms * 0.8) << "products missing from the by-weight list";
+  // The prefill's products by weight: compute rates, within the linear kernels' prefill time
+  // (the experts' calls inside their parallel loop are not listed).
+  const auto& pk = j.at("prefill_kernels");
+  const double prefill_linear_ms = pk.at("linear").at("ms_per_token").get<double>() +
+                                   (pk.contains("linear_t") ? pk["linear_t"]["ms_per_token"].get<double>() : 0.0);
+  double prefill_rows_ms = 0;
+  ASSERT_FALSE(j.at("prefill_weights").empty());
+  for (const auto& w : j.at("prefill_weights")) {
+    prefill_rows_ms += w.at("ms_per_token").get<double>();
+    EXPECT_GT(w.at("gflops").get<double>(), 0.0) << w.dump();
+    EXPECT_GT(w.at("calls_per_token").get<double>(), 0.0) << w.dump();
+  }
+  EXPECT_LE(prefill_rows_ms, prefill_linear_ms * 1.0001 + 1e-6);
+  // The verification step's: the lm_head once per step (both rows of logits in one call).
+  int verify_heads = 0;
+  for (const auto& w : j.at("verify_weights"))
+    if (w.at("weight") == head) {
+      ++verify_heads;
+      EXPECT_EQ(w.at("calls_per_token").get<double>(), 1.0);
+    }
+  EXPECT_EQ(verify_heads, 1) << j["verify_weights"].dump();
   // --batch: the batched report, its derived figures consistent with the measured ones.
   const auto rb = bench_json("--model " + model + " --batch 2 -p 2 -n 2 --repeat 1");
   ASSERT_EQ(rb.code, 0) << rb.out;
