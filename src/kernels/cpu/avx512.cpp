@@ -213,14 +213,20 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y,
   }
 }
 
-// One token: the first and the second half of the rows side by side, row r0 + i beside row
-// r0 + h + i. A row's sum is a chain of dependent FMAs (two per 64 codes into each of its two
-// accumulators) that one row at a time leaves the core waiting on; two rows in flight run two
-// chains and share each x load, and each half is still one sequential stream. Every row sums
+// One or two tokens: the first and the second half of the rows side by side, row r0 + i
+// beside row r0 + h + i. A row's sum is a chain of dependent FMAs (two per 64 codes into each
+// of its two accumulators) that one row at a time leaves the core waiting on; two rows in
+// flight run two chains and share each x load, and each half is still one sequential stream. Every row sums
 // its columns in order into its own pair of accumulators: the one-token order, bit for bit.
 // On Zen 5, 256 x 2048 in L2, one core: 85-86 -> 104-109 GFLOP/s. (Two adjacent rows skewed
-// by half a row ran as fast in L2 but lost half the rate streaming from memory.)
-void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, int base, int r0, int r1) {
+// by half a row ran as fast in L2 but lost half the rate streaming from memory.) Two tokens
+// (an MTP verification step) share each pair's widened weights; for rows over 512 columns
+// this streams faster than the four-row tile's four streams: in `dsa bench --verify`, five
+// pairs of runs, the step's dense fp8 products took 3.21-3.69 ms against 3.65-4.19 (2048 x
+// 2048 0.85-1.00 against 1.03-1.23 ms a step) and the step 1.16-1.25x a one-token step
+// against 1.16-1.35x.
+template <int NT>
+void gemv_fp8_halves(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, kfull = fp8_vector_cols(w);
   const size_t ahead = prefetch_ahead(size_t(K));
   const float* srow = w.scale + size_t(r0 / w.block_rows) * size_t(w.scale_cols());
@@ -228,26 +234,34 @@ void gemv_fp8_one(const Linear& w, const float* x, const float* xs, float* y, in
   for (int i = 0; i < h; ++i) {
     const uint8_t* p = w.data + size_t(r0 + i) * size_t(K);
     const uint8_t* q = w.data + size_t(r0 + h + i) * size_t(K);
-    __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, b[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 a[NT][2], b[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = b[t][0] = b[t][1] = _mm512_setzero_ps();
     for (int c = 0; c < kfull; c += 64) {
       prefetch_stream(p + c + ahead);
       prefetch_stream(q + c + ahead);
-      const __m512 xv[4] = {_mm512_loadu_ps(xs + c), _mm512_loadu_ps(xs + c + 16), _mm512_loadu_ps(xs + c + 32), _mm512_loadu_ps(xs + c + 48)};
-      fp8_fma4(fp8x64_bits(p + c), xv, a);
-      fp8_fma4(fp8x64_bits(q + c), xv, b);
+      const Fp8x64 fp = fp8x64_bits(p + c), fq = fp8x64_bits(q + c);
+      for (int t = 0; t < NT; ++t) {
+        const float* xt = xs + size_t(t) * size_t(K) + c;
+        const __m512 xv[4] = {_mm512_loadu_ps(xt), _mm512_loadu_ps(xt + 16), _mm512_loadu_ps(xt + 32), _mm512_loadu_ps(xt + 48)};
+        fp8_fma4(fp, xv, a[t]);
+        fp8_fma4(fq, xv, b[t]);
+      }
     }
-    y[r0 + i - base] = fp8_finish(a[0], a[1], p, srow, x, kfull, K, bc);
-    y[r0 + h + i - base] = fp8_finish(b[0], b[1], q, srow, x, kfull, K, bc);
+    for (int t = 0; t < NT; ++t) {
+      const float* xt = x + size_t(t) * size_t(K);
+      y[size_t(t) * ldy + size_t(r0 + i - base)] = fp8_finish(a[t][0], a[t][1], p, srow, xt, kfull, K, bc);
+      y[size_t(t) * ldy + size_t(r0 + h + i - base)] = fp8_finish(b[t][0], b[t][1], q, srow, xt, kfull, K, bc);
+    }
   }
-  if (r0 + 2 * h < r1) gemv_fp8_tokens<1>(w, x, xs, y, 0, base, r0 + 2 * h, r1);
+  if (r0 + 2 * h < r1) gemv_fp8_tokens<NT>(w, x, xs, y, ldy, base, r0 + 2 * h, r1);
 }
 
 // NT tokens against NR rows at a time: each x vector loaded once for all NR rows (half the x
 // loads per FMA of the one-row loop or fewer, which the loads bound once x no longer fits in
-// L1). Two rows for up to four tokens, four rows for two (the MTP verification's pair, which
-// two rows leave short of loads in flight). Every (row, token) sum runs the one-token order:
-// per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the second. Rows left
-// over go to the next smaller tile.
+// L1). Two rows for up to four tokens, four rows for two over short rows (two rows leave too
+// few loads in flight; longer rows go to gemv_fp8_halves). Every (row, token) sum runs the
+// one-token order: per 64 columns b3 and b1 into the first accumulator, b2 and b0 into the
+// second. Rows left over go to the next smaller tile.
 template <int NR, int NT>
 void gemv_fp8_tile(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const int K = w.cols, bc = w.block_cols, sc = w.scale_cols(), kfull = fp8_vector_cols(w);
@@ -505,11 +519,11 @@ void gemv_bf16_tile(const Linear& w, const float* x, const float* xp, float* y, 
 // grouping changes no output bit.
 constexpr int kTokGroupFp8 = 4, kTokGroupBf16 = 6, kRowBlock = 64;
 
-// The kernel for n prepared tokens. fp8: one token two rows at a time from the two halves of
-// the range (one row at a time for short rows), two tokens against four rows (two rows keep
-// too few loads in flight), more against two. bf16: one and two tokens two rows at a time from
-// the halves (gemv_bf16_halves), more against four rows (one row at a time loads each x vector
-// once per row, which from three tokens on costs more than the four streams do).
+// The kernel for n prepared tokens. fp8: one and two tokens two rows at a time from the two
+// halves of the range (short rows: one token one row at a time, two against four rows, as two
+// rows keep too few loads in flight), more against two. bf16: one and two tokens two rows at
+// a time from the halves (gemv_bf16_halves), more against four rows (one row at a time loads
+// each x vector once per row, which from three tokens on costs more than the four streams do).
 void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, float* y, size_t ldy, int base, int r0, int r1, NextBlock& nb) {
   const bool fp8 = w.dtype == DType::F8_E4M3;
   switch (n) {
@@ -521,13 +535,14 @@ void gemv_prepared(const Linear& w, const float* x, const float* xb, int n, floa
         if (fp8) gemv_fp8_tokens<1>(w, x, xb, y, 0, base, r0, r1);
         else gemv_bf16_tokens<1, false>(w, x, xb, y, 0, base, r0, r1);
       } else if (fp8) {
-        gemv_fp8_one(w, x, xb, y, base, r0, r1);
+        gemv_fp8_halves<1>(w, x, xb, y, 0, base, r0, r1);
       } else {
         gemv_bf16_halves<1>(w, x, xb, y, 0, base, r0, r1);
       }
       break;
     case 2:
-      if (fp8) gemv_fp8_tile<4, 2>(w, x, xb, y, ldy, base, r0, r1, nb);
+      if (fp8 && w.cols > 512) gemv_fp8_halves<2>(w, x, xb, y, ldy, base, r0, r1);
+      else if (fp8) gemv_fp8_tile<4, 2>(w, x, xb, y, ldy, base, r0, r1, nb);
       else gemv_bf16_halves<2>(w, x, xb, y, ldy, base, r0, r1);
       break;
     case 3:
