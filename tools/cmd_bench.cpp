@@ -252,7 +252,6 @@ void time_verify(const Args& a, OneSeq& q, const std::vector<int32_t>& ids, Sing
     st.vs.push_back((now() - s) / a.gen);
   });
   st.verify_weights.collect();
-  dsa::kernels::profile_reset();
   if (!a.json) std::fprintf(stderr, "  verify %d @ depth %d: %.2f ms/step\n", a.gen, a.depth, st.vs.back() * 1e3);
 }
 
@@ -430,25 +429,24 @@ void print_single(const Args& a, const nlohmann::json& j) {
   if (j.contains("verify_step_ms"))
     std::printf("verify  %4d steps:  %8.2f ms/step for a token and its draft = %.2fx a one-token step (%.2f ms; rooflines %.2fx)\n",
                 a.gen, num("verify_step_ms"), num("verify_over_decode_step"), num("decode_step_ms"), num("verify_roofline_over_decode"));
-  // Prefill's products are compute-bound (GFLOP/s); decode's stream their weights (GB/s).
+  // One table per phase: calls per `calls_per` (the prompt's products count per prompt, each
+  // under one call per token), time per `per`, and the rate that bounds the phase: GFLOP/s
+  // for the prompt's compute-bound products, GB/s for decode's weight streams.
+  const auto table = [](const std::string& title, const nlohmann::json& rows, const char* calls_per, double calls_scale, const char* per,
+                        const char* rate, const char* unit) {
+    if (!rows.empty()) std::printf("%s matrix products by weight (first of a multi-weight call; x jobs):\n", title.c_str());
+    for (const auto& w : rows)
+      std::printf("  %-16s %-8s %-10s x%-3d %5.1f calls/%-6s %8.3f ms/%-5s %7.1f %s\n", w["kernel"].get<std::string>().c_str(),
+                  w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
+                  w["calls_per_token"].get<double>() * calls_scale, calls_per, w["ms_per_token"].get<double>(), per,
+                  w[rate].get<double>(), unit);
+  };
   // The experts of a prefill chunk run one per thread inside a parallel loop and are not
   // listed: their time is in the kernel table above.
-  const auto& pre = j["prefill_weights"];
-  if (!pre.empty()) std::printf("prefill matrix products by weight, outside the experts' loop (x jobs):\n");
-  for (const auto& w : pre)
-    std::printf("  %-16s %-8s %-10s x%-3d %5.1f calls/prompt %8.3f ms/token %7.1f GFLOP/s\n", w["kernel"].get<std::string>().c_str(),
-                w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
-                w["calls_per_token"].get<double>() * a.prompt, w["ms_per_token"].get<double>(), w["gflops"].get<double>());
-  const auto streams = [](const char* title, const char* per, const nlohmann::json& rows) {
-    if (!rows.empty()) std::printf("%s matrix products by weight (first of a multi-weight call; x jobs):\n", title);
-    for (const auto& w : rows)
-      std::printf("  %-16s %-8s %-8s x%-3d %5.1f calls/%-5s %8.3f ms/%-5s %7.1f GB/s\n", w["kernel"].get<std::string>().c_str(),
-                  w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
-                  w["calls_per_token"].get<double>(), per, w["ms_per_token"].get<double>(), per, w["gbps"].get<double>());
-  };
-  streams("decode", "token", j["decode_weights"]);
+  table("prefill (outside the experts' loop)", j["prefill_weights"], "prompt", a.prompt, "token", "gflops", "GFLOP/s");
+  table("decode", j["decode_weights"], "token", 1, "token", "gbps", "GB/s");
   // The verification step beside it: where its second token costs more than its bytes.
-  if (j.contains("verify_weights")) streams("verification step", "step", j["verify_weights"]);
+  if (j.contains("verify_weights")) table("verification step", j["verify_weights"], "step", 1, "step", "gbps", "GB/s");
 }
 
 // ---- setup ------------------------------------------------------------------------------

@@ -216,15 +216,13 @@ void gemv_fp8_tokens(const Linear& w, const float* x, const float* xs, float* y,
 // One or two tokens: the first and the second half of the rows side by side, row r0 + i
 // beside row r0 + h + i. A row's sum is a chain of dependent FMAs (two per 64 codes into each
 // of its two accumulators) that one row at a time leaves the core waiting on; two rows in
-// flight run two chains and share each x load, and each half is still one sequential stream. Every row sums
-// its columns in order into its own pair of accumulators: the one-token order, bit for bit.
-// On Zen 5, 256 x 2048 in L2, one core: 85-86 -> 104-109 GFLOP/s. (Two adjacent rows skewed
-// by half a row ran as fast in L2 but lost half the rate streaming from memory.) Two tokens
-// (an MTP verification step) share each pair's widened weights; for rows over 512 columns
-// this streams faster than the four-row tile's four streams: in `dsa bench --verify`, five
-// pairs of runs, the step's dense fp8 products took 3.21-3.69 ms against 3.65-4.19 (2048 x
-// 2048 0.85-1.00 against 1.03-1.23 ms a step) and the step 1.16-1.25x a one-token step
-// against 1.16-1.35x.
+// flight run two chains and share each x load, and each half is still one sequential stream.
+// Every row sums its columns in order into its own pair of accumulators: the one-token order,
+// bit for bit. On Zen 5, 256 x 2048 in L2, one core: 85-86 -> 104-109 GFLOP/s. (Two adjacent
+// rows skewed by half a row ran as fast in L2 but lost half the rate streaming from memory.)
+// Two tokens (an MTP verification step) share each pair's widened weights; over rows longer
+// than 512 columns this streams faster than the four-row tile's four streams (the step's
+// dense fp8 products 3.21-3.69 against 3.65-4.19 ms, docs/KERNELS.md).
 template <int NT>
 void gemv_fp8_halves(const Linear& w, const float* x, const float* xs, float* y, size_t ldy, int base, int r0, int r1) {
   const int K = w.cols, bc = w.block_cols, kfull = fp8_vector_cols(w);
