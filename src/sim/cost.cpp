@@ -285,6 +285,7 @@ struct Builder {
     op.flops = 2.0 * T * H * in * out;
     op.bytes = H * in * out * weight_bytes_per_elem(aw) + T * H * in * 2.0 + T * H * out * 2.0;
     op.weight_elems = H * in * out;
+    op.per_head = true;
     op.shape = token_shape(T) + ";H=" + std::to_string(int64_t(H));
     add(std::move(op));
   }

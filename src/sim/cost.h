@@ -78,6 +78,7 @@ struct Op {
   double flops = 0;      // total over `count`, on one device
   double bytes = 0;      // memory traffic, total over `count`, on one device
   double weight_elems = 0;  // weight elements streamed (CPU widening, packing and GEMV costs)
+  bool per_head = false;    // a GEMM run as one small product per attention head (the efficiency's gemm_heads)
   double comm_intra = 0;    // bytes sent over the scale-up domain, total
   double comm_inter = 0;    // bytes sent over the network, total
   double comm_hops = 0;     // latency-bound message rounds, total

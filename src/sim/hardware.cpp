@@ -196,10 +196,11 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
     const json& e = j["efficiency"];
     if (!e.is_object()) throw Error(where + ": field 'efficiency': expected an object");
     const std::string w = where + " efficiency";
-    known_keys(e, {"gemm", "attention_dense", "attention_dense_prefill", "attention_sparse_decode", "attention_sparse_prefill", "indexer",
+    known_keys(e, {"gemm", "gemm_heads", "attention_dense", "attention_dense_prefill", "attention_sparse_decode", "attention_sparse_prefill", "indexer",
                    "topk", "memory", "elementwise", "comm", "sustained"},
                w);
     h.eff.gemm = num(e, "gemm", h.eff.gemm, w);
+    h.eff.gemm_heads = num(e, "gemm_heads", h.eff.gemm, w);
     h.eff.attention_dense = num(e, "attention_dense", h.eff.attention_dense, w);
     h.eff.attention_dense_prefill = num(e, "attention_dense_prefill", h.eff.attention_dense_prefill, w);
     h.eff.attention_sparse_decode = num(e, "attention_sparse_decode", h.eff.attention_sparse_decode, w);
@@ -220,7 +221,7 @@ Hardware hardware_from_json_text(const std::string& text, const std::string& whe
   positive("devices_per_node", h.devices_per_node);
   if (h.devices_per_node > 1) positive("intra_node_bandwidth_gbps", h.intra_node_bandwidth_gbps);  // 0: one device, no link
   if (h.memory_reserve_gib >= h.memory_gib) throw Error(where + ": field 'memory_reserve_gib': must be below memory_gib");
-  for (double e : {h.eff.gemm, h.eff.attention_dense, h.eff.attention_dense_prefill, h.eff.attention_sparse_decode,
+  for (double e : {h.eff.gemm, h.eff.gemm_heads, h.eff.attention_dense, h.eff.attention_dense_prefill, h.eff.attention_sparse_decode,
                    h.eff.attention_sparse_prefill, h.eff.indexer, h.eff.topk, h.eff.memory, h.eff.elementwise, h.eff.comm,
                    h.eff.sustained})
     if (!(e > 0 && e <= 1)) throw Error(where + ": efficiency factors must be in (0, 1]");
@@ -245,7 +246,7 @@ std::string hardware_to_json(const Hardware& h) {
             {"engine_collectives", h.engine_collectives},
             {"memory_usable_fraction", h.memory_usable_fraction}, {"memory_reserve_gib", h.memory_reserve_gib},
             {"price_per_hour", h.price_per_hour},
-            {"efficiency", {{"gemm", h.eff.gemm}, {"attention_dense", h.eff.attention_dense},
+            {"efficiency", {{"gemm", h.eff.gemm}, {"gemm_heads", h.eff.gemm_heads}, {"attention_dense", h.eff.attention_dense},
                             {"attention_dense_prefill", h.eff.attention_dense_prefill},
                             {"attention_sparse_decode", h.eff.attention_sparse_decode},
                             {"attention_sparse_prefill", h.eff.attention_sparse_prefill},
@@ -300,11 +301,12 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
   char desc[768];
   std::snprintf(desc, sizeof desc,
                 "this CPU, measured: %d threads, %.1f GB/s read, %.0f GFLOP/s fp32 FMA; engine kernels: GEMV bf16 %.1f GB/s (rows of %d; "
-                "%.0f / %.0f GFLOP/s with %d / %d tokens) / fp8 %.1f GB/s (%.0f / %.0f GFLOP/s), GEMM fp8 %.0f (%d rows) / %.0f (%d rows) GFLOP/s, "
+                "%.0f / %.0f GFLOP/s with %d / %d tokens) / fp8 %.1f GB/s (%.0f / %.0f GFLOP/s), GEMM fp8 %.0f (%d rows) / %.0f (%d rows) / %.0f "
+                "(per head) GFLOP/s, "
                 "indexer %.1f, sparse decode %.1f, prefill attention %.1f GFLOP/s, top-k %.0f Mkeys/s, element-wise %.1f GB/s, %.1f us per call",
                 threads, bw, gflops, k.gemv_bf16_gbps, k.gemv_bf16_cols, k.gemv_bf16_tokens_gflops, k.gemv_bf16_many_gflops, kGemvTokens,
                 kGemvTokensMany, k.gemv_fp8_gbps, k.gemv_fp8_tokens_gflops, k.gemv_fp8_many_gflops, k.gemm_small_gflops, kGemmSmallRows,
-                k.gemm_large_gflops, kGemmLargeRows,
+                k.gemm_large_gflops, kGemmLargeRows, k.gemm_heads_gflops,
                 k.indexer_gflops, k.sparse_decode_gflops, k.prefill_attention_gflops, k.topk_keys_per_s / 1e6, k.elementwise_gbps,
                 k.call_overhead_us);
   h.description = desc;
@@ -343,6 +345,10 @@ Hardware local_hardware_from(int threads, double bw, double gflops, const Kernel
     pe = k.gemm_large_gflops * 1e9;
   }
   h.eff.gemm = frac(pe / P);
+  // The absorbed prefill's per-head products the same way (kGemmLargeRows rows, the same
+  // widening and pack per weight): the efficiency at which the plan reproduces their probe.
+  // Without a measurement they take the large GEMM's.
+  h.eff.gemm_heads = k.gemm_heads_gflops > 0 ? frac(k.gemm_heads_gflops * 1e9 * (1.0 + per_call / (2.0 * ml)) / P) : h.eff.gemm;
   const double gemv_weights_per_s = k.gemv_fp8_gbps * 1e9 / (1.0 + 4.0 / (128.0 * 128.0));
   // Below zero the fp8 GEMV streams as fast as memory allows: no widening term.
   h.dequant_flops_per_weight = std::clamp(pe / gemv_weights_per_s - 2.0, 0.0, per_call);

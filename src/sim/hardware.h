@@ -11,6 +11,9 @@ namespace dsa::sim {
 // Fraction of a peak that the best public kernels sustain for each class of operator.
 struct Efficiency {
   double gemm = 0.70;                      // fp8/bf16/fp4 GEMMs and grouped MoE GEMMs
+  // The absorbed prefill's per-head products (kv_b's halves, one head's small GEMM at a time
+  // on the CPU engine); a profile without it uses `gemm`.
+  double gemm_heads = 0.70;
   double attention_dense = 0.67;           // dense MLA decode (absorbed, MQA form), compute side
   double attention_dense_prefill = 0.60;   // dense prefill attention (MHA form, or absorbed where the profile says)
   double attention_sparse_decode = 0.41;   // sparse MLA decode with an fp8 cache (gather + dequant)

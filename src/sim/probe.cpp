@@ -376,6 +376,37 @@ Probe gemm_probe(const Weights& wb) {
   return {[wb, st] { kernels::linear(st->w, st->x.data(), kGemmLargeRows, st->y.data()); }, 2, 2.0 * kGemmLargeRows * 1024.0 * 2048.0};
 }
 
+// kv_b's per-head products in a prompt's absorbed attention (model/mla.cpp,
+// prefill_attention): 16 heads, each its [128 x 512] fp8 slice of the k half through
+// linear_t and of the v half through linear, one call per head over kGemmLargeRows tokens
+// whose rows interleave the heads as the engine's workspace holds them ([tokens][heads][...]).
+// Small products over strided rows run well below the large GEMM's rate (on Zen 5, two
+// threads: 330-350 against 430-440 GFLOP/s for one [2048 x 512] product of the same FLOPs).
+Probe heads_probe(const Weights& wb) {
+  static constexpr int H = kHeadsProbeHeads, nope = 128, rope = 64, vd = 128, L = 512, T = kGemmLargeRows;
+  struct State {
+    Linear w;
+    std::vector<float> q = floats(size_t(T) * H * (nope + rope), 3), o_lat = floats(size_t(T) * H * L, 4),
+                       q_lat = std::vector<float>(size_t(T) * H * L), attn = std::vector<float>(size_t(T) * H * vd);
+  };
+  auto st = std::make_shared<State>();
+  st->w.dtype = DType::F8_E4M3;
+  st->w.data = wb->bytes.data();
+  st->w.rows = H * (nope + vd);
+  st->w.cols = L;
+  st->w.scale = wb->scales.data();
+  return {[wb, st] {
+            State& s = *st;
+            const size_t qk = nope + rope;
+            for (int h = 0; h < H; ++h)
+              kernels::linear_t(s.w, &s.q[size_t(h) * qk], H * qk, T, &s.q_lat[size_t(h) * L], size_t(H) * L, h * (nope + vd), nope);
+            for (int h = 0; h < H; ++h)
+              kernels::linear(s.w, &s.o_lat[size_t(h) * L], size_t(H) * L, T, &s.attn[size_t(h) * vd], size_t(H) * vd, h * (nope + vd) + nope,
+                              vd);
+          },
+          2, 2.0 * 2.0 * T * H * 128.0 * L};
+}
+
 // A prefill chunk's routed experts as the engine's MoE runs them (model/moe.cpp,
 // experts_prefill): eight experts of kGemmSmallRows rows each in a parallel loop, one per
 // thread at a time, each its gate and up GEMMs ([512 x 2048] fp8), silu * up and its down
@@ -646,10 +677,10 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   Probe gemv_bf16 = gemv_bf16_probe(wb, r.gemv_bf16_cols, 1, 8), gemv_bf16_tokens = gemv_bf16_probe(wb, r.gemv_bf16_cols, kGemvTokens, 2),
         gemv_bf16_many = gemv_bf16_probe(wb, r.gemv_bf16_cols, kGemvTokensMany, 1), gemv_fp8 = expert_gemv_probe(wb, 1, 6),
         gemv_tokens = expert_gemv_probe(wb, kGemvTokens, 2), gemv_many = expert_gemv_probe(wb, kGemvTokensMany, 1), gemm_large = gemm_probe(wb),
-        gemm_small = expert_gemm_probe(wb), indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
+        gemm_heads = heads_probe(wb), gemm_small = expert_gemm_probe(wb), indexer = indexer_probe(wb), top = topk_probe(), sparse_decode = sparse_decode_probe(),
         prefill_attention = prefill_attention_probe(), elementwise = elementwise_probe(), call = call_probe(wb);
   std::vector<Probe*> probes = {&gemv_bf16,  &gemv_bf16_tokens, &gemv_bf16_many,    &gemv_fp8,    &gemv_tokens, &gemv_many, &gemm_large,
-                                &gemm_small, &indexer,          &top,               &sparse_decode, &prefill_attention, &elementwise, &call};
+                                &gemm_heads, &gemm_small, &indexer,          &top,               &sparse_decode, &prefill_attention, &elementwise, &call};
   run_rounds(probes, 15);
   r.gemv_bf16_gbps = rate(gemv_bf16) / 1e9;
   r.gemv_fp8_gbps = rate(gemv_fp8) / 1e9;
@@ -659,6 +690,7 @@ KernelRates measure_kernel_rates(int threads, int gemv_bf16_cols) {
   r.gemv_bf16_many_gflops = rate(gemv_bf16_many) / 1e9;
   r.gemm_large_gflops = rate(gemm_large) / 1e9;
   r.gemm_small_gflops = rate(gemm_small) / 1e9;
+  r.gemm_heads_gflops = rate(gemm_heads) / 1e9;
   r.indexer_gflops = rate(indexer) / 1e9;
   r.topk_keys_per_s = rate(top);
   r.sparse_decode_gflops = rate(sparse_decode) / 1e9;

@@ -31,7 +31,7 @@ using dsa::physical_memory_bytes;
 // so that `dsa plan --hardware local` composes end-to-end predictions from measured
 // operators. The probes run interleaved, fifteen rounds of a few calls each; a rate is the
 // median over rounds of each round's mean call time (as `dsa bench` takes the median of
-// repeats, each a mean over tokens). About 3.5 s on two cores.
+// repeats, each a mean over tokens). About 4 s on two cores.
 struct KernelRates {
   double gemv_bf16_gbps = 0;      // one-token GEMV over a 64 MiB bf16 matrix of gemv_bf16_cols columns, from DRAM
   int gemv_bf16_cols = 0;         // its row length: the planned model's hidden size (its lm_head's rows)
@@ -48,6 +48,8 @@ struct KernelRates {
                                   // 512]) of kGemmSmallRows rows and their silu * up in a parallel
                                   // loop, one expert per thread, weights from DRAM (prefill's experts)
   double gemm_large_gflops = 0;   // one fp8 [1024 x 2048] GEMM of kGemmLargeRows rows across the threads (a dense projection)
+  double gemm_heads_gflops = 0;   // kHeadsProbeHeads heads' [128 x 512] fp8 products, one call per head in each direction,
+                                  // kGemmLargeRows rows (the absorbed prefill's kv_b halves)
   double indexer_gflops = 0;      // indexer_scores: 16 heads over 16,384 fp8 keys, from DRAM
   double topk_keys_per_s = 0;     // topk: 2,048 of 16,384 scores
   double sparse_decode_gflops = 0;   // mla_sparse_decode: 16 heads, 2,048 of 16,384 fp8 latents, from DRAM
@@ -57,7 +59,7 @@ struct KernelRates {
   double elementwise_gbps = 0;    // norms, RoPE, indexer quantization, silu * up and cache writes of a
                                   // kEltTokens-token chunk, in the operator table's bytes per second
 };
-constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256, kGemvTokens = 16, kGemvTokensMany = 64;
+constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kHeadsProbeHeads = 16, kEltTokens = 256, kGemvTokens = 16, kGemvTokensMany = 64;
 // gemv_bf16_cols: the bf16 GEMV probe's row length. The GEMV pays a fixed cost per row on top
 // of its bytes (about 26 ns per row on two threads of the development machine: rows of 1024
 // stream at 22 GB/s where rows of 8192 reach 29), so the probe streams rows as long as those

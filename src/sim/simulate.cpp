@@ -52,7 +52,7 @@ static double efficiency(const Hardware& hw, const Op& op) {
       return op.phase == Phase::Prefill ? hw.eff.attention_sparse_prefill : hw.eff.attention_sparse_decode;
     case OpClass::Indexer: return hw.eff.indexer;
     case OpClass::Topk: return hw.eff.topk;
-    default: return hw.eff.gemm;
+    default: return op.per_head ? hw.eff.gemm_heads : hw.eff.gemm;
   }
 }
 

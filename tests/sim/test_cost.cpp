@@ -66,6 +66,9 @@ TEST(SimCost, DecodeOpsSingleSequence) {
   EXPECT_REL(ops.at("attn.q_b_proj").bytes, L * (4 * 48 * 64 * WB + 64 + 4 * 48 * 2));
   EXPECT_REL(ops.at("attn.q_absorb").flops, L * 2 * 4 * 32 * 128);
   EXPECT_REL(ops.at("attn.q_absorb").bytes, L * (4 * 32 * 128 * WB + 4 * 32 * 2 + 4 * 128 * 2));
+  // The per-head products are costed at their own factor; the projections are not.
+  EXPECT_TRUE(ops.at("attn.q_absorb").per_head);
+  EXPECT_FALSE(ops.at("attn.q_b_proj").per_head);
   // Absorbed MQA core over 16 keys: QK over 128+16 dims, PV over 128, per head.
   EXPECT_REL(ops.at("attn.core").flops, L * 16 * 2 * 4 * (2 * 128 + 16));
   EXPECT_REL(ops.at("attn.core").bytes, L * (16 * 164 + 4 * (128 + 16) * 2 + 4 * 128 * 2));

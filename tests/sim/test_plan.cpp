@@ -274,13 +274,25 @@ TEST(SimTiming, TopkAndIndexerUseTheirOwnFactors) {
   op.flops = 0;
   EXPECT_REL(time_op(op, hw, nullptr).time_us, 2001.0);
   EXPECT_EQ(time_op(op, hw, nullptr).bound, "memory");
+  // Per-head products at theirs: 1e9 / (2e12 * 0.125) = 4000 us.
+  hw.eff.gemm_heads = 0.125;
+  op.cls = OpClass::Gemm;
+  op.bytes = 0;
+  op.flops = 1e9;
+  op.per_head = true;
+  EXPECT_REL(time_op(op, hw, nullptr).compute_us, 4000.0);
+  op.per_head = false;  // 1e9 / (2e12 * 0.5) = 1000 us
+  EXPECT_REL(time_op(op, hw, nullptr).compute_us, 1000.0);
   // Round trip through the profile JSON.
   const Hardware back = hardware_from_json_text(hardware_to_json(hw), "back");
   EXPECT_EQ(back.eff.indexer, 0.25);
   EXPECT_EQ(back.eff.topk, 0.001);
   EXPECT_EQ(back.eff.elementwise, 0.02);
-  // A profile that gives no element-wise factor uses its memory factor.
+  EXPECT_EQ(back.eff.gemm_heads, 0.125);
+  // A profile that gives no element-wise factor uses its memory factor, and none for the
+  // per-head products its GEMM factor.
   EXPECT_EQ(toy().eff.elementwise, 0.8);
+  EXPECT_EQ(toy().eff.gemm_heads, 0.5);
 }
 
 TEST(SimHardware, LocalProfileFromKernelRates) {
@@ -290,6 +302,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   k.gemv_bf16_gbps = 18;                               // / 20 GB/s read -> memory 0.9
   k.gemm_small_gflops = 96.0 / ((96.0 + 32) / 50e9) / 1e9;    // 48 rows: (96 + 32) / 50e9 s per weight
   k.gemm_large_gflops = 1024.0 / ((1024.0 + 32) / 50e9) / 1e9;  // 512 rows
+  k.gemm_heads_gflops = 1024.0 / ((1024.0 + 32) / 40e9) / 1e9;  // per head, 512 rows: e = 0.4
   k.gemv_fp8_gbps = 50.0 / (2 + 8) * (1 + 4.0 / 16384);  // (2 + d) / 50e9 s per weight, 1 + 4/128^2 bytes each
   // The decode GEMV: a + b n s per weight for n tokens, b = 2 / (0.25 x 100e9) = 8e-11 s,
   // a = 2e-10 - b = 1.2e-10 s (so one token matches the GEMV above): 2a / b = 3.
@@ -312,6 +325,7 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   const Hardware h = local_hardware_from(2, 20, 100, k);
   EXPECT_NEAR(h.eff.memory, 0.9, 1e-12);
   EXPECT_NEAR(h.eff.gemm, 0.5, 1e-12);
+  EXPECT_NEAR(h.eff.gemm_heads, 0.4, 1e-12);
   EXPECT_NEAR(h.dequant_flops_per_weight, 8, 1e-9);
   EXPECT_NEAR(h.pack_flops_per_weight, 24, 1e-9);
   EXPECT_NEAR(h.decode_gemv_efficiency, 0.25, 1e-9);
@@ -340,6 +354,10 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   g.weight_elems = 1024.0 * 2048;
   g.flops = 2.0 * 512 * g.weight_elems;
   EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemm_large_gflops * 1e9) * 1e6, 1e-6);
+  // The per-head products' probe, through an op of the same rows per weight.
+  g.per_head = true;
+  EXPECT_NEAR(time_op(g, h, nullptr).compute_us, g.flops / (k.gemm_heads_gflops * 1e9) * 1e6, 1e-6);
+  g.per_head = false;
   g.phase = Phase::Decode;
   g.flops = 2.0 * g.weight_elems;
   g.bytes = g.weight_elems * (1 + 4.0 / 16384);
@@ -417,6 +435,9 @@ TEST(SimHardware, LocalProfileFromKernelRates) {
   EXPECT_EQ(hn.pack_flops_per_weight, 0);
   EXPECT_EQ(hn.dequant_flops_per_weight, 0);
   EXPECT_NEAR(hn.eff.gemm, n.gemm_large_gflops / 100, 1e-12);
+  // No per-head measurement: those products take the large GEMM's efficiency.
+  n.gemm_heads_gflops = 0;
+  EXPECT_EQ(local_hardware_from(2, 20, 100, n).eff.gemm_heads, hn.eff.gemm);
 }
 
 // One sequence: a 64-token prompt and 8 tokens out.

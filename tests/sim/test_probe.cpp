@@ -21,7 +21,7 @@ TEST(SimProbe, MeasuresSomething) {
   EXPECT_GT(physical_memory_bytes(), 0.0);
   const KernelRates k = measure_kernel_rates(1, 7168);  // DeepSeek-V3.2's hidden size: 4,681 rows of 7,168
   EXPECT_EQ(k.gemv_bf16_cols, 7168);
-  for (double v : {k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemv_fp8_tokens_gflops, k.gemm_small_gflops, k.gemm_large_gflops, k.indexer_gflops,
+  for (double v : {k.gemv_bf16_gbps, k.gemv_fp8_gbps, k.gemv_fp8_tokens_gflops, k.gemm_small_gflops, k.gemm_large_gflops, k.gemm_heads_gflops, k.indexer_gflops,
                    k.topk_keys_per_s, k.sparse_decode_gflops, k.prefill_attention_gflops, k.gemv_bf16_tokens_gflops, k.gemv_fp8_many_gflops, k.gemv_bf16_many_gflops, k.call_overhead_us,
                    k.elementwise_gbps})
     EXPECT_GT(v, 0.0);
