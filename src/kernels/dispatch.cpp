@@ -2,6 +2,7 @@
 // (tests, and `DSA_KERNELS=ref` in the environment for debugging).
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -42,12 +43,34 @@ namespace {
 bool g_profile = false;
 KernelStat g_stats[int(KernelId::kCount)];
 // Calls made by the threads of a caller's parallel loop (one query or one MoE expert per
-// thread in prefill): added atomically, their time summed over the threads.
+// thread in prefill, a RoPE or quantization per vector): their time summed over the threads.
+// Each thread adds into a slot of its own, summed when the profile is read (outside any
+// parallel region). Atomic sums shared by the threads made every such call wait for one
+// cache line, tens of thousands of calls per prompt; threads past the slots fall back to them.
 struct NestedStat {
   std::atomic<double> thread_seconds{0}, flops{0}, bytes{0};
   std::atomic<long> calls{0};
 };
-NestedStat g_nested[int(KernelId::kCount)];
+NestedStat g_nested_shared[int(KernelId::kCount)];
+struct alignas(64) NestedSlot {
+  double thread_seconds[int(KernelId::kCount)], flops[int(KernelId::kCount)], bytes[int(KernelId::kCount)];
+  long calls[int(KernelId::kCount)];
+};
+constexpr int kNestedSlots = 256;
+NestedSlot g_nested[kNestedSlots];
+std::atomic<int> g_nested_used{0};
+
+// The calling thread's slot, claimed on its first nested call; null past kNestedSlots.
+NestedSlot* nested_slot() {
+  thread_local NestedSlot* mine = nullptr;
+  thread_local bool claimed = false;
+  if (!claimed) {
+    const int i = g_nested_used.fetch_add(1);
+    mine = i < kNestedSlots ? &g_nested[i] : nullptr;
+    claimed = true;
+  }
+  return mine;
+}
 
 // Per-weight profile: a fixed table (a decode step holds a few dozen distinct weight shapes),
 // so recording allocates nothing; shapes past its end are not listed.
@@ -79,7 +102,15 @@ struct Timed {
     if (!g_profile) return;
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (omp_in_parallel()) {
-      NestedStat& ns = g_nested[int(id)];
+      if (NestedSlot* slot = nested_slot()) {
+        const int k = int(id);
+        slot->thread_seconds[k] += dt;
+        slot->flops[k] += flops;
+        slot->bytes[k] += bytes;
+        ++slot->calls[k];
+        return;
+      }
+      NestedStat& ns = g_nested_shared[int(id)];
       ns.thread_seconds.fetch_add(dt, std::memory_order_relaxed);
       ns.flops.fetch_add(flops, std::memory_order_relaxed);
       ns.bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -104,20 +135,28 @@ void profile_enable(bool on) { g_profile = on; }
 void profile_reset() {
   g_n_weights = 0;
   for (auto& st : g_stats) st = KernelStat{};
-  for (auto& ns : g_nested) {
+  for (auto& ns : g_nested_shared) {
     ns.thread_seconds = 0;
     ns.flops = 0;
     ns.bytes = 0;
     ns.calls = 0;
   }
+  for (auto& slot : g_nested) slot = NestedSlot{};
 }
 KernelStat profile_stat(KernelId k) {
   KernelStat st = g_stats[int(k)];
-  const NestedStat& ns = g_nested[int(k)];
+  const NestedStat& ns = g_nested_shared[int(k)];
   st.thread_seconds = ns.thread_seconds.load();
   st.flops += ns.flops.load();
   st.bytes += ns.bytes.load();
   st.calls += ns.calls.load();
+  const int used = std::min(g_nested_used.load(), kNestedSlots);
+  for (int i = 0; i < used; ++i) {
+    st.thread_seconds += g_nested[i].thread_seconds[int(k)];
+    st.flops += g_nested[i].flops[int(k)];
+    st.bytes += g_nested[i].bytes[int(k)];
+    st.calls += g_nested[i].calls[int(k)];
+  }
   return st;
 }
 std::vector<WeightStat> profile_weights() { return std::vector<WeightStat>(g_weights, g_weights + g_n_weights); }

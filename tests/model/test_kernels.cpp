@@ -987,4 +987,35 @@ TEST(AmxSelfCheck, PassesOnTheTileModelAndFailsOnBrokenTiles) {
   EXPECT_FALSE(kernels::cpu::amx_self_check(broken));
 }
 
+// The kernel profile counts every call: those of the calling thread and those made inside a
+// caller's parallel loop on each of its threads, whose work is summed over the threads; a
+// reset clears both, and nothing is counted while the profile is off.
+TEST(KernelProfile, CountsCallsInsideAndOutsideParallelLoops) {
+  constexpr int kDim = 64, kVectors = 1000;
+  std::vector<float> x(size_t(kVectors) * kDim, 0.5f), c(kDim / 2, 1.0f), s(kDim / 2, 0.0f);
+  auto rope_all = [&](bool parallel) {
+#pragma omp parallel for num_threads(2) if (parallel)
+    for (int i = 0; i < kVectors; ++i) kernels::rope(&x[size_t(i) * kDim], kDim, c.data(), s.data(), false);
+  };
+  const kernels::KernelStat before = kernels::profile_stat(kernels::KernelId::Other);
+  rope_all(true);  // profile off
+  kernels::KernelStat st = kernels::profile_stat(kernels::KernelId::Other);
+  EXPECT_EQ(st.calls, before.calls);
+  kernels::profile_reset();
+  kernels::profile_enable(true);
+  rope_all(true);
+  rope_all(false);
+  kernels::profile_enable(false);
+  st = kernels::profile_stat(kernels::KernelId::Other);
+  EXPECT_EQ(st.calls, 2 * kVectors);
+  EXPECT_DOUBLE_EQ(st.flops, 2.0 * kVectors * 3.0 * kDim);
+  EXPECT_GT(st.seconds, 0.0);         // the calling thread's calls
+  EXPECT_GT(st.thread_seconds, 0.0);  // the loop's, over its threads
+  kernels::profile_reset();
+  st = kernels::profile_stat(kernels::KernelId::Other);
+  EXPECT_EQ(st.calls, 0);
+  EXPECT_EQ(st.flops, 0.0);
+  EXPECT_EQ(st.thread_seconds, 0.0);
+}
+
 }  // namespace
