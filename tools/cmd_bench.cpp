@@ -150,6 +150,23 @@ BatchTimings time_batch(const Args& a, dsa::Engine& e, const std::vector<int32_t
   return bt;
 }
 
+// A by-weight table as JSON rows, the most time first: calls and milliseconds per `unit`
+// (a token, or a batched step), `per` of them in the table.
+nlohmann::json weight_rows(WeightTable t, double per, const std::string& unit) {
+  t.sort_by_time();
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& w : t.rows)
+    rows.push_back({{"kernel", dsa::kernels::kernel_name(w.kernel)},
+                    {"weight", std::to_string(w.rows) + "x" + std::to_string(w.cols)},
+                    {"dtype", dsa::dtype_name(w.dtype)},
+                    {"jobs", w.jobs},
+                    {"calls_per_" + unit, double(w.calls) / per},
+                    {"ms_per_" + unit, w.seconds * 1e3 / per},
+                    {"gflops", w.seconds > 0 ? w.flops / w.seconds / 1e9 : 0},
+                    {"gbps", w.seconds > 0 ? w.bytes / w.seconds / 1e9 : 0}});
+  return rows;
+}
+
 // The batch's figures against the step's roofline: max(bytes / read bandwidth, FLOPs / peak).
 nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimings& bt, int threads) {
   using namespace dsa;
@@ -169,7 +186,8 @@ nlohmann::json batch_report(const Args& a, const dsa::Model& m, const BatchTimin
                       {"amx_peak_gflops", sim::measure_amx_peak_gflops(threads)},
                       {"decode_step_roofline_ms", roof_s * 1e3},
                       {"decode_roofline_fraction", roof_s / step_s},
-                      {"decode_bound", dc.bytes / (bw * 1e9) >= dc.flops / (peak * 1e9) ? "bandwidth" : "compute"}};
+                      {"decode_bound", dc.bytes / (bw * 1e9) >= dc.flops / (peak * 1e9) ? "bandwidth" : "compute"},
+                      {"decode_step_weights", weight_rows(bt.weights, double(a.gen) * a.repeat, "step")}};
   if (a.prompt > 0) {
     // The mixed step as its two plans: the decode step and the chunk's prefill.
     const StepCost pc = plan_step(sm, sim::Phase::Prefill, 1, a.prompt, 0), d0 = plan_step(sm, sim::Phase::Decode, B, 1, a.depth);
@@ -196,7 +214,20 @@ std::string tier_note(const nlohmann::json& j) {
   return note.empty() ? note : " (" + note + ")";
 }
 
-void print_batch(const Args& a, const nlohmann::json& j, WeightTable weights) {
+// One by-weight table (weight_rows' JSON): calls per `calls_per` (the prompt's products count
+// per prompt, each under one call per token), time per `per` (the rows' unit), and the rate
+// that bounds the phase: GFLOP/s for compute-bound products, GB/s for weight streams.
+void weight_table(const std::string& title, const nlohmann::json& rows, const char* calls_per, double calls_scale, const std::string& per,
+                  const char* rate, const char* unit) {
+  if (!rows.empty()) std::printf("%s matrix products by weight (first of a multi-weight call; x jobs):\n", title.c_str());
+  for (const auto& w : rows)
+    std::printf("  %-16s %-8s %-10s x%-3d %5.1f calls/%-6s %8.3f ms/%-5s %7.1f %s\n", w["kernel"].get<std::string>().c_str(),
+                w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
+                w["calls_per_" + per].get<double>() * calls_scale, calls_per, w["ms_per_" + per].get<double>(), per.c_str(),
+                w[rate].get<double>(), unit);
+}
+
+void print_batch(const Args& a, const nlohmann::json& j) {
   using namespace dsa;
   const auto num = [&](const char* k) { return j[k].get<double>(); };
   std::printf("model %s, %d threads, %s kernels%s, batch %d, depth %d, kv cache %s\n", a.model.c_str(), j["threads"].get<int>(),
@@ -209,12 +240,8 @@ void print_batch(const Args& a, const nlohmann::json& j, WeightTable weights) {
   if (a.prompt > 0)
     std::printf("mixed   %d decoding + one %d-token prefill chunk: %.1f ms/step; roofline %.1f ms = %.2f of it\n", a.batch, a.prompt,
                 num("mixed_step_ms"), num("mixed_step_roofline_ms"), num("mixed_roofline_fraction"));
-  weights.sort_by_time();
-  const double steps = double(a.gen) * a.repeat;
-  std::printf("decode step matrix products by weight (first of a multi-weight call; x jobs):\n");
-  for (const auto& w : weights.rows)
-    std::printf("  %-10s %-8s %5dx%-5d x%-3d %5.1f calls/step %8.3f ms/step %7.1f GB/s\n", kernels::kernel_name(w.kernel), dtype_name(w.dtype),
-                w.rows, w.cols, w.jobs, double(w.calls) / steps, w.seconds * 1e3 / steps, w.seconds > 0 ? w.bytes / w.seconds / 1e9 : 0);
+  const bool compute = j["decode_bound"] == "compute";
+  weight_table("decode step", j["decode_step_weights"], "step", 1, "step", compute ? "gflops" : "gbps", compute ? "GFLOP/s" : "GB/s");
 }
 
 // ---- one sequence: prefill, decode and MTP verification ------------------------------
@@ -315,21 +342,6 @@ nlohmann::json kernel_breakdown(const KernelTable& t, double tokens, int threads
   return b;
 }
 
-nlohmann::json weight_rows(WeightTable t, double tokens) {
-  t.sort_by_time();
-  nlohmann::json rows = nlohmann::json::array();
-  for (const auto& w : t.rows)
-    rows.push_back({{"kernel", dsa::kernels::kernel_name(w.kernel)},
-                    {"weight", std::to_string(w.rows) + "x" + std::to_string(w.cols)},
-                    {"dtype", dsa::dtype_name(w.dtype)},
-                    {"jobs", w.jobs},
-                    {"calls_per_token", double(w.calls) / tokens},
-                    {"ms_per_token", w.seconds * 1e3 / tokens},
-                    {"gflops", w.seconds > 0 ? w.flops / w.seconds / 1e9 : 0},
-                    {"gbps", w.seconds > 0 ? w.bytes / w.seconds / 1e9 : 0}});
-  return rows;
-}
-
 // Wall time per token of all repeats not spent inside a profiled kernel call: the model's
 // own glue (router selection, expert combine, residual adds, copies) and the threads'
 // fork/join waits between kernels.
@@ -385,8 +397,8 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
                       {"prefill_gemm_amx_peak_fraction", amx_peak > 0 ? gemm_gflops / amx_peak : 0.0},
                       {"prefill_kernels", kernel_breakdown(st.prefill, double(a.prompt) * a.repeat, threads)},
                       {"decode_kernels", kernel_breakdown(st.decode, dtok, threads)},
-                      {"prefill_weights", weight_rows(st.prefill_weights, double(a.prompt) * a.repeat)},
-                      {"decode_weights", weight_rows(st.weights, dtok)},
+                      {"prefill_weights", weight_rows(st.prefill_weights, double(a.prompt) * a.repeat, "token")},
+                      {"decode_weights", weight_rows(st.weights, dtok, "token")},
                       {"decode_outside_kernels_ms_per_token", outside_ms(st.decode, st.tg, a.gen, threads)},
                       {"prefill_outside_kernels_ms_per_token", outside_ms(st.prefill, st.pp, a.prompt, threads)}};
   if (!st.vs.empty()) {
@@ -394,7 +406,7 @@ nlohmann::json single_report(const Args& a, const dsa::Model& m, dsa::CacheType 
     // What the ratio can be at best: the two steps' rooflines. The draft routes to experts of
     // its own, so the verification step reads more bytes than a one-token step.
     const auto roofline = [&](int64_t tokens) { return roofline_s(plan_step(sm, sim::Phase::Decode, 1, tokens, mid), bw, peak); };
-    j.update({{"verify_weights", weight_rows(st.verify_weights, double(a.gen) * a.repeat)},
+    j.update({{"verify_weights", weight_rows(st.verify_weights, double(a.gen) * a.repeat, "step")},
               {"verify_step_ms", two},
               {"decode_step_ms", one},
               {"verify_over_decode_step", two / one},
@@ -429,24 +441,12 @@ void print_single(const Args& a, const nlohmann::json& j) {
   if (j.contains("verify_step_ms"))
     std::printf("verify  %4d steps:  %8.2f ms/step for a token and its draft = %.2fx a one-token step (%.2f ms; rooflines %.2fx)\n",
                 a.gen, num("verify_step_ms"), num("verify_over_decode_step"), num("decode_step_ms"), num("verify_roofline_over_decode"));
-  // One table per phase: calls per `calls_per` (the prompt's products count per prompt, each
-  // under one call per token), time per `per`, and the rate that bounds the phase: GFLOP/s
-  // for the prompt's compute-bound products, GB/s for decode's weight streams.
-  const auto table = [](const std::string& title, const nlohmann::json& rows, const char* calls_per, double calls_scale, const char* per,
-                        const char* rate, const char* unit) {
-    if (!rows.empty()) std::printf("%s matrix products by weight (first of a multi-weight call; x jobs):\n", title.c_str());
-    for (const auto& w : rows)
-      std::printf("  %-16s %-8s %-10s x%-3d %5.1f calls/%-6s %8.3f ms/%-5s %7.1f %s\n", w["kernel"].get<std::string>().c_str(),
-                  w["dtype"].get<std::string>().c_str(), w["weight"].get<std::string>().c_str(), w["jobs"].get<int>(),
-                  w["calls_per_token"].get<double>() * calls_scale, calls_per, w["ms_per_token"].get<double>(), per,
-                  w[rate].get<double>(), unit);
-  };
   // The experts of a prefill chunk run one per thread inside a parallel loop and are not
   // listed: their time is in the kernel table above.
-  table("prefill (outside the experts' loop)", j["prefill_weights"], "prompt", a.prompt, "token", "gflops", "GFLOP/s");
-  table("decode", j["decode_weights"], "token", 1, "token", "gbps", "GB/s");
+  weight_table("prefill (outside the experts' loop)", j["prefill_weights"], "prompt", a.prompt, "token", "gflops", "GFLOP/s");
+  weight_table("decode", j["decode_weights"], "token", 1, "token", "gbps", "GB/s");
   // The verification step beside it: where its second token costs more than its bytes.
-  if (j.contains("verify_weights")) table("verification step", j["verify_weights"], "step", 1, "step", "gbps", "GB/s");
+  if (j.contains("verify_weights")) weight_table("verification step", j["verify_weights"], "step", 1, "step", "gbps", "GB/s");
 }
 
 // ---- setup ------------------------------------------------------------------------------
@@ -506,7 +506,7 @@ void run(const Args& a) {
     const BatchTimings bt = time_batch(a, e, ids);
     const nlohmann::json j = batch_report(a, *m, bt, threads);
     if (a.json) std::printf("%s\n", j.dump().c_str());
-    else print_batch(a, j, bt.weights);
+    else print_batch(a, j);
     return;
   }
   const SingleTimings st = time_single(a, e, ids);

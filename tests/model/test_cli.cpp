@@ -134,7 +134,7 @@ TEST(Cli, BenchJsonContract) {
   for (const auto& w : j.at("verify_weights"))
     if (w.at("weight") == head) {
       ++verify_heads;
-      EXPECT_EQ(w.at("calls_per_token").get<double>(), 1.0);
+      EXPECT_EQ(w.at("calls_per_step").get<double>(), 1.0);
     }
   EXPECT_EQ(verify_heads, 1) << j["verify_weights"].dump();
   // --batch: the batched report, its derived figures consistent with the measured ones.
@@ -147,6 +147,22 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_NEAR(step_ms, 1e3 / per_seq, 1e-9 * step_ms);
   EXPECT_NEAR(b.at("decode_roofline_fraction").get<double>(), b.at("decode_step_roofline_ms").get<double>() / step_ms, 1e-9);
   EXPECT_GT(b.at("mixed_step_ms").get<double>(), 0.0);
+  // The step's products by weight: the lm_head once per step for all the sequences, every
+  // row within the step's time.
+  int batch_heads = 0;
+  double batch_rows_ms = 0;
+  ASSERT_FALSE(b.at("decode_step_weights").empty());
+  for (const auto& w : b.at("decode_step_weights")) {
+    batch_rows_ms += w.at("ms_per_step").get<double>();
+    EXPECT_GT(w.at("calls_per_step").get<double>(), 0.0) << w.dump();
+    EXPECT_GT(w.at("gflops").get<double>(), 0.0) << w.dump();
+    if (w.at("weight") == head) {
+      ++batch_heads;
+      EXPECT_EQ(w.at("calls_per_step").get<double>(), 1.0);
+    }
+  }
+  EXPECT_EQ(batch_heads, 1) << b["decode_step_weights"].dump();
+  EXPECT_LE(batch_rows_ms, step_ms);
   EXPECT_EQ(b.at("bf16_dot_peak_gflops").get<double>() > 0, kernels::bf16_dot_supported());
   EXPECT_EQ(b.at("amx_peak_gflops").get<double>() > 0, kernels::isa() == kernels::Isa::Amx);
   fs::remove_all(model);
