@@ -61,6 +61,25 @@ TEST(Cli, LogitsOnGoldenCaseMatches) {
   fs::remove(out);
 }
 
+// One by-weight table of `dsa bench --json` (calls and ms per `per`: a token or a step):
+// every row with calls and a compute rate; returns the rows' milliseconds and how many rows
+// are the weight `head`, each of which must run once per `per`.
+std::pair<double, int> weight_rows_ms(const nlohmann::json& rows, const std::string& per, const std::string& head) {
+  double ms = 0;
+  int heads = 0;
+  EXPECT_FALSE(rows.empty());
+  for (const auto& w : rows) {
+    ms += w.at("ms_per_" + per).get<double>();
+    EXPECT_GT(w.at("calls_per_" + per).get<double>(), 0.0) << w.dump();
+    EXPECT_GT(w.at("gflops").get<double>(), 0.0) << w.dump();
+    if (w.at("weight") == head) {
+      ++heads;
+      EXPECT_EQ(w.at("calls_per_" + per).get<double>(), 1.0) << w.dump();
+    }
+  }
+  return {ms, heads};
+}
+
 // The `dsa bench --json` contract external checks read, on the tiny model: every field, and
 // the derived ones consistent with the measured ones; the decode step's products by weight
 // add up to the linear kernels' time and include the lm_head once per token.
@@ -100,16 +119,7 @@ TEST(Cli, BenchJsonContract) {
   std::string head = std::to_string(cfg["vocab_size"].get<int>());
   head += 'x';
   head += std::to_string(cfg["hidden_size"].get<int>());
-  double by_weight_ms = 0;
-  int heads_seen = 0;
-  for (const auto& w : j.at("decode_weights")) {
-    by_weight_ms += w.at("ms_per_token").get<double>();
-    EXPECT_GT(w.at("calls_per_token").get<double>(), 0.0);
-    if (w.at("weight") == head) {
-      ++heads_seen;
-      EXPECT_EQ(w.at("calls_per_token").get<double>(), 1.0);
-    }
-  }
+  const auto [by_weight_ms, heads_seen] = weight_rows_ms(j.at("decode_weights"), "token", head);
   EXPECT_EQ(heads_seen, 1) << j["decode_weights"].dump();
   const auto& k = j.at("decode_kernels");
   const double linear_ms = k.at("linear").at("ms_per_token").get<double>() +
@@ -121,22 +131,11 @@ TEST(Cli, BenchJsonContract) {
   const auto& pk = j.at("prefill_kernels");
   const double prefill_linear_ms = pk.at("linear").at("ms_per_token").get<double>() +
                                    (pk.contains("linear_t") ? pk["linear_t"]["ms_per_token"].get<double>() : 0.0);
-  double prefill_rows_ms = 0;
-  ASSERT_FALSE(j.at("prefill_weights").empty());
-  for (const auto& w : j.at("prefill_weights")) {
-    prefill_rows_ms += w.at("ms_per_token").get<double>();
-    EXPECT_GT(w.at("gflops").get<double>(), 0.0) << w.dump();
-    EXPECT_GT(w.at("calls_per_token").get<double>(), 0.0) << w.dump();
-  }
+  // (The prompt runs the lm_head for its last token only: not counted as a head here.)
+  const double prefill_rows_ms = weight_rows_ms(j.at("prefill_weights"), "token", "").first;
   EXPECT_LE(prefill_rows_ms, prefill_linear_ms * 1.0001 + 1e-6);
   // The verification step's: the lm_head once per step (both rows of logits in one call).
-  int verify_heads = 0;
-  for (const auto& w : j.at("verify_weights"))
-    if (w.at("weight") == head) {
-      ++verify_heads;
-      EXPECT_EQ(w.at("calls_per_step").get<double>(), 1.0);
-    }
-  EXPECT_EQ(verify_heads, 1) << j["verify_weights"].dump();
+  EXPECT_EQ(weight_rows_ms(j.at("verify_weights"), "step", head).second, 1) << j["verify_weights"].dump();
   // --batch: the batched report, its derived figures consistent with the measured ones.
   const auto rb = bench_json("--model " + model + " --batch 2 -p 2 -n 2 --repeat 1");
   ASSERT_EQ(rb.code, 0) << rb.out;
@@ -149,18 +148,7 @@ TEST(Cli, BenchJsonContract) {
   EXPECT_GT(b.at("mixed_step_ms").get<double>(), 0.0);
   // The step's products by weight: the lm_head once per step for all the sequences, every
   // row within the step's time.
-  int batch_heads = 0;
-  double batch_rows_ms = 0;
-  ASSERT_FALSE(b.at("decode_step_weights").empty());
-  for (const auto& w : b.at("decode_step_weights")) {
-    batch_rows_ms += w.at("ms_per_step").get<double>();
-    EXPECT_GT(w.at("calls_per_step").get<double>(), 0.0) << w.dump();
-    EXPECT_GT(w.at("gflops").get<double>(), 0.0) << w.dump();
-    if (w.at("weight") == head) {
-      ++batch_heads;
-      EXPECT_EQ(w.at("calls_per_step").get<double>(), 1.0);
-    }
-  }
+  const auto [batch_rows_ms, batch_heads] = weight_rows_ms(b.at("decode_step_weights"), "step", head);
   EXPECT_EQ(batch_heads, 1) << b["decode_step_weights"].dump();
   EXPECT_LE(batch_rows_ms, step_ms);
   EXPECT_EQ(b.at("bf16_dot_peak_gflops").get<double>() > 0, kernels::bf16_dot_supported());
