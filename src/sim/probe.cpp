@@ -383,7 +383,7 @@ Probe gemm_probe(const Weights& wb) {
 // Small products over strided rows run well below the large GEMM's rate (on Zen 5, two
 // threads: 330-350 against 430-440 GFLOP/s for one [2048 x 512] product of the same FLOPs).
 Probe heads_probe(const Weights& wb) {
-  static constexpr int H = kHeadsProbeHeads, nope = 128, rope = 64, vd = 128, L = 512, T = kGemmLargeRows;
+  static constexpr int H = 16, nope = 128, rope = 64, vd = 128, L = 512, T = kGemmLargeRows;
   struct State {
     Linear w;
     std::vector<float> q = floats(size_t(T) * H * (nope + rope), 3), o_lat = floats(size_t(T) * H * L, 4),

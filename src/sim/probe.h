@@ -48,7 +48,7 @@ struct KernelRates {
                                   // 512]) of kGemmSmallRows rows and their silu * up in a parallel
                                   // loop, one expert per thread, weights from DRAM (prefill's experts)
   double gemm_large_gflops = 0;   // one fp8 [1024 x 2048] GEMM of kGemmLargeRows rows across the threads (a dense projection)
-  double gemm_heads_gflops = 0;   // kHeadsProbeHeads heads' [128 x 512] fp8 products, one call per head in each direction,
+  double gemm_heads_gflops = 0;   // 16 heads' [128 x 512] fp8 products, one call per head in each direction,
                                   // kGemmLargeRows rows (the absorbed prefill's kv_b halves)
   double indexer_gflops = 0;      // indexer_scores: 16 heads over 16,384 fp8 keys, from DRAM
   double topk_keys_per_s = 0;     // topk: 2,048 of 16,384 scores
@@ -59,7 +59,7 @@ struct KernelRates {
   double elementwise_gbps = 0;    // norms, RoPE, indexer quantization, silu * up and cache writes of a
                                   // kEltTokens-token chunk, in the operator table's bytes per second
 };
-constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kHeadsProbeHeads = 16, kEltTokens = 256, kGemvTokens = 16, kGemvTokensMany = 64;
+constexpr int kGemmSmallRows = 48, kGemmLargeRows = 512, kEltTokens = 256, kGemvTokens = 16, kGemvTokensMany = 64;
 // gemv_bf16_cols: the bf16 GEMV probe's row length. The GEMV pays a fixed cost per row on top
 // of its bytes (about 26 ns per row on two threads of the development machine: rows of 1024
 // stream at 22 GB/s where rows of 8192 reach 29), so the probe streams rows as long as those
